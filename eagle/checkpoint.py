@@ -1,0 +1,126 @@
+"""Draft checkpoints in the public EAGLE layout: `config.json` + `model.safetensors` or `pytorch_model.bin`.
+
+Published EAGLE-3 / MARS drafts load unchanged. Unlike the reference loader, keys are checked
+strictly: every missing or unexpected key is named, and nothing is left randomly initialised.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eagle.config import DraftConfig
+from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
+
+WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")  # the reference tries .bin first
+
+
+def save_draft(head: DraftHead, directory: str | Path) -> None:
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    head.config.save(directory)
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    if isinstance(head, Eagle3Head) and head.config.draft_vocab_size == head.config.vocab_size:
+        state.pop("d2t"), state.pop("t2d")  # absent when the vocabularies are equal, as published
+    save_file(state, str(directory / "model.safetensors"))
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if path.exists():
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"no draft weights in {directory}: expected one of {', '.join(WEIGHT_FILES)} "
+        "(the EAGLE checkpoint layout). Check the path, or train a draft with `python -m eagle.train.draft`."
+    )
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def check_compatible(config: DraftConfig, target_model) -> None:
+    """Raise a ValueError naming the mismatch when a draft does not fit a target."""
+    tc = _text_config(target_model.config)
+    target_vocab = target_model.get_output_embeddings().weight.shape[0]
+    if config.vocab_size != target_vocab:
+        raise ValueError(
+            f"draft vocab_size {config.vocab_size} != target vocabulary {target_vocab}: this draft was trained "
+            "for another target model. Load the draft trained for this target."
+        )
+    expected = (config.target_hidden_size or config.hidden_size)
+    if expected != tc.hidden_size:
+        raise ValueError(
+            f"draft expects target hidden size {expected}, but the target has hidden_size {tc.hidden_size}: "
+            "this draft was trained for another target model (set target_hidden_size only if that is intended)."
+        )
+    if config.kind == "eagle1" and config.hidden_size != tc.hidden_size:
+        raise ValueError("an EAGLE-1 draft feeds the target's lm_head, so its hidden_size must equal the target's")
+    bad = [i for i in config.feature_layers if not 0 <= i <= tc.num_hidden_layers]
+    if bad:
+        raise ValueError(f"draft feature_layers {bad} are outside the target's 0..{tc.num_hidden_layers} hidden states")
+
+
+def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None) -> DraftHead:
+    """Load an EAGLE-3 or EAGLE-1/2 draft for `target_model` (any HF causal LM) from a directory."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"draft checkpoint directory {directory} does not exist")
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} is missing: a draft checkpoint needs config.json next to its weights")
+    state = read_state_dict(directory)
+    raw = json.loads(config_path.read_text())
+    if "kind" not in raw:  # published checkpoints: tell the head type by its keys
+        raw["kind"] = "eagle3" if any(k.startswith("midlayer.") for k in state) else "eagle1"
+    n_layers = _text_config(target_model.config).num_hidden_layers
+    config = DraftConfig.from_json(raw, num_target_layers=n_layers)
+    if config.num_target_layers != n_layers:
+        raise ValueError(
+            f"draft was trained on a {config.num_target_layers}-layer target, this target has {n_layers} layers: "
+            "load the draft trained for this target."
+        )
+    check_compatible(config, target_model)
+
+    if config.kind == "eagle3":
+        head: DraftHead = Eagle3Head(config)
+        optional = {"d2t", "t2d", "embed_tokens.weight"}
+    else:
+        head = Eagle1Head(config, target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        optional = {"embed_tokens.weight"}  # some EAGLE-1 checkpoints carry a copy of the target's embedding
+    expected = set(head.state_dict())
+    missing = sorted(expected - set(state) - optional)
+    unexpected = sorted(set(state) - expected - optional)
+    if missing or unexpected:
+        raise ValueError(
+            f"draft checkpoint {directory} does not match the {config.kind} layout: "
+            f"missing keys {missing or 'none'}; unexpected keys {unexpected or 'none'}"
+        )
+    shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(head.state_dict()[k].shape)}"
+              for k, v in state.items() if k in expected and v.shape != head.state_dict()[k].shape]
+    if shapes:
+        raise ValueError(f"draft checkpoint {directory} has wrong shapes: " + "; ".join(shapes))
+
+    if config.kind == "eagle3":
+        if "embed_tokens.weight" not in state:  # the reference copies the target's embedding
+            state["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach()
+        if "d2t" not in state:
+            if config.draft_vocab_size != config.vocab_size:
+                raise ValueError("draft vocabulary is reduced but the checkpoint has no 'd2t' map")
+            state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+            state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+    else:
+        state.pop("embed_tokens.weight", None)
+    head.load_state_dict(state, strict=True)
+    target_param = next(target_model.parameters())
+    return head.to(device=target_param.device, dtype=dtype or target_param.dtype).eval()

@@ -1,0 +1,106 @@
+"""Draft head configuration, read from and written to the public EAGLE `config.json` fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class DraftConfig:
+    """What a draft head needs to know. Field names follow the published EAGLE `config.json`.
+
+    `feature_layers` (ours; absent from published checkpoints, then derived) are indices into the
+    target's `hidden_states` tuple, i.e. the hidden state *entering* that decoder layer. EAGLE-3's
+    choice for an L-layer target is (2, L // 2, L - 3). EAGLE-1/2 heads use the target's final
+    (post-norm) hidden state, which is what the target's `lm_head` reads.
+    """
+
+    kind: str  # "eagle3" or "eagle1"
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    num_target_layers: int
+    target_hidden_size: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    bias: bool = True  # EAGLE-1 `fc` bias
+    feature_layers: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.kind not in ("eagle3", "eagle1"):
+            raise ValueError(f"kind must be 'eagle3' or 'eagle1', got {self.kind!r}")
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if not self.feature_layers and self.kind == "eagle3":
+            n = self.num_target_layers
+            self.feature_layers = [2, n // 2, n - 3] if n >= 4 else [n] * 3
+        if not self.feature_layers and self.kind == "eagle1":
+            self.feature_layers = [self.num_target_layers]
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the target feature the head consumes."""
+        width = self.target_hidden_size or self.hidden_size
+        return width * len(self.feature_layers)
+
+    @classmethod
+    def for_target(cls, target_config, kind: str, draft_vocab_size: int | None = None, **overrides) -> DraftConfig:
+        tc = target_config.get_text_config(decoder=True) if hasattr(target_config, "get_text_config") else target_config
+        rope_theta = getattr(tc, "rope_theta", None)
+        rope_params = getattr(tc, "rope_parameters", None) or {}
+        if rope_theta is None:
+            rope_theta = rope_params.get("rope_theta", 10000.0)
+        values = dict(
+            kind=kind,
+            hidden_size=tc.hidden_size,
+            intermediate_size=tc.intermediate_size,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+            vocab_size=tc.vocab_size,
+            draft_vocab_size=draft_vocab_size or tc.vocab_size,
+            num_target_layers=tc.num_hidden_layers,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    def to_json(self) -> dict:
+        """Public EAGLE fields plus ours (`kind`, `num_target_layers`, `feature_layers`)."""
+        d = dataclasses.asdict(self)
+        d["architectures"] = ["LlamaForCausalLMEagle3" if self.kind == "eagle3" else "LlamaForCausalLM"]
+        d["num_hidden_layers"] = 1
+        d["hidden_act"] = "silu"
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, num_target_layers: int | None = None) -> DraftConfig:
+        """Read a published or our own config.json. `num_target_layers` fills in what they lack."""
+        kind = d.get("kind") or ("eagle3" if "draft_vocab_size" in d else "eagle1")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"draft hidden_act {d['hidden_act']!r} is not supported (only silu)")
+        if kind == "eagle3" and "draft_vocab_size" not in d:
+            raise ValueError("EAGLE-3 draft config.json lacks the required field 'draft_vocab_size'")
+        n_layers = d.get("num_target_layers") or num_target_layers
+        if n_layers is None:
+            raise ValueError("draft config has no 'num_target_layers'; pass the target model to load_draft")
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in names}
+        values.update(kind=kind, num_target_layers=n_layers)
+        values.setdefault("draft_vocab_size", d["vocab_size"])
+        values.setdefault("num_key_value_heads", d.get("num_attention_heads"))
+        return cls(**values)
+
+    def save(self, directory: str | Path) -> None:
+        Path(directory, "config.json").write_text(json.dumps(self.to_json(), indent=2))

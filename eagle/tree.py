@@ -1,0 +1,142 @@
+"""EAGLE-2 dynamic draft trees.
+
+Growth: the root's children are the draft's `top_k` most likely next tokens. For `depth - 1`
+more levels, the `top_k` nodes of the newest level with the highest cumulative draft
+log-probability are fed to the draft head, each proposing its own `top_k` children. Finally all
+candidates are reranked by cumulative log-probability and the best `total_tokens` form the tree
+that the target verifies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle.heads import DraftHead
+
+
+@dataclass
+class DraftTree:
+    """A token tree, nodes in breadth-first order (parents before children, siblings in draft order).
+
+    Node 0 is the root: the last token already decided but not yet seen by the target.
+    `ancestors[i, j]` is True when j is i or one of its ancestors; it is the tree attention mask.
+    """
+
+    tokens: torch.Tensor  # [n] target token ids
+    parents: torch.Tensor  # [n], parents[0] = -1
+    depths: torch.Tensor  # [n], depths[0] = 0
+    scores: torch.Tensor  # [n] cumulative draft log-probability, root 0
+    ancestors: torch.Tensor = field(init=False)  # [n, n] bool
+    children: list[list[int]] = field(init=False)  # per node, in draft order
+
+    def __post_init__(self):
+        n = self.tokens.shape[0]
+        parents = self.parents.tolist()
+        if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+            raise ValueError("tree nodes must come after their parents (node 0 is the root)")
+        anc = torch.eye(n, dtype=torch.bool)
+        self.children = [[] for _ in range(n)]
+        for i in range(1, n):
+            anc[i] |= anc[parents[i]]
+            self.children[parents[i]].append(i)
+        self.ancestors = anc
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to `node`, inclusive."""
+        path = []
+        parents = self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    @classmethod
+    def root_only(cls, token: int) -> DraftTree:
+        return cls(torch.tensor([token]), torch.tensor([-1]), torch.tensor([0]), torch.tensor([0.0]))
+
+
+def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
+    """Indices sorting by keys[0], then keys[1], ... (lexicographic, stable)."""
+    order = torch.arange(keys[0].shape[0])
+    for key, desc in reversed(list(zip(keys, descending))):
+        order = order[torch.sort(key[order], descending=desc, stable=True).indices]
+    return order
+
+
+@torch.inference_mode()
+def grow_tree(
+    head: DraftHead,
+    root_token: int,
+    hidden: torch.Tensor,
+    logprobs: torch.Tensor,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+) -> DraftTree:
+    """Grow an EAGLE-2 tree below `root_token`.
+
+    hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
+    the root's child. Leaves the head's tentative cache rolled back.
+    """
+    if depth < 1 or total_tokens < 1:
+        return DraftTree.root_only(root_token)
+    k = min(top_k, logprobs.shape[-1])
+    lp, ids = logprobs.topk(k)
+    cand_tokens = [head.to_target_ids(ids)]
+    cand_scores = [lp]
+    cand_parents = [torch.full((k,), -1)]
+    cand_depths = [torch.ones(k, dtype=torch.long)]
+    frontier = torch.arange(k)  # candidate indices to expand next
+    frontier_hidden = hidden[None].expand(k, -1)
+    slot_of: dict[int, int] = {}  # candidate index -> tentative slot in the draft cache
+    parent_of: list[int] = [-1] * k
+    n_cand = k
+    for level in range(2, depth + 1):
+        tokens_all = torch.cat(cand_tokens)
+        scores_all = torch.cat(cand_scores)
+        t, kf = len(slot_of), frontier.shape[0]
+        mask = torch.zeros(kf, t + kf, dtype=torch.bool)
+        for row, c in enumerate(frontier.tolist()):
+            mask[row, t + row] = True
+            a = parent_of[c]
+            while a >= 0:
+                mask[row, slot_of[a]] = True
+                a = parent_of[a]
+            slot_of[c] = t + row
+        out_hidden, out_lp = head.propose(frontier_hidden, tokens_all[frontier].to(head.device), level - 1, mask.to(head.device))
+        child_lp, child_ids = out_lp.topk(k, dim=-1)  # [kf, k]
+        child_scores = (scores_all[frontier][:, None] + child_lp.cpu()).flatten()
+        child_parents = frontier[:, None].expand(kf, k).flatten()
+        cand_tokens.append(head.to_target_ids(child_ids).flatten().cpu())
+        cand_scores.append(child_scores)
+        cand_parents.append(child_parents)
+        cand_depths.append(torch.full((kf * k,), level))
+        parent_of.extend(child_parents.tolist())
+        best = child_scores.topk(min(k, child_scores.shape[0])).indices
+        frontier = n_cand + best
+        frontier_hidden = out_hidden[best // k]
+        n_cand += kf * k
+    head.rollback()
+
+    tokens = torch.cat(cand_tokens).cpu()
+    scores = torch.cat(cand_scores).cpu()
+    parents = torch.cat(cand_parents)
+    depths = torch.cat(cand_depths)
+    # Rerank: a child's score never exceeds its parent's (log-probs <= 0), and ties go to the
+    # shallower node, so every kept node's parent is kept too.
+    keep = _stable_order([scores, depths], [True, False])[:total_tokens]
+    keep = keep[_stable_order([depths[keep], scores[keep]], [False, True])]  # breadth-first, draft order
+    new_index = {c: i + 1 for i, c in enumerate(keep.tolist())}
+    tree_parents = [-1] + [0 if p < 0 else new_index[p] for p in parents[keep].tolist()]
+    return DraftTree(
+        tokens=torch.cat([torch.tensor([root_token]), tokens[keep]]),
+        parents=torch.tensor(tree_parents),
+        depths=torch.cat([torch.tensor([0]), depths[keep]]),
+        scores=torch.cat([torch.tensor([0.0]), scores[keep]]),
+    )
