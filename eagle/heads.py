@@ -84,7 +84,9 @@ class DraftHead(nn.Module):
         return hidden[-1], self.logprobs(hidden[-1])
 
     @torch.inference_mode()
-    def propose(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ancestor_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ancestor_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One tentative tree level of k nodes.
 
         hidden [k, H]: the parents' draft outputs; tokens [k]: the nodes' draft ids; depth: their
@@ -118,7 +120,9 @@ class Eagle3Layer(nn.Module):
 
     def __init__(self, c: DraftConfig):
         super().__init__()
-        self.self_attn = DraftAttention(2 * c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        self.self_attn = DraftAttention(
+            2 * c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        )
         self.mlp = DraftMLP(c.hidden_size, c.intermediate_size)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -189,7 +193,9 @@ class Eagle1Layer(nn.Module):
 
     def __init__(self, c: DraftConfig):
         super().__init__()
-        self.self_attn = DraftAttention(c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        self.self_attn = DraftAttention(
+            c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        )
         self.mlp = DraftMLP(c.hidden_size, c.intermediate_size)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 

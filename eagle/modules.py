@@ -71,7 +71,8 @@ class Rotary(nn.Module):
         if self.dynamic_factor is not None and seq_len > self.max_positions:
             f = self.dynamic_factor
             base = self.theta * ((f * seq_len / self.max_positions) - (f - 1)) ** (self.head_dim / (self.head_dim - 2))
-            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim))
+            exponents = torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim
+            inv_freq = 1.0 / (base**exponents)
         angles = (positions.float() / self.linear_factor)[:, None] * inv_freq.to(positions.device)[None]
         emb = torch.cat([angles, angles], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -128,7 +129,9 @@ class KVCache:
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, input_size: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False):
+    def __init__(
+        self, input_size: int, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = nn.Linear(input_size, num_heads * head_dim, bias=bias)

@@ -64,7 +64,7 @@ class DraftTree:
 def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
     """Indices sorting by keys[0], then keys[1], ... (lexicographic, stable)."""
     order = torch.arange(keys[0].shape[0])
-    for key, desc in reversed(list(zip(keys, descending))):
+    for key, desc in reversed(list(zip(keys, descending, strict=True))):
         order = order[torch.sort(key[order], descending=desc, stable=True).indices]
     return order
 
@@ -109,7 +109,8 @@ def grow_tree(
                 mask[row, slot_of[a]] = True
                 a = parent_of[a]
             slot_of[c] = t + row
-        out_hidden, out_lp = head.propose(frontier_hidden, tokens_all[frontier].to(head.device), level - 1, mask.to(head.device))
+        frontier_tokens = tokens_all[frontier].to(head.device)
+        out_hidden, out_lp = head.propose(frontier_hidden, frontier_tokens, level - 1, mask.to(head.device))
         child_lp, child_ids = out_lp.topk(k, dim=-1)  # [kf, k]
         child_scores = (scores_all[frontier][:, None] + child_lp.cpu()).flatten()
         child_parents = frontier[:, None].expand(kf, k).flatten()

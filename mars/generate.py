@@ -131,7 +131,8 @@ class SpeculativeGenerator:
         while not self._done(out, max_new_tokens):
             remaining = max_new_tokens - len(out.tokens)
             # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
-            tree = grow_tree(self.head, root, hidden, logprobs, min(self.depth, remaining - 1), self.top_k, self.total_tokens)
+            depth = min(self.depth, remaining - 1)
+            tree = grow_tree(self.head, root, hidden, logprobs, depth, self.top_k, self.total_tokens)
             prefix = self.target.length
             logits, features = self.target.verify(tree.tokens.to(device), tree.depths, tree.ancestors)
             verdict = verify(process_logits(logits, cfg), tree, cfg, generator)

@@ -38,7 +38,8 @@ class SamplingConfig:
     mars_fallback: str = "strict"
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0 and math.isfinite(self.temperature)):
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and t >= 0 and math.isfinite(t)):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
@@ -122,6 +123,10 @@ def margin_test(processed_logits: torch.Tensor, cfg: SamplingConfig) -> Margins:
     """
     top = processed_logits.topk(2, dim=-1)
     z1, z2 = top.values[..., 0], top.values[..., 1]
+    # top-1 is the argmax (lowest id among ties), the token plain greedy decoding emits; topk orders
+    # tied values arbitrarily. top-2 is topk's other token (one with value z2 either way).
+    top1 = processed_logits.argmax(dim=-1)
+    top2 = torch.where(top.indices[..., 0] == top1, top.indices[..., 1], top.indices[..., 0])
     nonfinite = ~(torch.isfinite(z1) & torch.isfinite(z2))
     if cfg.margin == "logit_ratio":
         value = z2 / (z1 + 1e-10)
@@ -132,4 +137,4 @@ def margin_test(processed_logits: torch.Tensor, cfg: SamplingConfig) -> Margins:
     else:
         value = z1 - z2
         passes = value < cfg.theta
-    return Margins(top.indices[..., 0], top.indices[..., 1], value, passes & ~nonfinite, nonfinite, z1 <= 0)
+    return Margins(top1, top2, value, passes & ~nonfinite, nonfinite, z1 <= 0)

@@ -82,7 +82,8 @@ class TreeCache(DynamicCache):
 
     def __init__(self, config, capacity: int):
         super().__init__(config=config)
-        self.layers = [PreallocatedLayer(capacity) for _ in range(config.get_text_config(decoder=True).num_hidden_layers)]
+        num_layers = config.get_text_config(decoder=True).num_hidden_layers
+        self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
 
     def keep(self, start: int, indices: torch.Tensor) -> None:
         for layer in self.layers:
@@ -181,7 +182,9 @@ class TargetModel:
         return logits[-1], features
 
     @torch.inference_mode()
-    def verify(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(
+        self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score tree nodes placed after the cache (node i at position length + depths[i]).
 
         The nodes stay in the cache until `keep_path` selects which survive.

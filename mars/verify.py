@@ -155,7 +155,9 @@ def _strict_children(probs: torch.Tensor, child_tokens: list[int], generator) ->
     return None, residual / total if total > 0 else probs
 
 
-def verify(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig, generator: torch.Generator | None = None) -> Verdict:
+def verify(
+    processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig, generator: torch.Generator | None = None
+) -> Verdict:
     """Dispatch on greedy vs sampling. `processed` = `process_logits(target logits, cfg)`."""
     if cfg.greedy:
         return accept_greedy(processed, tree, cfg)

@@ -23,7 +23,7 @@ from eagle.train.corpus import read_source, stdlib_files, train_tokenizer
 DEFAULT_SHAPE = dict(
     hidden_size=384,
     intermediate_size=1024,
-    num_hidden_layers=20,
+    num_hidden_layers=14,  # 25M params: with the draft, under the 60 MB budget for the shipped pair in bf16
     num_attention_heads=6,
     num_key_value_heads=2,
     max_position_embeddings=2048,
@@ -67,11 +67,11 @@ def heldout_loss(model, tokens: torch.Tensor, seq: int = 512, max_windows: int =
     return sum(losses) / len(losses)
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to 10% as `progress` goes 0 -> 1."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=6000, help="schedule length (lr decays over it)")
-    ap.add_argument("--minutes", type=float, default=90.0, help="stop (and save) after this wall time")
+    ap.add_argument("--steps", type=int, default=6000, help="stop after this many steps")
+    ap.add_argument("--minutes", type=float, default=90.0,
+                    help="stop (and save) after this much training wall time, summed over resumes; the lr "
+                         "schedule follows whichever of steps or minutes runs out first, so a slow or shared "
+                         "machine still ends with a fully decayed learning rate")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
-    step = 0
+    step, elapsed_before = 0, 0.0
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
@@ -120,12 +123,19 @@ def main(argv: list[str] | None = None) -> None:
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step = state["step"]
+        elapsed_before = state.get("elapsed", 0.0)
         print(f"resumed from step {step}", flush=True)
+
+    def elapsed() -> float:
+        return elapsed_before + time.time() - t0
+
+    def progress() -> float:
+        return max(step / args.steps, elapsed() / (args.minutes * 60))
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "generator": gen.get_state(), "step": step}, tmp)
+                    "generator": gen.get_state(), "step": step, "elapsed": elapsed()}, tmp)
         tmp.replace(ckpt)  # atomic: an interruption never leaves a half-written checkpoint
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -133,10 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     log = open(out / "train_log.jsonl", "a")
     t0 = t_last = time.time()
     model.train()
-    while step < args.steps and time.time() - t0 < args.minutes * 60:
+    while progress() < 1.0:
         batch = random_batch(train_tokens, args.batch, args.seq, gen)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+            group["lr"] = lr_at(step, progress(), args.lr, args.warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())

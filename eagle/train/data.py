@@ -1,0 +1,353 @@
+"""Draft-head training data: token sequences, then the target's features and next-token distributions.
+
+    texts (stdlib corpus | JSONL)  --tokenise, join with EOS, chunk-->  Sequences [N, T]
+    prompts (corpus | JSONL)       --the target continues them-->      Sequences [N, T]   (--generate)
+    Sequences  --target forward, no grad, bf16-->  FeatureBatch: the feature taps concatenated [N, T, F]
+                                                   and the top-k of the target's next-token distribution
+
+Precomputed by default, online on request. On the 2-core CPU a forward of the embedded 35M-param,
+20-layer target costs about as much as the draft's TTT forward + backward on the same tokens, so
+computing the target once and training several epochs on stored features roughly halves the cost
+of every epoch after the first. The price is disk: per token F bf16 values plus k (id, prob) pairs,
+2.6 KB for the embedded target (3 x 384 features, k = 32), ~25 KB for an 8B Llama. When that is too
+much, or for a single epoch on a GPU where the target forward is cheap next to the data volume,
+`online=True` computes the same `FeatureBatch` each step instead; the training code is the same.
+
+The target's distribution is kept as its top-k ids and probabilities renormalised over those k
+(= the softmax of the k largest logits). Index 0 of the top-k is the target's argmax.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle.train.target_lm import tokenize_split
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save through a temporary file and a rename, so a crash never leaves a torn file."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+# --- token sequences ------------------------------------------------------------------------
+
+@dataclass
+class Sequences:
+    """Right-padded token sequences of one length T.
+
+    `loss_mask[n, p]` is True where the draft is trained on the target's distribution at position
+    p (its prediction of token p + 1); it is False on padding (p >= length) and on prompt tokens of
+    generated data, whose continuation the target did not choose.
+    """
+
+    input_ids: torch.Tensor  # [N, T] long
+    lengths: torch.Tensor  # [N] long
+    loss_mask: torch.Tensor  # [N, T] bool
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.input_ids.shape[1]
+
+    def select(self, indices: torch.Tensor) -> Sequences:
+        return Sequences(self.input_ids[indices], self.lengths[indices], self.loss_mask[indices])
+
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def save(self, path: Path) -> None:
+        atomic_save({"input_ids": self.input_ids.int(), "lengths": self.lengths, "loss_mask": self.loss_mask}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Sequences:
+        d = torch.load(path, weights_only=True)
+        return cls(d["input_ids"].long(), d["lengths"].long(), d["loss_mask"].bool())
+
+    @classmethod
+    def concat(cls, parts: list[Sequences]) -> Sequences:
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("input_ids", "lengths", "loss_mask")))
+
+
+def chunk_tokens(tokens: torch.Tensor, seq_len: int, max_sequences: int | None = None, seed: int = 0) -> Sequences:
+    """Cut a token stream into non-overlapping windows of `seq_len`.
+
+    With `max_sequences`, a seeded random subset of windows (kept in corpus order) is used, so a
+    small budget still samples the whole corpus rather than its first files.
+    """
+    n = len(tokens) // seq_len
+    if n == 0:
+        raise ValueError(f"the corpus has {len(tokens)} tokens, fewer than one sequence of {seq_len}")
+    chunks = tokens[: n * seq_len].view(n, seq_len).long()
+    if max_sequences is not None and max_sequences < n:
+        gen = torch.Generator().manual_seed(seed)
+        chunks = chunks[torch.randperm(n, generator=gen)[:max_sequences].sort().values]
+    return Sequences(chunks, torch.full((len(chunks),), seq_len), torch.ones(chunks.shape, dtype=torch.bool))
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def record_messages(record: dict) -> list[dict] | None:
+    """Chat turns as [{"role", "content"}] from ShareGPT ("conversations") or OpenAI ("messages") records."""
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    if "messages" in record:
+        return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+    if "conversations" in record:
+        return [{"role": roles.get(m["from"], m["from"]), "content": m["value"]} for m in record["conversations"]]
+    return None
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def record_text(record: dict, tokenizer) -> str:
+    """The whole training text of a JSONL record: `text`, or a conversation rendered by the chat template."""
+    if "text" in record:
+        return record["text"]
+    messages = record_messages(record)
+    if messages is None:
+        raise ValueError(f"JSONL record has none of 'text', 'messages', 'conversations': keys {sorted(record)}")
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def record_prompt(record: dict, tokenizer) -> list[int]:
+    """Prompt token ids of a record for --generate: `prompt`/`text`, or the conversation's first user turn."""
+    if "prompt" in record or "text" in record:
+        return tokenizer(record.get("prompt", record.get("text")))["input_ids"]
+    messages = record_messages(record) or []
+    first_user = next((m for m in messages if m["role"] == "user"), None)
+    if first_user is None:
+        raise ValueError("JSONL record has no 'prompt', 'text' or user turn to use as a prompt")
+    if has_chat_template(tokenizer):
+        return list(tokenizer.apply_chat_template([first_user], tokenize=True, add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"])
+    return tokenizer(first_user["content"])["input_ids"]
+
+
+def tokenize_texts(tokenizer, texts: Iterable[str]) -> torch.Tensor:
+    """Texts tokenised and joined with EOS into one stream (int32)."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text)["input_ids"])
+        if tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def corpus_tokens(tokenizer, jsonl: str | None, split: str, cache_dir: Path) -> torch.Tensor:
+    """The token stream of the stdlib corpus split (cached) or of a JSONL file's texts."""
+    if jsonl is None:
+        return tokenize_split(tokenizer, split, cache_dir / f"stdlib_{split}.pt")
+    return tokenize_texts(tokenizer, (record_text(r, tokenizer) for r in read_jsonl(jsonl)))
+
+
+def corpus_prompts(tokens: torch.Tensor, count: int, prompt_len: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `prompt_len` tokens cut from random places of a token stream."""
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - prompt_len, (count,), generator=gen)
+    return [tokens[s : s + prompt_len].tolist() for s in starts.tolist()]
+
+
+# --- target-generated sequences ---------------------------------------------------------------
+
+def _pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        mask[row, width - len(p):] = 1
+    return ids, mask
+
+
+def _response(row: torch.Tensor, eos_ids: set[int]) -> list[int]:
+    """Generated tokens up to and including the first EOS."""
+    out = []
+    for token in row.tolist():
+        out.append(token)
+        if token in eos_ids:
+            break
+    return out
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    return {eos} if isinstance(eos, int) else set(eos or [])
+
+
+@torch.no_grad()
+def generate_sequences(
+    model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
+    temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
+) -> Sequences:
+    """The target continues each prompt (greedy at temperature 0, else sampled) up to `seq_len` tokens.
+
+    This is how EAGLE-3 builds its data: responses written by the target itself, so the draft
+    learns the distribution it will be asked to predict. The loss mask covers the response only.
+    Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded.
+    """
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = _eos_ids(model, tokenizer)
+    prompts = [p[: seq_len // 2] for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    rows: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    device = next(model.parameters()).device
+    for b in range(0, len(order), batch_size):
+        group = order[b : b + batch_size]
+        ids, mask = _pad_left([prompts[i] for i in group], pad_id)
+        torch.manual_seed(seed + b)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
+            dict(do_sample=False)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=seq_len - ids.shape[1],
+                                 pad_token_id=pad_id, **sampling).cpu()
+        for row, i in enumerate(group):
+            rows[i] = (prompts[i] + _response(out[row, ids.shape[1]:], eos_ids))[:seq_len]
+            starts[i] = len(prompts[i])
+        log(f"generated {min(b + batch_size, len(order))}/{len(order)} responses")
+    return _pad_sequences([rows[i] for i in range(len(prompts))], [starts[i] for i in range(len(prompts))],
+                          seq_len, pad_id)
+
+
+def _pad_sequences(rows: list[list[int]], response_starts: list[int], seq_len: int, pad_id: int) -> Sequences:
+    ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows])
+    mask = torch.zeros(len(rows), seq_len, dtype=torch.bool)
+    for n, (row, start) in enumerate(zip(rows, response_starts, strict=True)):
+        ids[n, : len(row)] = torch.tensor(row)
+        # From the last prompt position (it predicts the first response token) to the one predicting the last.
+        mask[n, max(start - 1, 0) : len(row) - 1] = True
+    return Sequences(ids, lengths, mask)
+
+
+# --- draft vocabulary ------------------------------------------------------------------------
+
+def token_counts(seqs: Sequences, vocab_size: int) -> torch.Tensor:
+    """How often each token id is the next token at a trained position (what the draft must predict)."""
+    trained = seqs.loss_mask[:, :-1] & (torch.arange(1, seqs.seq_len) < seqs.lengths[:, None])
+    return torch.bincount(seqs.input_ids[:, 1:][trained], minlength=vocab_size)[:vocab_size]
+
+
+def most_frequent_ids(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The n most frequent ids (ties: lower id first), ascending. Unseen ids fill up from id 0."""
+    if n > counts.numel():
+        raise ValueError(f"draft vocabulary of {n} exceeds the target vocabulary of {counts.numel()}")
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return order[:n].sort().values
+
+
+# --- target features --------------------------------------------------------------------------
+
+@dataclass
+class FeatureBatch:
+    """What one training step needs: tokens, the target's feature taps and its next-token distribution."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    loss_mask: torch.Tensor  # [B, T] bool
+    features: torch.Tensor  # [B, T, F] (bf16 when stored)
+    topk_ids: torch.Tensor  # [B, T, k] long, by decreasing probability
+    topk_probs: torch.Tensor  # [B, T, k] float32, renormalised over the k
+
+    def to(self, device: torch.device | str) -> FeatureBatch:
+        return FeatureBatch(*(getattr(self, n).to(device) for n in FIELDS))
+
+
+FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs")
+
+
+@torch.no_grad()  # not inference_mode: the draft's backward must be able to save these tensors
+def collect_features(model, seqs: Sequences, feature_layers: list[int], top_k: int = 32) -> FeatureBatch:
+    """Run the target once over `seqs` (bf16 autocast) and keep the feature taps and the top-k distribution.
+
+    `hidden_states[i]` is the input of decoder layer i; the last one is the final post-norm state.
+    """
+    device = next(model.parameters()).device
+    ids = seqs.input_ids.to(device)
+    attention = (torch.arange(seqs.seq_len) < seqs.lengths[:, None]).long().to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
+    features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).to(torch.bfloat16)
+    values, topk_ids = out.logits.topk(top_k, dim=-1)
+    return FeatureBatch(ids, seqs.loss_mask.to(device), features, topk_ids, torch.softmax(values.float(), dim=-1))
+
+
+class FeatureStore:
+    """Precomputed target features in `directory`: `shard_00000.pt`, ... of `shard_size` sequences each.
+
+    Shards are written atomically and skipped when present, so an interrupted collection resumes.
+    With several processes, process r writes the shards i with i % world == r. Reading memory-maps
+    the shards, so the store may be larger than RAM.
+    """
+
+    def __init__(self, directory: str | Path, sequences: Sequences, shard_size: int = 64):
+        self.directory = Path(directory)
+        self.sequences = sequences
+        self.shard_size = shard_size
+        self._open: dict[int, dict[str, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def num_shards(self) -> int:
+        return -(-len(self.sequences) // self.shard_size)
+
+    def shard_path(self, i: int) -> Path:
+        return self.directory / f"shard_{i:05d}.pt"
+
+    def missing(self) -> list[int]:
+        return [i for i in range(self.num_shards) if not self.shard_path(i).exists()]
+
+    def build(self, model, feature_layers: list[int], top_k: int, batch_size: int, rank: int = 0, world: int = 1,
+              log: Callable[[str], None] = print) -> None:
+        """Compute and write the missing shards assigned to this process."""
+        import time
+
+        todo = [i for i in self.missing() if i % world == rank]
+        vocab = model.get_output_embeddings().weight.shape[0]
+        id_dtype = torch.int16 if vocab <= torch.iinfo(torch.int16).max else torch.int32
+        t0, done_tokens = time.time(), 0
+        for n, i in enumerate(todo):
+            rows = torch.arange(i * self.shard_size, min((i + 1) * self.shard_size, len(self.sequences)))
+            parts = [collect_features(model, self.sequences.select(rows[b : b + batch_size]), feature_layers, top_k)
+                     for b in range(0, len(rows), batch_size)]
+            atomic_save({
+                "features": torch.cat([p.features for p in parts]).cpu(),
+                "topk_ids": torch.cat([p.topk_ids for p in parts]).to(id_dtype).cpu(),
+                "topk_probs": torch.cat([p.topk_probs for p in parts]).half().cpu(),
+            }, self.shard_path(i))
+            done_tokens += int(self.sequences.lengths[rows].sum())
+            log(f"features: shard {n + 1}/{len(todo)}  {done_tokens / (time.time() - t0):.0f} target tokens/s")
+
+    def _shard(self, i: int) -> dict[str, torch.Tensor]:
+        if i not in self._open:
+            self._open[i] = torch.load(self.shard_path(i), mmap=True, weights_only=True)
+        return self._open[i]
+
+    def batch(self, indices: torch.Tensor) -> FeatureBatch:
+        """The stored features of sequences `indices`, in that order."""
+        parts = {name: [] for name in ("features", "topk_ids", "topk_probs")}
+        for index in indices.tolist():
+            shard = self._shard(index // self.shard_size)
+            for name in parts:
+                parts[name].append(shard[name][index % self.shard_size])
+        seqs = self.sequences.select(indices)
+        return FeatureBatch(seqs.input_ids, seqs.loss_mask, torch.stack(parts["features"]),
+                            torch.stack(parts["topk_ids"]).long(), torch.stack(parts["topk_probs"]).float())

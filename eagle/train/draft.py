@@ -1,0 +1,405 @@
+"""Train an EAGLE-3 (or EAGLE-1) draft head for a Hugging Face causal LM target.
+
+Usage:
+    python -m eagle.train.draft --target runs/target/final --out runs/draft --seq-len 512 --max-tokens 600000
+    accelerate launch -m eagle.train.draft --target PATH --out DIR --data-jsonl sharegpt.jsonl --generate ...
+
+Pipeline (each stage is kept in --out and skipped when rerun, so an interrupted run resumes):
+  1. training sequences -> <data-dir>/sequences.pt: the stdlib train split (default) or a JSONL of
+     texts/conversations, tokenised with the target's tokenizer and cut to --seq-len; with
+     --generate, the target's own continuations of prompts taken from them (EAGLE-3's recipe).
+  2. draft vocabulary: the --draft-vocab-size most frequent next tokens of those sequences.
+  3. target features, precomputed to <data-dir>/shard_*.pt (bf16 features, top-k distribution);
+     --online computes them every step instead (see eagle.train.data for the trade-off).
+  4. training-time-test training (eagle.train.ttt), AdamW + warmup/cosine, bf16 autocast;
+     <out>/checkpoint.pt every --save-every steps (atomic); rerunning with the same --out resumes.
+  5. <out>/final: `head.save_pretrained` (public EAGLE layout, loads with `eagle.load_draft`),
+     plus eval.json (held-out agreement, eagle.train.evaluate) and training_summary.json.
+
+Data parallel through accelerate: every process loads the target, collects its share of feature
+shards, and trains on its slice of each global batch (--batch per process); gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import secrets
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
+from eagle.train.data import (
+    FIELDS,
+    FeatureBatch,
+    FeatureStore,
+    Sequences,
+    atomic_save,
+    chunk_tokens,
+    collect_features,
+    corpus_prompts,
+    corpus_tokens,
+    generate_sequences,
+    most_frequent_ids,
+    read_jsonl,
+    record_prompt,
+    token_counts,
+)
+from eagle.train.ttt import ttt_loss
+
+DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "seq_len", "max_tokens", "generate", "prompt_len",
+                  "gen_temperature", "top_k", "seed")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True, help="HF model directory or hub id of the target")
+    ap.add_argument("--tokenizer", help="default: the target's")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--kind", choices=("eagle3", "eagle1"), default="eagle3")
+    ap.add_argument("--draft-vocab-size", type=int, default=32000, help="EAGLE-3 only; capped at the target's")
+    ap.add_argument("--draft-shape", type=json.loads, default={},
+                    help='JSON overrides of the head config, e.g. \'{"intermediate_size": 1024}\'')
+    data = ap.add_argument_group("data")
+    data.add_argument("--data-jsonl", help="JSONL of {'text'} or chat records (default: the stdlib train split)")
+    data.add_argument("--data-dir", help="where sequences and features are kept (default: <out>/data)")
+    data.add_argument("--seq-len", type=int, default=2048)
+    data.add_argument("--max-tokens", type=int, help="use at most this many training tokens (default: all)")
+    data.add_argument("--generate", action="store_true", help="train on the target's continuations of prompts")
+    data.add_argument("--prompt-len", type=int, default=64, help="--generate from the corpus: prompt length")
+    data.add_argument("--gen-temperature", type=float, default=0.0, help="--generate: 0 = greedy")
+    data.add_argument("--gen-batch", type=int, default=16)
+    data.add_argument("--top-k", type=int, default=32, help="target distribution kept as its top-k")
+    data.add_argument("--online", action="store_true", help="compute target features every step, store nothing")
+    data.add_argument("--collect-batch", type=int, default=8, help="sequences per target forward")
+    data.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
+    train = ap.add_argument_group("training")
+    train.add_argument("--batch", type=int, default=4, help="sequences per step per process")
+    train.add_argument("--lr", type=float, default=3e-4)
+    train.add_argument("--warmup", type=int, default=50)
+    train.add_argument("--epochs", type=float, default=1.0)
+    train.add_argument("--steps", type=int, help="schedule length in steps (overrides --epochs)")
+    train.add_argument("--minutes", type=float, help="stop (checkpoint, save final) after this wall time")
+    train.add_argument("--stop-at", type=int, help="stop at this step without finishing the schedule; rerun resumes")
+    train.add_argument("--ttt-steps", type=int, default=7)
+    train.add_argument("--decay", type=float, default=0.8, help="loss weight of TTT step j is decay**j")
+    train.add_argument("--grad-clip", type=float, default=0.5)
+    train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="draft compute (autocast)")
+    train.add_argument("--save-every", type=int, default=200)
+    train.add_argument("--log-every", type=int, default=10)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--wandb", choices=("online", "offline", "off"),
+                       help="default: online if WANDB_API_KEY is set, else offline")
+    train.add_argument("--wandb-project", default="mars-spec-draft")
+    ev = ap.add_argument_group("evaluation of the final head")
+    ev.add_argument("--eval-sequences", type=int, default=16, help="held-out windows scored at the end (0: skip)")
+    ev.add_argument("--eval-jsonl", help="held-out texts (default: the stdlib held-out split with the stdlib corpus)")
+    ev.add_argument("--eval-tau-prompts", type=int, default=0, help="also decode N prompts speculatively")
+    return ap.parse_args(argv)
+
+
+# --- model setup ------------------------------------------------------------------------------
+
+def load_target(path: str, device: torch.device):
+    """The target in bf16 (features are stored in bf16 anyway), frozen, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def build_head(kind: str, target, draft_vocab_size: int, shape: dict) -> DraftHead:
+    """A fresh head for `target`. EAGLE-3: the token embedding is the target's, copied and frozen."""
+    if kind == "eagle1":
+        return Eagle1Head.for_target(target, **shape)
+    tc = target.config.get_text_config(decoder=True)
+    shape = dict(shape)
+    if shape.get("hidden_size", tc.hidden_size) != tc.hidden_size:
+        shape.setdefault("target_hidden_size", tc.hidden_size)
+    head = Eagle3Head.for_target(target.config, min(draft_vocab_size, tc.vocab_size), **shape)
+    embedding = target.get_input_embeddings().weight
+    if head.config.hidden_size == embedding.shape[1]:  # otherwise it has to be learnt
+        head.embed_tokens.weight.data.copy_(embedding.detach().float())
+        head.embed_tokens.weight.requires_grad_(False)
+    return head
+
+
+class TTTObjective(nn.Module):
+    """The head plus its TTT loss as one module, so that data-parallel wrappers see one forward."""
+
+    def __init__(self, head: DraftHead, steps: int, decay: float, precision: str):
+        super().__init__()
+        self.head = head
+        self.steps, self.decay = steps, decay
+        self.autocast = precision == "bf16"
+
+    def forward(self, input_ids, loss_mask, features, topk_ids, topk_probs):
+        batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs)
+        dtype = torch.bfloat16 if self.autocast else None
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            result = ttt_loss(self.head, batch, self.steps, self.decay, compute_dtype=dtype)
+        return result.loss, result.steps
+
+
+# --- data -------------------------------------------------------------------------------------
+
+def data_spec(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in DATA_SPEC_KEYS}
+
+
+def check_data_dir(data_dir: Path, spec: dict) -> None:
+    """Refuse to mix data built with other settings into this run."""
+    meta = data_dir / "meta.json"
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        diff = {k: (old.get(k), v) for k, v in spec.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{data_dir} holds data built with other settings {diff} (old, new): "
+                             "pass another --data-dir or --out, or delete it")
+    else:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(spec, indent=2))
+
+
+def generation_prompts(args: argparse.Namespace, tokenizer, cache_dir: Path) -> list[list[int]]:
+    count = args.max_tokens // args.seq_len if args.max_tokens else None
+    if args.data_jsonl:
+        prompts = [record_prompt(r, tokenizer) for r in read_jsonl(args.data_jsonl)]
+        return prompts[:count] if count else prompts
+    if not count:
+        raise ValueError("--generate from the stdlib corpus needs --max-tokens (how much to generate)")
+    return corpus_prompts(corpus_tokens(tokenizer, None, "train", cache_dir), count, args.prompt_len, args.seed)
+
+
+def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log) -> Sequences:
+    """Build (once) and load the training sequences; generation is split across processes."""
+    path = data_dir / "sequences.pt"
+    if not path.exists():
+        if args.generate:
+            rank, world = accelerator.process_index, accelerator.num_processes
+            prompts = generation_prompts(args, tokenizer, data_dir)
+            part = generate_sequences(target, tokenizer, prompts[rank::world], args.seq_len, args.gen_batch,
+                                      args.gen_temperature, args.seed + rank, log)
+            part.save(data_dir / f"sequences.rank{rank}.pt")
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                parts = [Sequences.load(data_dir / f"sequences.rank{r}.pt") for r in range(world)]
+                Sequences.concat(parts).save(path)
+        elif accelerator.is_main_process:
+            tokens = corpus_tokens(tokenizer, args.data_jsonl, "train", data_dir)
+            count = args.max_tokens // args.seq_len if args.max_tokens else None
+            chunk_tokens(tokens, args.seq_len, count, args.seed).save(path)
+        accelerator.wait_for_everyone()
+    return Sequences.load(path)
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the peak learning rate: linear warmup, then cosine decay to 10% at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def batch_indices(step: int, num_sequences: int, global_batch: int, seed: int) -> torch.Tensor:
+    """Sequence indices of a global batch: a fresh seeded permutation per epoch, so resuming at a step is exact."""
+    per_epoch = num_sequences // global_batch
+    if per_epoch == 0:
+        raise ValueError(f"{num_sequences} training sequences are fewer than one global batch of {global_batch}")
+    epoch, k = divmod(step, per_epoch)
+    perm = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return perm[k * global_batch : (k + 1) * global_batch]
+
+
+# --- logging ----------------------------------------------------------------------------------
+
+def init_wandb(args: argparse.Namespace, out: Path, is_main: bool):
+    mode = args.wandb or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    if mode == "off" or not is_main:
+        return None
+    import wandb
+
+    id_file = out / "wandb_run_id"
+    if not id_file.exists():
+        id_file.write_text(secrets.token_hex(4))  # kept, so that a resumed run continues the same W&B run
+    return wandb.init(project=args.wandb_project, dir=str(out), mode=mode, id=id_file.read_text().strip(),
+                      resume="allow", config=vars(args))
+
+
+def step_metrics(loss: torch.Tensor, stats, lr: float) -> dict:
+    metrics = {"loss": float(loss.detach()), "lr": lr}
+    for j, s in enumerate(stats):
+        metrics[f"acc_{j}"] = s.correct / max(s.count, 1)
+        metrics[f"loss_{j}"] = s.loss / max(s.count, 1)
+    return metrics
+
+
+# --- training ---------------------------------------------------------------------------------
+
+def save_checkpoint(path: Path, head: DraftHead, optimizer, scheduler, step: int) -> None:
+    atomic_save({
+        "head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "step": step, "config": head.config.to_json(),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+    }, path)
+
+
+def load_checkpoint(path: Path, head: DraftHead, optimizer, scheduler) -> int:
+    """Restore a run; returns its step."""
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    if state["config"] != head.config.to_json():
+        raise ValueError(f"{path} belongs to a head of another shape or target; use another --out")
+    head.load_state_dict(state["head"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state["step"]
+
+
+def schedule_length(args: argparse.Namespace, num_sequences: int, global_batch: int) -> int:
+    if args.steps:
+        return args.steps
+    return max(1, int(args.epochs * (num_sequences // global_batch)))
+
+
+def train(argv: list[str] | None = None) -> DraftHead:
+    """Run the whole pipeline (see the module doc); returns the trained head."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    args = parse_args(argv)
+    accelerator = Accelerator()
+    log = accelerator.print
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data_dir or out / "data")
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+
+    target = load_target(args.target, accelerator.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
+    if accelerator.is_main_process:
+        check_data_dir(data_dir, data_spec(args))
+    accelerator.wait_for_everyone()
+    seqs = prepare_sequences(args, target, tokenizer, data_dir, accelerator, log)
+    log(f"{len(seqs)} training sequences, {seqs.num_tokens():,} trained positions")
+
+    head = build_head(args.kind, target, args.draft_vocab_size, args.draft_shape)
+    if isinstance(head, Eagle3Head) and head.config.draft_vocab_size < head.config.vocab_size:
+        counts = token_counts(seqs, head.config.vocab_size)
+        head.set_draft_vocab(most_frequent_ids(counts, head.config.draft_vocab_size))
+        coverage = counts[head.t2d].sum() / counts.sum().clamp_min(1)
+        log(f"draft vocabulary {head.config.draft_vocab_size} covers {coverage:.1%} of training next tokens")
+    head.to(accelerator.device)
+
+    store = FeatureStore(data_dir, seqs, args.shard_size)
+    if not args.online and store.missing():
+        per_token = 2 * head.config.feature_size + 4 * args.top_k
+        log(f"collecting target features: ~{per_token * seqs.lengths.sum() / 1e9:.2f} GB in {data_dir}")
+        store.build(target, head.config.feature_layers, args.top_k, args.collect_batch,
+                    accelerator.process_index, accelerator.num_processes, log)
+    accelerator.wait_for_everyone()
+
+    global_batch = args.batch * accelerator.num_processes
+    total = schedule_length(args, len(seqs), global_batch)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, args.warmup))
+    ckpt = out / "checkpoint.pt"
+    step = load_checkpoint(ckpt, head, optimizer, scheduler) if ckpt.exists() else 0
+    if step:
+        log(f"resumed from step {step}")
+
+    model, optimizer = accelerator.prepare(TTTObjective(head, args.ttt_steps, args.decay, args.precision), optimizer)
+    run = init_wandb(args, out, accelerator.is_main_process)
+    history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
+    rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
+    tokens_per_step = global_batch * (seqs.seq_len - 1)
+    t0 = t_log = time.time()
+    start_step = log_step = step
+    model.train()
+    while step < total and step != args.stop_at:
+        indices = batch_indices(step, len(seqs), global_batch, args.seed)[rank_slice]
+        batch = store.batch(indices) if not args.online else \
+            collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k)
+        loss, stats = model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS})
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(params, args.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        metrics = step_metrics(loss, stats, scheduler.get_last_lr()[0])
+        if run is not None:
+            run.log(metrics, step=step)
+        if step % args.log_every == 0 or step == total:
+            rate = tokens_per_step * (step - log_step) / (time.time() - t_log)
+            t_log, log_step = time.time(), step
+            accs = " ".join(f"{metrics[f'acc_{j}']:.2f}" for j in range(args.ttt_steps))
+            log(f"step {step}/{total} loss {metrics['loss']:.3f} acc {accs} lr {metrics['lr']:.2e} tok/s {rate:.0f}")
+            if history:
+                history.write(json.dumps({"step": step, **metrics, "tokens_per_s": rate}) + "\n")
+                history.flush()
+        if step % args.save_every == 0 and accelerator.is_main_process:
+            save_checkpoint(ckpt, head, optimizer, scheduler, step)
+        if args.minutes is not None and out_of_time(accelerator, t0, args.minutes):
+            break
+    if accelerator.is_main_process:
+        save_checkpoint(ckpt, head, optimizer, scheduler, step)
+        finish(args, head, target, tokenizer, out, data_dir, step, total,
+               (step - start_step) * tokens_per_step / max(time.time() - t0, 1e-9), log)
+    accelerator.wait_for_everyone()
+    if history:
+        history.close()
+    if run is not None:
+        run.finish()
+    return head
+
+
+def out_of_time(accelerator, t0: float, minutes: float) -> bool:
+    """Whether the wall-time budget is spent, decided by process 0 so that all processes stop together."""
+    flag = torch.tensor([float(time.time() - t0 > minutes * 60)], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast
+
+        flag = broadcast(flag, from_process=0)
+    return bool(flag.item())
+
+
+def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, step: int, total: int,
+           tokens_per_s: float, log) -> None:
+    """Save the public-layout head, then score it on held-out data as it will be loaded for decoding."""
+    from eagle.checkpoint import load_draft
+    from eagle.train.evaluate import run_evaluation
+
+    final = out / "final"
+    head.save_pretrained(final)
+    summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
+               "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
+               "lr": args.lr, "target": args.target}
+    (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    if args.eval_sequences and (args.eval_jsonl or not args.data_jsonl):
+        report = run_evaluation(target, load_draft(final, target), tokenizer, args.eval_jsonl, args.seq_len,
+                                args.eval_sequences, max(args.ttt_steps, 1), data_dir, args.eval_tau_prompts)
+        (final / "eval.json").write_text(json.dumps(report, indent=2))
+        log(f"held-out: first-token acc {report['first_token_acc']:.3f}, "
+            f"top-10 {report['first_token_top10_acc']:.3f}, chain length ~{report['chain_accept_length_estimate']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    train(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Aggregation of answer records into per-method figures: speed, acceptance, relaxation, quality.
+
+Definitions (all pooled over the questions every method answered):
+  tokens_per_s             total new tokens / total generation wall time
+  speedup                  tokens_per_s / the baseline's (vanilla) tokens_per_s
+  speedup_per_question     mean per-question tokens/s / the baseline's mean per-question tokens/s,
+                           the figure of the EAGLE / MARS `speed.py` tools
+  tau                      (accepted draft tokens + cycles) / cycles: tokens per draft-verify cycle
+                           (the prefill's token is in no cycle; the reference tools' "tau" divides by
+                           the last loop index instead, which overstates it)
+  relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
+  parse_rate, loglik       see `eval.quality`; token_prob = exp(loglik)
+  quality_recovery         figure / the reference method's (strict) figure, for parse_rate and token_prob
+  identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from eval.quality import token_prob
+from mars.stats import VerifyStats
+
+RECOVERY_FIGURES = ("parse_rate", "token_prob")
+
+
+def verify_to_json(stats: VerifyStats) -> dict:
+    """The counts of a VerifyStats, JSON-ready; margins rounded, non-finite ones left out."""
+    return {
+        "attempts": dict(stats.attempts),
+        "accepts": dict(stats.accepts),
+        "relaxed": dict(stats.relaxed),
+        "relax_allowed": stats.relax_allowed,
+        "positions": stats.positions,
+        "margins": [round(m, 4) for m in stats.margins if math.isfinite(m)],
+    }
+
+
+def verify_from_json(d: dict) -> VerifyStats:
+    def counter(x: dict) -> Counter:
+        return Counter({int(k): v for k, v in x.items()})
+
+    return VerifyStats(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
+                       margins=list(d["margins"]), relax_allowed=d["relax_allowed"], positions=d["positions"])
+
+
+def merged_stats(records: list[dict]) -> VerifyStats:
+    total = VerifyStats()
+    for r in records:
+        total.merge(verify_from_json(r["eval"]["verify"]))
+    return total
+
+
+def _speed(record: dict) -> tuple[int, float]:
+    choice = record["choices"][0]
+    return sum(choice["new_tokens"]), sum(choice["wall_time"])
+
+
+def method_figures(records: list[dict]) -> dict:
+    """Figures of one method that need no other method."""
+    tokens = sum(_speed(r)[0] for r in records)
+    seconds = sum(_speed(r)[1] for r in records)
+    cycles = sum(sum(r["choices"][0]["idxs"]) for r in records)
+    accepted = sum(sum(r["eval"]["accepted"]) for r in records)
+    relaxed = sum(sum(r["eval"]["relaxed"]) for r in records)
+    per_question = [t / s for t, s in map(_speed, records) if s > 0]
+    parses = [p for r in records for p in r["eval"]["parses"] if p is not None]
+    loglik = sum(x for r in records for x in r["eval"]["loglik"] if x is not None)
+    loglik_tokens = sum(r["eval"]["loglik_tokens"][i] for r in records
+                        for i, x in enumerate(r["eval"]["loglik"]) if x is not None)
+    stats = merged_stats(records)
+    figures = {
+        "questions": len(records),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "mean_question_tokens_per_s": sum(per_question) / len(per_question) if per_question else 0.0,
+        "cycles": cycles,
+        "tau": (accepted + cycles) / cycles if cycles else 1.0,
+        "relaxed_tokens": relaxed,
+        "relaxed_frac": relaxed / tokens if tokens else 0.0,
+        "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),
+        "acceptance_rate_by_depth": stats.acceptance_rate_by_depth,
+        "relax_allowed_frac": stats.relax_allowed / stats.positions if stats.positions else 0.0,
+    }
+    if parses:
+        figures["parse_rate"] = _mean(parses)
+    if loglik_tokens:
+        figures["loglik"] = loglik / loglik_tokens
+        figures["token_prob"] = token_prob(loglik, loglik_tokens)
+    return figures
+
+
+def _mean(xs) -> float | None:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", reference: str = "strict") -> dict[str, dict]:
+    """Per-method figures over the questions all methods answered, with speedups and quality recovery."""
+    common = set.intersection(*(set(r["question_id"] for r in recs) for recs in records.values()))
+    kept = {m: sorted((r for r in recs if r["question_id"] in common), key=lambda r: str(r["question_id"]))
+            for m, recs in records.items()}
+    figures = {m: method_figures(recs) for m, recs in kept.items()}
+    reference = reference if reference in figures else baseline
+    for method, fig in figures.items():
+        if baseline in figures and method != baseline:
+            base = figures[baseline]
+            fig["speedup"] = _ratio(fig["tokens_per_s"], base["tokens_per_s"])
+            fig["speedup_per_question"] = _ratio(fig["mean_question_tokens_per_s"], base["mean_question_tokens_per_s"])
+            same = [_tokens(a) == _tokens(b) for a, b in zip(kept[method], kept[baseline], strict=True)]
+            fig["identical_to_vanilla"] = _mean(same)
+        if reference in figures and method not in (baseline, reference):
+            recovery = {f: _ratio(fig.get(f), figures[reference].get(f)) for f in RECOVERY_FIGURES}
+            recovery = {f: r for f, r in recovery.items() if r is not None}
+            if recovery:
+                fig["quality_recovery"] = next(iter(recovery.values()))  # parse_rate when there is one
+                fig["quality_recovery_by_figure"] = recovery
+    return figures
+
+
+def _tokens(record: dict) -> list[list[int]]:
+    return record["eval"]["token_ids"]
+
+
+def format_table(figures: dict[str, dict]) -> str:
+    """A plain-text table of the headline figures, one row per method."""
+    columns = [
+        ("method", None, "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
+        ("tau", "tau", "{:.2f}"), ("relaxed", "relaxed_frac", "{:.1%}"), ("parse", "parse_rate", "{:.1%}"),
+        ("loglik", "loglik", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
+        ("=vanilla", "identical_to_vanilla", "{:.0%}"),
+    ]
+    rows = [[name for name, _, _ in columns]]
+    for method, fig in figures.items():
+        cells = []
+        for _, key, fmt in columns:
+            value = method if key is None else fig.get(key)
+            cells.append("-" if value is None else fmt.format(value))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+
+    lines = [line(row) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The embedded benchmark: vanilla vs strict vs MARS on the embedded pair (data/models/{target,draft})
+# over the held-out stdlib prompts, methods interleaved question by question, after a warm-up.
+#
+#   scripts/bench_embedded.sh [OUT.json] [eval.run overrides...]
+#   scripts/bench_embedded.sh results/bench_embedded.json num_prompts=64 max_new_tokens=128
+#
+# Writes {"machine", "settings", "methods": {method: {tokens_per_s, speedup, tau, relaxed_frac,
+# quality_recovery, ...}}} to OUT.json (default results/bench_embedded.json); answers go to
+# results/bench_embedded/answers/. speedup is the ratio of total tokens/s; speedup_per_question is
+# the EAGLE tools' ratio of mean per-question tokens/s. Threads: all cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="results/bench_embedded.json"
+if [[ $# -gt 0 && "$1" != *=* ]]; then
+    out="$1"
+    shift
+fi
+exec python -m eval.run model=embedded bench=embedded out_dir=results/bench_embedded summary_path="$out" "$@"

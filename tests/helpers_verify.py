@@ -1,0 +1,114 @@
+"""Helpers for the verification-rule tests: hand-built trees, a tiny Llama, exact distributions, chi-square."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+import transformers
+from scipy.stats import chisquare
+
+from eagle.tree import DraftTree
+
+
+def one_thread() -> Iterator[None]:
+    """For a module-scoped fixture: run torch on one thread, then restore the setting.
+
+    Tiny models gain nothing from a second thread, and on a busy 2-core machine two threads
+    spinning against other jobs make each forward pass 50x slower.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def make_tree(parents: list[int], tokens: list[int]) -> DraftTree:
+    """A tree from parent indices (parents[0] = -1) and tokens (tokens[0] = the root's token)."""
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(len(tokens)))
+
+
+def tiny_llama(seed: int = 0, vocab_size: int = 16, sharpen: float = 1.0) -> transformers.LlamaForCausalLM:
+    """A random fp32 two-layer Llama; `sharpen` scales the lm_head (sharper distributions)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpen)
+    return model
+
+
+def tree_outcome_distribution(processed: torch.Tensor, tree: DraftTree) -> dict[tuple[int, ...], float]:
+    """Exact target probability of every token sequence one verification can emit.
+
+    Emitted = the accepted drafted tokens + next_token. Following the target from the root, each
+    token x sampled at node n (probability softmax(processed[n])[x]) either is a drafted child of n,
+    and the walk continues there, or ends the sequence. Every such sequence has its next-token
+    distributions given by tree rows, so the target's probability of it is defined and exact.
+    """
+    probs = processed.softmax(-1).tolist()
+    tokens = tree.tokens.tolist()
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(node: int, prefix: tuple[int, ...], mass: float) -> None:
+        child_of = {tokens[c]: c for c in tree.children[node]}
+        for x, p in enumerate(probs[node]):
+            if p <= 0:
+                continue
+            if x in child_of:
+                walk(child_of[x], prefix + (x,), mass * p)
+            else:
+                out[prefix + (x,)] = mass * p
+
+    walk(0, (), 1.0)
+    return out
+
+
+def emitted(verdict, tree: DraftTree) -> tuple[int, ...]:
+    return tuple(tree.tokens[verdict.path[1:]].tolist()) + (verdict.next_token,)
+
+
+def chi_square_pvalue(counts: Counter, probs: dict, min_expected: float = 5.0) -> float:
+    """Goodness of fit of observed `counts` to `probs` (same keys; missing = 0).
+
+    Cells with expected count < min_expected are pooled into one cell (merged with the smallest
+    remaining cell if the pool itself is too small). An observation in a cell of probability 0
+    fails the test outright (p = 0).
+    """
+    n = sum(counts.values())
+    if any(probs.get(key, 0.0) <= 0 for key in counts):
+        return 0.0
+    total = sum(probs.values())
+    assert math.isclose(total, 1.0, abs_tol=1e-4), total
+    cells = sorted(probs, key=lambda k: probs[k])
+    expected = [n * probs[k] / total for k in cells]
+    observed = [counts.get(k, 0) for k in cells]
+    big = [i for i, e in enumerate(expected) if e >= min_expected]
+    small = [i for i, e in enumerate(expected) if e < min_expected]
+    obs = [observed[i] for i in big]
+    exp = [expected[i] for i in big]
+    if small:
+        pool_obs, pool_exp = sum(observed[i] for i in small), sum(expected[i] for i in small)
+        if pool_exp < min_expected and exp:  # merge the pool with the smallest big cell
+            pool_obs, pool_exp = pool_obs + obs.pop(0), pool_exp + exp.pop(0)
+        obs.append(pool_obs)
+        exp.append(pool_exp)
+    assert len(obs) >= 2, "too few cells for a chi-square test"
+    scale = sum(obs) / sum(exp)  # guard rounding of the expected total
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def marginal(probs: dict[tuple[int, ...], float], positions: slice) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+    for key, p in probs.items():
+        sub = key[positions]
+        out[sub] = out.get(sub, 0.0) + p
+    return out

@@ -1,0 +1,159 @@
+"""The core engine: strict greedy speculative decoding equals plain greedy decoding, on every architecture."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import tiny_model
+from oracle import OracleHead
+from transformers import DynamicCache
+
+from eagle import Eagle1Head, Eagle3Head, grow_tree
+from mars import SpeculativeGenerator
+
+
+def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos_token_id,
+                         pad_token_id=0, min_new_tokens=0 if eos_token_id is not None else max_new_tokens)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def random_prompt(rng: random.Random, vocab: int, length: int) -> torch.Tensor:
+    return torch.tensor([[rng.randrange(vocab) for _ in range(length)]])
+
+
+def test_greedy_equals_hf_generate_on_every_architecture(arch):
+    model = tiny_model(arch)
+    rng = random.Random(1)
+    for head in (Eagle3Head.for_target(model.config), Eagle1Head.for_target(model)):
+        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, top_k=3)
+        for length in (1, 7, 40):
+            prompt = random_prompt(rng, model.config.vocab_size, length)
+            expected = hf_greedy(model, prompt, 24)
+            assert gen.generate(prompt, max_new_tokens=24).tokens == expected
+            assert gen.vanilla(prompt, max_new_tokens=24).tokens == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_equals_hf_generate_over_tree_settings(seed):
+    rng = random.Random(seed)
+    model = tiny_model("llama", seed=seed, sharpen=1.0 + seed)
+    head = Eagle3Head.for_target(model.config)
+    for _ in range(4):
+        depth, top_k, total = rng.randint(1, 8), rng.randint(1, 10), rng.randint(1, 80)
+        length, new = rng.choice([1, 2, 17, 120, 300]), rng.randint(1, 40)
+        prompt = random_prompt(rng, model.config.vocab_size, length)
+        gen = SpeculativeGenerator(model, head, total_tokens=total, depth=depth, top_k=top_k)
+        assert gen.generate(prompt, max_new_tokens=new).tokens == hf_greedy(model, prompt, new), (depth, top_k, total)
+
+
+def oracle_generator(model, prompt, new, **tree):
+    continuation = hf_greedy(model, prompt, new + 10)
+    head = OracleHead(model.config, prompt[0].tolist() + continuation)
+    return SpeculativeGenerator(model, head, **tree), continuation
+
+
+@pytest.mark.parametrize("depth,top_k,total", [(1, 1, 1), (3, 2, 6), (6, 10, 60), (8, 4, 30)])
+def test_oracle_draft_is_accepted_in_full(depth, top_k, total):
+    model = tiny_model("llama")
+    prompt = torch.tensor([[5, 9, 2, 33, 7]])
+    new = 1 + 5 * (depth + 1)  # the prefill's token, then five full cycles
+    gen, continuation = oracle_generator(model, prompt, new, total_tokens=total, depth=depth, top_k=top_k)
+    out = gen.generate(prompt, max_new_tokens=new)
+    assert out.tokens == continuation[:new]
+    assert out.accept_lengths == [depth] * 5
+    assert out.tau == depth + 1
+
+
+def test_oracle_with_max_new_tokens_landing_mid_path():
+    model = tiny_model("qwen3")
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    for new in (1, 2, 5, 9, 13):
+        gen, continuation = oracle_generator(model, prompt, new, total_tokens=20, depth=5, top_k=2)
+        out = gen.generate(prompt, max_new_tokens=new)
+        assert out.tokens == continuation[:new]
+        assert len(out.tokens) == new
+        assert 1 + sum(a + 1 for a in out.accept_lengths) == new  # never drafted past the budget
+
+
+def test_eos_inside_the_accepted_path_stops_exactly_there():
+    model = tiny_model("llama")
+    prompt = torch.tensor([[11, 12, 13]])
+    gen, continuation = oracle_generator(model, prompt, 30, total_tokens=30, depth=6, top_k=3)
+    for stop_at in (0, 3, 8):  # an index in the continuation whose token we declare EOS
+        eos = continuation[stop_at]
+        first = continuation.index(eos)
+        out = gen.generate(prompt, max_new_tokens=30, eos_token_id=eos)
+        assert out.tokens == continuation[: first + 1]
+        assert out.stopped_by == "eos"
+        assert out.tokens == hf_greedy(model, prompt, 30, eos_token_id=eos)
+
+
+def plain_decode_cache(model, tokens: list[int]) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def test_kv_cache_after_each_cycle_equals_plain_decoding():
+    model = tiny_model("mistral")
+    prompt = torch.tensor([[8, 6, 7, 5, 3, 0, 9]])
+    gen, continuation = oracle_generator(model, prompt, 40, total_tokens=10, depth=3, top_k=2)
+    random_head = Eagle3Head.for_target(model.config)
+    for head in (gen.head, random_head):
+        gen.head = head
+        cycles = []
+        real_verify = gen.target.keep_path
+
+        def recording_keep(prefix, path, _real=real_verify, cycles=cycles):
+            _real(prefix, path)
+            cycles.append([(layer.keys.clone(), layer.values.clone()) for layer in gen.target.cache.layers])
+
+        gen.target.keep_path = recording_keep
+        out = gen.generate(prompt, max_new_tokens=25)
+        gen.target.keep_path = real_verify
+        assert out.tokens == continuation[:25]
+        emitted = 1
+        for accepted, kv in zip(out.accept_lengths, cycles, strict=True):
+            emitted += accepted + 1
+            # Plain decoding of the same tokens: the cache holds everything but the newest token.
+            reference = plain_decode_cache(model, prompt[0].tolist() + out.tokens[: emitted - 1])
+            for (keys, values), ref_layer in zip(kv, reference.layers, strict=True):
+                torch.testing.assert_close(keys, ref_layer.keys, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(values, ref_layer.values, rtol=1e-4, atol=1e-5)
+
+
+def test_tree_is_a_valid_eagle2_tree():
+    model = tiny_model("llama")
+    head = Eagle3Head.for_target(model.config)
+    prompt = torch.arange(1, 9)
+    features = torch.randn(8, head.config.feature_size)
+    hidden, logprobs = head.extend(features, prompt)
+    tree = grow_tree(head, 42, hidden, logprobs, depth=4, top_k=3, total_tokens=15)
+    assert tree.size == 16 and tree.tokens[0] == 42
+    assert head.cache.total == head.cache.length == 8  # tentative nodes dropped
+    assert int(tree.depths.max()) <= 4
+    for i in range(1, tree.size):
+        parent = int(tree.parents[i])
+        assert tree.depths[i] == tree.depths[parent] + 1
+        assert tree.scores[i] <= tree.scores[parent] + 1e-6
+        assert tree.ancestors[i, parent] and tree.ancestors[i, i]
+    # Siblings are distinct and ordered by draft probability.
+    for kids in tree.children:
+        assert len({int(tree.tokens[c]) for c in kids}) == len(kids)
+        assert all(tree.scores[a] >= tree.scores[b] for a, b in zip(kids[:-1], kids[1:], strict=True))
+    assert len(tree.children[0]) <= 3
+
+
+def test_bf16_target_runs_and_matches_its_own_vanilla():
+    model = tiny_model("llama").to(torch.bfloat16)
+    head = Eagle3Head.for_target(model.config).to(torch.bfloat16)
+    gen = SpeculativeGenerator(model, head, total_tokens=16, depth=4, top_k=4)
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    out = gen.generate(prompt, max_new_tokens=20)
+    assert len(out.tokens) == 20
+    assert out.tokens[0] == gen.vanilla(prompt, max_new_tokens=20).tokens[0]  # same prefill

@@ -1,0 +1,290 @@
+"""The evaluation harness: prompt extraction, the parse rule, answer files, bench data, and eval.run end to end."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from hydra import compose, initialize_config_dir
+
+from eagle import Eagle3Head
+from eval import quality
+from eval.answers import AnswerFile, answer_record, read_answers
+from eval.bench import BENCH_DIR_ENV, DEFAULT_BENCH_DIR, REPO_ROOT, bench_dir, encode, load_questions
+from eval.metrics import format_table
+from eval.prompts import build_prompts, extract_prompts
+from eval.run import parse_method, run, sampling_config
+
+SOURCE = '''"""A module."""
+
+import os
+
+
+def add(a, b):
+    """Add two numbers.
+
+    Returns a + b.
+    """
+    return a + b
+
+
+def undocumented(x):
+    return x
+
+
+def only_docstring():
+    """Nothing else."""
+
+
+class Box:
+    """A box."""
+
+    def put(self, item):
+        """Put an item in the box."""
+        self.items.append(item)
+
+    async def fetch(self):
+        """Fetch it."""
+        def inner():
+            """Nested functions are not prompts."""
+            return 1
+        return inner()
+'''
+
+
+# --- prompts ----------------------------------------------------------------------------------
+
+def test_extract_prompts_from_a_synthetic_file():
+    found = extract_prompts(SOURCE)
+    assert [(name, line) for name, line, _ in found] == [("add", 6), ("Box.put", 25), ("Box.fetch", 29)]
+    name, _, prompt = found[0]
+    assert prompt == 'def add(a, b):\n    """Add two numbers.\n\n    Returns a + b.\n    """\n    '
+    for _, _, prompt in found:
+        indent = len(prompt.split("\n")[0]) - len(prompt.split("\n")[0].lstrip())
+        assert prompt.split("\n")[0].lstrip().startswith(("def ", "async def "))
+        body = prompt + "pass\n"
+        ast.parse("\n".join(line[indent:] for line in body.split("\n")))  # well-formed once a body is added
+    assert found[1][2].endswith('"""Put an item in the box."""\n        ')
+    assert extract_prompts("def broken(:\n") == []
+
+
+def test_build_prompts_is_deterministic_and_limited(tmp_path):
+    for i in range(3):
+        (tmp_path / f"m{i}.py").write_text(SOURCE)
+    files = sorted(tmp_path.glob("*.py"))
+    prompts = build_prompts(files, tmp_path, count=4, per_file=2)
+    again = build_prompts(files, tmp_path, count=4, per_file=2)
+    assert prompts == again and len(prompts) == 4
+    assert [p.question_id for p in prompts] == [0, 1, 2, 3]
+    assert all(p.file.startswith("m") for p in prompts)
+    assert build_prompts(files, tmp_path, count=64, max_chars=40) == []
+
+
+def test_committed_prompt_set_is_well_formed():
+    path = REPO_ROOT / "data/prompts/stdlib_heldout.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 64
+    assert [r["question_id"] for r in records] == list(range(64))
+    for r in records:
+        assert {"question_id", "file", "name", "prompt"} <= set(r)
+        assert len(r["prompt"]) <= 1000 and r["prompt"].split("\n")[-1].strip() == ""
+
+
+# --- quality ----------------------------------------------------------------------------------
+
+PROMPT = 'def area(w, h):\n    """Area of a rectangle."""\n    '
+METHOD_PROMPT = '    def area(self):\n        """Area."""\n        '
+
+
+@pytest.mark.parametrize("prompt,completion,eos,expected", [
+    (PROMPT, "return w * h\n\n\ndef next_one():\n    pass\n", False, True),   # ends at the next def
+    (PROMPT, "return w * h\n", True, True),                                  # ends at EOS
+    (PROMPT, "if w > 0:\n        return w * h\n    return 0\n\nclass", False, True),
+    (PROMPT, "result = max(w,\n                 h", False, True),         # cut inside a bracket: valid prefix
+    (PROMPT, "for i in range(w):\n        total += i\n        if i >", False, True),  # partial last line dropped
+    (PROMPT, "if w:\n", True, False),                                       # EOS with an open block
+    (PROMPT, "return w * * h\n\ndef x(): pass\n", False, False),            # syntax error, then ended
+    (PROMPT, "return ) w (\n        x = 1\n        y", False, False),       # syntax error before the cut
+    (PROMPT, "x = 1\n      y = 2\n    z", False, False),                    # bad indentation
+    (METHOD_PROMPT, "return self.w * self.h\n\n    def other(self):\n", False, True),  # method ended by dedent
+    (METHOD_PROMPT, "return self.w *\n    x = 1\n", False, False),
+    (PROMPT, "\n\ndef other():\n", False, False),                          # ended with an empty body
+    (PROMPT, "", True, False),                                              # EOS straight away
+    (PROMPT, "fierfierfier fa fa fa", False, False),                        # one garbage partial line
+    (PROMPT, "return w", False, True),                                      # one partial line, valid so far
+])
+def test_parse_rule(prompt, completion, eos, expected):
+    assert quality.parses(prompt, completion, eos) is expected
+
+
+def test_function_source_cuts_at_the_end_of_the_function():
+    source, ended, written = quality.function_source(PROMPT, "return w * h\nprint(area(1, 2))\n", False)
+    assert ended and written == 1 and source == 'def area(w, h):\n    """Area of a rectangle."""\n    return w * h\n'
+    source, ended, written = quality.function_source(METHOD_PROMPT, "return 1\n        x", False)
+    assert not ended and written == 1 and source.startswith("def area(self):") and source.endswith("return 1\n")
+
+
+def test_loglik_matches_a_full_forward():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)).eval()
+    prompt, completion = [1, 5, 7], [9, 11, 2]
+    total, n = quality.completion_loglik(model, prompt, completion)
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + completion])).logits[0].float().log_softmax(-1)
+    expected = sum(logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion))
+    assert n == 3 and total == pytest.approx(expected, abs=1e-4)
+    assert quality.token_prob(total, n) == pytest.approx(torch.tensor(expected / 3).exp().item(), rel=1e-4)
+
+
+# --- answer files -----------------------------------------------------------------------------
+
+def _record(qid):
+    return answer_record(qid, "m-strict", ["text"], [3], [7], [0.5], {"accepted": [4]})
+
+
+def test_answers_are_written_incrementally_and_resume_skips_finished(tmp_path):
+    path = tmp_path / "answers" / "strict.jsonl"
+    f = AnswerFile(path, resume=False)
+    f.append(_record(1))
+    assert [r["question_id"] for r in read_answers(path)] == [1]  # on disk before the next question
+    f.append(_record(2))
+    first = read_answers(path)
+    assert first[0]["choices"][0] == {"index": 0, "turns": ["text"], "idxs": [3], "new_tokens": [7], "wall_time": [0.5]}
+    assert {"question_id", "answer_id", "model_id", "tstamp", "choices"} <= set(first[0])
+    with path.open("a") as out:
+        out.write('{"question_id": 3, "answ')  # a run killed mid-write
+
+    resumed = AnswerFile(path, resume=True)
+    assert resumed.done(1) and resumed.done(2) and not resumed.done(3)
+    assert [r["answer_id"] for r in read_answers(path)] == [r["answer_id"] for r in first]  # torn line dropped
+    resumed.append(_record(3))
+    assert [r["question_id"] for r in read_answers(path)] == [1, 2, 3]
+
+    fresh = AnswerFile(path, resume=False)
+    assert not fresh.done(1) and read_answers(path) == []
+
+
+# --- bench data -------------------------------------------------------------------------------
+
+def test_loads_mt_bench_from_the_shared_directory(monkeypatch):
+    directory = bench_dir()  # $MARS_BENCH_DIR or ../shared/data/bench
+    if not (directory / "mt_bench.jsonl").exists():
+        pytest.skip(f"no mt_bench.jsonl in {directory}")
+    questions = load_questions("mt_bench")
+    assert len(questions) == 80 and all(len(q.turns) == 2 for q in questions)
+    assert questions[0].question_id == 81 and questions[0].category == "writing"
+    assert len(load_questions("mt_bench", limit=5)) == 5
+
+
+def test_missing_bench_dir_is_a_clear_error(monkeypatch, tmp_path):
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv(BENCH_DIR_ENV, str(missing))
+    with pytest.raises(FileNotFoundError, match="nowhere.*MARS_BENCH_DIR"):
+        load_questions("mt_bench")
+    monkeypatch.delenv(BENCH_DIR_ENV)
+    if (REPO_ROOT / DEFAULT_BENCH_DIR).is_dir():
+        assert bench_dir() == REPO_ROOT / DEFAULT_BENCH_DIR
+    with pytest.raises(FileNotFoundError, match="no_such_set.jsonl"):
+        load_questions("no_such_set", data_dir=tmp_path)
+
+
+# --- tiny stand-in pair -----------------------------------------------------------------------
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([SOURCE] * 4, trainer=trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def test_encode_raw_and_multi_turn_chat():
+    tok = tiny_tokenizer()
+    raw = encode(tok, ["def f():\n"], [], chat=False)
+    assert raw[0] == tok.bos_token_id and tok.decode(raw[1:]) == "def f():\n"
+    with pytest.raises(ValueError, match="chat template"):
+        encode(tok, ["hi"], [], chat=True)
+    tok.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}[assistant]"
+    ids = encode(tok, ["q1", "q2"], ["a1"], chat=True)
+    assert tok.decode(ids) == "[user]q1[assistant]a1[user]q2[assistant]"
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("standin")
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)  # sharper logits: no near-ties in greedy decoding
+    model.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    Eagle3Head.for_target(model.config, draft_vocab_size=128).save_pretrained(root / "draft")
+    return root
+
+
+def eval_config(standin: Path, out: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        return compose("config", overrides=[
+            f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
+            "num_prompts=2", "max_new_tokens=8", "threads=1", f"out_dir={out}", *overrides])
+
+
+def test_eval_run_end_to_end_and_resume(standin, tmp_path, capsys):
+    out = tmp_path / "out"
+    summary = run(eval_config(standin, out))
+    methods = summary["methods"]
+    assert list(methods) == ["vanilla", "strict", "mars@0.9", "mars@0.8"]
+    assert set(summary) == {"machine", "settings", "methods"}
+    assert summary["settings"]["questions"] == 2 and summary["settings"]["max_new_tokens"] == 8
+    assert methods["vanilla"]["tokens"] == 16 and methods["vanilla"]["tokens_per_s"] > 0
+    for name in ("strict", "mars@0.9", "mars@0.8"):
+        assert {"tokens_per_s", "speedup", "speedup_per_question", "tau", "relaxed_frac"} <= set(methods[name])
+        assert methods[name]["tau"] >= 1.0
+    assert methods["strict"]["identical_to_vanilla"] == 1.0 and methods["strict"]["relaxed_frac"] == 0
+    assert "quality_recovery" in methods["mars@0.9"] and "parse_rate" in methods["mars@0.9"]
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    table = capsys.readouterr().out
+    assert "mars@0.8" in table and "speedup" in table
+    answers = {m: read_answers(out / "answers" / f"{m}.jsonl") for m in methods}
+    assert all([r["question_id"] for r in recs] == [0, 1] for recs in answers.values())
+
+    again = run(eval_config(standin, out, "resume=true", "num_prompts=3"))
+    resumed = {m: read_answers(out / "answers" / f"{m}.jsonl") for m in methods}
+    for m in methods:  # the two finished questions are kept as they were, one new one is added
+        assert [r["answer_id"] for r in resumed[m][:2]] == [r["answer_id"] for r in answers[m]]
+        assert [r["question_id"] for r in resumed[m]] == [0, 1, 2]
+    assert again["methods"]["vanilla"]["questions"] == 3
+    with pytest.raises(ValueError, match="max_new_tokens changed"):
+        run(eval_config(standin, out, "resume=true", "max_new_tokens=4"))
+
+
+def test_bad_input_fails_clearly(standin, tmp_path):
+    with pytest.raises(ValueError, match="unknown method 'fast'"):
+        parse_method("fast")
+    cfg = eval_config(standin, tmp_path)
+    with pytest.raises(ValueError, match="theta=1.5"):
+        sampling_config(parse_method("mars@1.5"), cfg)
+    with pytest.raises(ValueError, match="unknown method"):
+        run(eval_config(standin, tmp_path, "methods=[vanilla,mars@x]"))
+    with pytest.raises(FileNotFoundError, match="target model not found"):
+        run(eval_config(standin, tmp_path, f"model.target={tmp_path / 'missing'}"))
+
+
+def test_format_table_handles_missing_figures():
+    table = format_table({"vanilla": {"tokens_per_s": 10.0, "tau": 1.0}, "mars@0.9": {"tokens_per_s": 20.0,
+                                                                                       "speedup": 2.0}})
+    assert "2.00x" in table and table.count("\n") == 3

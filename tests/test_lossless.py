@@ -1,0 +1,177 @@
+"""Strict tree speculative sampling is lossless: chi-square tests (p > 0.01) with fixed seeds.
+
+1. Pure functions. For hand-built trees of depth 2-3 with given node logits, one call of
+   `accept_sampling` emits the accepted drafted tokens and then `next_token`. The target's
+   distribution of that emitted sequence is fully defined by the tree rows: the first token comes
+   from the root row; if it is a drafted child c the next one comes from row c, and so on; the
+   sequence ends with the first token that is not a drafted child of the current node (what comes
+   after it would need logits the tree does not have). We test (a) the first token against the
+   root row, (b) the whole emitted sequence against that exact distribution, and (c) on a tree
+   whose root children cover the root's whole (top-k filtered) support, the first two tokens
+   against p0(x1) * p_{x1}(x2) computed directly.
+2. End to end. On a tiny random Llama with a random EAGLE-3 head, the first four tokens of
+   `generate(rule="strict")` against the exact distribution computed from the target by full
+   forward passes over every continuation (the first token comes from the prefill, tokens 2-4 from
+   a depth-2 tree and later cycles); tested token by token and as the joint of each adjacent pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from helpers_verify import (
+    chi_square_pvalue,
+    emitted,
+    make_tree,
+    marginal,
+    one_thread,
+    tiny_llama,
+    tree_outcome_distribution,
+)
+
+from eagle import Eagle3Head
+from mars import SpeculativeGenerator
+from mars.sampling import SamplingConfig, process_logits
+from mars.verify import accept_sampling
+
+V = 6
+SETTINGS = {
+    "temperature 1": dict(temperature=1.0),
+    "temperature 0.7": dict(temperature=0.7),
+    "top-p 0.9": dict(temperature=1.0, top_p=0.9),
+}
+TREES = {  # (parents, tokens); siblings distinct, tokens in draft order
+    "depth 2": ([-1, 0, 0, 0, 1, 1, 2], [5, 0, 2, 4, 1, 3, 5]),
+    "depth 3": ([-1, 0, 0, 1, 1, 2, 3, 3], [5, 1, 0, 2, 3, 5, 0, 4]),
+}
+N_PURE = 4000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    yield from one_thread()
+
+
+def node_logits(tree, seed: int) -> torch.Tensor:
+    """Random rows, with each node's drafted children favoured so that every depth gets accepted."""
+    logits = torch.randn(tree.size, V, generator=torch.Generator().manual_seed(seed))
+    for node, children in enumerate(tree.children):
+        logits[node, tree.tokens[children]] += 1.5
+    return logits
+
+
+def run_rule(processed, tree, cfg, n, seed) -> Counter:
+    generator = torch.Generator().manual_seed(seed)
+    return Counter(emitted(accept_sampling(processed, tree, cfg, generator), tree) for _ in range(n))
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_strict_sampling_emits_the_target_distribution_over_a_tree(tree_name, setting):
+    tree = make_tree(*TREES[tree_name])
+    cfg = SamplingConfig(**SETTINGS[setting])
+    processed = process_logits(node_logits(tree, seed=tree.size), cfg)
+    counts = run_rule(processed, tree, cfg, N_PURE, seed=11)
+    exact = tree_outcome_distribution(processed, tree)
+
+    first = Counter()
+    for seq, c in counts.items():
+        first[seq[:1]] += c
+    root = processed[0].softmax(-1).tolist()
+    assert chi_square_pvalue(first, {(x,): p for x, p in enumerate(root) if p > 0}) > 0.01
+    assert chi_square_pvalue(counts, exact) > 0.01
+    # The test is not vacuous: drafted tokens were accepted, at every depth.
+    depths = Counter(len(seq) - 1 for seq in counts.elements())
+    assert set(depths) == set(range(int(tree.depths.max()) + 1))
+
+
+def test_first_two_tokens_when_the_tree_covers_the_first_token():
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    # Root support after top-3: tokens {0, 1, 2}, all drafted; each has drafted children of its own.
+    tree = make_tree([-1, 0, 0, 0, 1, 1, 2, 3], [5, 1, 0, 2, 0, 3, 4, 2])
+    logits = node_logits(tree, seed=3)
+    logits[0] = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, 0.0])
+    processed = process_logits(logits, cfg)
+    counts = run_rule(processed, tree, cfg, N_PURE, seed=5)
+    assert all(len(seq) >= 2 for seq in counts)  # the first token never leaves the tree
+
+    p0 = processed[0].softmax(-1)
+    node_of = {int(tree.tokens[c]): c for c in tree.children[0]}
+    exact = {(x1, x2): p0[x1].item() * processed[node_of[x1]].softmax(-1)[x2].item()
+             for x1 in node_of for x2 in range(V)}
+    exact = {k: p for k, p in exact.items() if p > 0}
+    first_two = Counter()
+    for seq, c in counts.items():
+        first_two[seq[:2]] += c
+    assert chi_square_pvalue(first_two, exact) > 0.01
+    assert marginal(tree_outcome_distribution(processed, tree), slice(0, 2)) == pytest.approx(exact)
+
+
+def test_the_chi_square_test_detects_a_lossy_rule():
+    """MARS relaxing everywhere (theta 0) is not lossless; the same test must say so."""
+    tree = make_tree(*TREES["depth 2"])
+    cfg = SamplingConfig(temperature=1.0, rule="mars", theta=0.0)
+    processed = process_logits(node_logits(tree, seed=tree.size), cfg)
+    counts = run_rule(processed, tree, cfg, N_PURE // 2, seed=11)
+    assert chi_square_pvalue(counts, tree_outcome_distribution(processed, tree)) < 1e-6
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+E2E_VOCAB = 12
+E2E_PROMPT = [3, 7, 1]
+E2E_NEW = 4  # the prefill token, then a depth-2 tree (the last cycle drafts no deeper than needed)
+N_E2E = 1000
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    model = tiny_llama(seed=0, vocab_size=E2E_VOCAB, sharpen=2.5)
+    torch.manual_seed(1)
+    head = Eagle3Head.for_target(model.config)
+    gen = SpeculativeGenerator(model, head, total_tokens=10, depth=3, top_k=4)
+    # Every continuation of 3 tokens, one batched forward: logits for tokens 1..4 of each.
+    cont = torch.cartesian_prod(*[torch.arange(E2E_VOCAB)] * (E2E_NEW - 1))
+    batch = torch.cat([torch.tensor(E2E_PROMPT).expand(cont.shape[0], -1), cont], dim=1)
+    with torch.inference_mode():
+        logits = model(batch).logits[:, len(E2E_PROMPT) - 1:].float()  # [V^3, 4, V]
+    return gen, logits
+
+
+def exact_joint(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """P(t1, ..., t4) [V]*4 from the target's processed logits over every continuation."""
+    v, n = E2E_VOCAB, E2E_NEW
+    probs = process_logits(logits, cfg).softmax(-1).reshape(*[v] * (n - 1), n, v)
+    joint = probs[(0,) * (n - 1) + (0,)]  # p(t1)
+    for k in range(1, n):
+        index = (slice(None),) * k + (0,) * (n - 1 - k) + (k,)
+        joint = joint[..., None] * probs[index]  # p(t_{k+1} | t_1..t_k)
+    return joint
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_generate_strict_matches_the_target_distribution(e2e, setting):
+    gen, logits = e2e
+    cfg = SamplingConfig(**SETTINGS[setting])
+    joint = exact_joint(logits, cfg)
+    assert joint.sum().item() == pytest.approx(1.0, abs=1e-5)
+    generator = torch.Generator().manual_seed(2024)
+    prompt = torch.tensor([E2E_PROMPT])
+    samples, accepted = Counter(), Counter()
+    for _ in range(N_E2E):
+        out = gen.generate(prompt, max_new_tokens=E2E_NEW, generator=generator, rule="strict", **SETTINGS[setting])
+        samples[tuple(out.tokens)] += 1
+        accepted.update(out.accept_lengths)
+    assert accepted[1] > 100 and accepted[2] > 10  # drafts were accepted, including a full depth-2 path
+
+    for dims in [(0,), (1,), (2,), (3,), (0, 1), (1, 2), (2, 3)]:  # each token, each adjacent pair
+        exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
+        probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
+                                                exact.flatten().tolist(), strict=True)}
+        counts = Counter()
+        for seq, c in samples.items():
+            counts[tuple(seq[d] for d in dims)] += c
+        assert chi_square_pvalue(counts, probs) > 0.01, (setting, dims)

@@ -1,0 +1,279 @@
+"""Draft-head training: TTT attention and unroll, losses, draft vocabulary, the CLI, checkpoints and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from eagle import Eagle1Head, Eagle3Head, load_draft
+from eagle.train.data import (
+    FeatureBatch,
+    FeatureStore,
+    Sequences,
+    collect_features,
+    generate_sequences,
+    most_frequent_ids,
+    token_counts,
+)
+from eagle.train.draft import batch_indices, build_head, lr_factor, train
+from eagle.train.ttt import target_to_draft, ttt_attention_mask, ttt_loss, ttt_unroll
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from a second thread, and its spin-waiting costs ~50x CPU on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def corpus_texts() -> list[str]:
+    """Small, repetitive Python-like texts: learnable in a few dozen steps."""
+    texts = []
+    for i in range(60):
+        name = ["alpha", "beta", "gamma", "delta"][i % 4]
+        texts.append(f"def {name}_{i}(x, y):\n    total = x + y * {i % 7}\n    return total\n\n"
+                     f"class Item{i % 5}:\n    def __init__(self):\n        self.value = {name}_{i}(1, 2)\n")
+    return texts
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama target with its own byte-level BPE tokenizer and a JSONL corpus, saved to disk."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("target")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus_texts(), trainer=trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                                     pad_token="<|pad|>")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id, **TINY)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    texts = corpus_texts()
+    (root / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:50]))
+    (root / "heldout.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[50:]))
+    return root
+
+
+def tiny_target(vocab: int = 256, seed: int = 0, sharpen: float = 40.0):
+    """A random Llama; `sharpen` scales its lm_head so that its distributions are peaked enough to learn."""
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=vocab, **TINY)).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpen)
+    return model
+
+
+def full_sequences(ids: torch.Tensor) -> Sequences:
+    return Sequences(ids, torch.full((ids.shape[0],), ids.shape[1]), torch.ones(ids.shape, dtype=torch.bool))
+
+
+def cli(target_dir: Path, out: Path, *extra: str) -> list[str]:
+    return ["--target", str(target_dir / "model"), "--out", str(out), "--data-jsonl", str(target_dir / "train.jsonl"),
+            "--seq-len", "32", "--batch", "2", "--draft-vocab-size", "128", "--ttt-steps", "3", "--lr", "1e-3",
+            "--warmup", "2", "--wandb", "off", "--eval-sequences", "0", "--save-every", "3", "--log-every", "5",
+            *extra]
+
+
+# --- TTT ------------------------------------------------------------------------------------
+
+def test_ttt_attention_mask_small_case():
+    t, f = True, False
+    expected = torch.tensor([
+        # step 0 (causal)   step 1 (diagonal)   step 2 (self)
+        [t, f, f,           t, f, f,            t, f, f],
+        [t, t, f,           f, t, f,            f, t, f],
+        [t, t, t,           f, f, t,            f, f, t],
+    ])
+    assert torch.equal(ttt_attention_mask(3, 2), expected)
+    assert torch.equal(ttt_attention_mask(3, 0), expected[:, :3])
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
+def test_ttt_unroll_equals_drafting_one_branch(kind):
+    """Step j at position i is exactly what `extend` + j `propose` calls compute at inference."""
+    model = tiny_target()
+    head = Eagle3Head.for_target(model.config, 128) if kind == "eagle3" else Eagle1Head.for_target(model)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    features = collect_features(model, full_sequences(ids), head.config.feature_layers).features.float()
+    outputs = ttt_unroll(head, features, ids, steps=4)
+    for b in range(2):
+        for i in (0, 4, 7):
+            head.reset()
+            hidden, _ = head.extend(features[b, : i + 1], ids[b, 1 : i + 2])
+            torch.testing.assert_close(hidden, outputs[0][b, i], atol=1e-5, rtol=1e-5)
+            hidden = hidden[None]
+            for depth in range(1, 4):  # a chain: each node's ancestors are all earlier tentative nodes
+                ancestors = torch.ones(1, depth, dtype=torch.bool)
+                hidden, _ = head.propose(hidden, ids[b, i + depth + 1 : i + depth + 2], depth, ancestors)
+                torch.testing.assert_close(hidden[0], outputs[depth][b, i], atol=1e-4, rtol=1e-4)
+
+
+def test_target_distribution_is_restricted_to_draft_vocab():
+    model = tiny_target(vocab=16)
+    head = Eagle3Head.for_target(model.config, 4)
+    head.set_draft_vocab(torch.tensor([2, 5, 7, 11]))
+    batch = FeatureBatch(
+        input_ids=torch.zeros(1, 3, dtype=torch.long), loss_mask=torch.ones(1, 3, dtype=torch.bool),
+        features=torch.zeros(1, 3, head.config.feature_size),
+        topk_ids=torch.tensor([[[5, 3, 7], [3, 1, 0], [11, 2, 9]]]),  # position 1: nothing in the draft vocab
+        topk_probs=torch.tensor([[[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]]),
+    )
+    # One step over positions 0..1 predicts positions 1..2 of the distribution.
+    result = ttt_loss(head, batch, steps=1)
+    assert result.steps[0].count == 1  # position 1 has no draft-vocab mass and is masked
+    with torch.no_grad():
+        hidden = ttt_unroll(head, batch.features, batch.input_ids, 1)[0]
+        logp = torch.log_softmax(head.logits(hidden).float(), -1)
+    # Position 2: target ids 11 (0.7) and 2 (0.2) are draft ids 3 and 0, renormalised over 0.9; 9 is dropped.
+    expected = -(0.7 / 0.9 * logp[0, 1, 3] + 0.2 / 0.9 * logp[0, 1, 0])
+    torch.testing.assert_close(result.loss, expected)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
+def test_loss_decreases_on_a_fixed_batch(kind):
+    model = tiny_target()
+    ids = torch.randint(0, 256, (4, 24), generator=torch.Generator().manual_seed(2))
+    head = build_head(kind, model, 128, {})
+    if kind == "eagle3":
+        head.set_draft_vocab(most_frequent_ids(token_counts(full_sequences(ids), 256), 128))
+    batch = collect_features(model, full_sequences(ids), head.config.feature_layers)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    losses = []
+    for _ in range(20):
+        result = ttt_loss(head, batch, steps=3)
+        optimizer.zero_grad()
+        result.loss.backward()
+        optimizer.step()
+        losses.append(result.loss.item())
+    assert losses[-1] < 0.6 * losses[0], losses
+    if kind == "eagle3":
+        assert head.embed_tokens.weight.grad is None  # frozen copy of the target's embedding
+        torch.testing.assert_close(head.embed_tokens.weight, model.get_input_embeddings().weight)
+
+
+# --- draft vocabulary ---------------------------------------------------------------------------
+
+def test_draft_vocab_is_the_most_frequent_next_tokens_and_maps_both_ways():
+    # Next tokens (positions 1..) of trained positions: 9 x4, 3 x3, 7 x2, 1 x1; id 5 only at position 0
+    # (never a next token); the masked position's next token (8) does not count.
+    ids = torch.tensor([[5, 9, 9, 3, 7, 8], [5, 9, 3, 9, 3, 7], [5, 1, 0, 0, 0, 0]])
+    seqs = Sequences(ids, torch.tensor([6, 6, 2]), torch.ones(3, 6, dtype=torch.bool))
+    seqs.loss_mask[0, 4] = False
+    counts = token_counts(seqs, 12)
+    assert counts.tolist() == [0, 1, 0, 3, 0, 0, 0, 2, 0, 4, 0, 0]
+    chosen = most_frequent_ids(counts, 4)
+    assert chosen.tolist() == [1, 3, 7, 9]
+    assert most_frequent_ids(counts, 5).tolist() == [0, 1, 3, 7, 9]  # ties: lowest id first
+
+    head = Eagle3Head.for_target(tiny_target(vocab=12).config, 4)
+    head.set_draft_vocab(chosen)
+    assert head.to_target_ids(torch.arange(4)).tolist() == [1, 3, 7, 9]
+    assert head.t2d.nonzero().flatten().tolist() == [1, 3, 7, 9]
+    inverse = target_to_draft(head)
+    assert inverse[chosen].tolist() == [0, 1, 2, 3]
+    assert (inverse[~head.t2d] == -1).all()
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def test_generated_sequences_mask_the_prompt(target_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    seqs = generate_sequences(model, tokenizer, prompts, seq_len=16, batch_size=2, log=lambda _: None)
+    for n, prompt in enumerate(prompts):
+        length = int(seqs.lengths[n])
+        assert seqs.input_ids[n, : len(prompt)].tolist() == prompt
+        assert seqs.loss_mask[n].nonzero().flatten().tolist() == list(range(len(prompt) - 1, length - 1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the response is the target's greedy continuation
+            logits = model(seqs.input_ids[n : n + 1, : length - 1]).logits[0]
+        assert logits[len(prompt) - 1 :].argmax(-1).tolist() == seqs.input_ids[n, len(prompt) : length].tolist()
+
+
+def test_batches_cover_each_epoch_once():
+    seen = torch.cat([batch_indices(step, 10, 3, seed=0) for step in range(3)])
+    assert sorted(seen.tolist()) == sorted(set(seen.tolist())) and len(seen) == 9
+    assert not torch.equal(batch_indices(0, 10, 3, seed=0), batch_indices(3, 10, 3, seed=0))  # reshuffled
+
+
+def test_lr_warms_up_then_decays_to_a_tenth():
+    factors = [lr_factor(step, total=100, warmup=10) for step in range(101)]
+    assert factors[0] == 0.1 and factors[9] == 1.0 and factors[10] == 1.0
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+    assert factors[100] == pytest.approx(0.1)
+
+
+# --- CLI: store, final checkpoint, resume ---------------------------------------------------------
+
+def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_path):
+    out = tmp_path / "run"
+    head = train(cli(target_dir, out, "--steps", "6", "--eval-sequences", "2",
+                     "--eval-jsonl", str(target_dir / "heldout.jsonl")))
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.bfloat16)
+    loaded = load_draft(out / "final", target, dtype=torch.float32)
+    assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
+    for name, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    features = torch.randn(7, head.config.feature_size)
+    tokens = torch.randint(0, head.config.vocab_size, (7,))
+    head.reset()
+    loaded.reset()
+    assert all(torch.equal(a, b) for a, b in zip(head.extend(features, tokens), loaded.extend(features, tokens),
+                                                 strict=True))
+
+    seqs = Sequences.load(out / "data" / "sequences.pt")
+    store = FeatureStore(out / "data", seqs)
+    assert not store.missing()
+    rows = torch.tensor([3, 0])
+    stored = store.batch(rows)
+    fresh = collect_features(target, seqs.select(rows), head.config.feature_layers, top_k=32)
+    assert torch.equal(stored.features, fresh.features)
+    assert torch.equal(stored.topk_ids, fresh.topk_ids)
+    torch.testing.assert_close(stored.topk_probs, fresh.topk_probs, atol=1e-3, rtol=1e-2)
+
+    report = json.loads((out / "final" / "eval.json").read_text())
+    assert 0.0 <= report["first_token_acc"] <= report["first_token_top10_acc"] <= 1.0
+    assert len(report["steps"]) == 3 and report["steps"][0]["positions"] > 0
+    assert json.loads((out / "final" / "training_summary.json").read_text())["step"] == 6
+
+
+def test_resume_continues_to_the_same_result(target_dir, tmp_path):
+    data = ["--data-dir", str(tmp_path / "data")]
+    interrupted, straight = tmp_path / "a", tmp_path / "b"
+    train(cli(target_dir, interrupted, "--steps", "8", "--stop-at", "5", *data))
+    assert torch.load(interrupted / "checkpoint.pt", weights_only=False)["step"] == 5
+    resumed = train(cli(target_dir, interrupted, "--steps", "8", *data))
+    assert torch.load(interrupted / "checkpoint.pt", weights_only=False)["step"] == 8
+    logged = [json.loads(line)["step"] for line in (interrupted / "train_log.jsonl").read_text().splitlines()]
+    assert logged == [5, 8]  # the second run picked up after step 5
+    reference = train(cli(target_dir, straight, "--steps", "8", *data))
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_cli_eagle1_head_round_trip(target_dir, tmp_path):
+    out = tmp_path / "e1"
+    head = train(cli(target_dir, out, "--kind", "eagle1", "--steps", "3", "--ttt-steps", "2"))
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.bfloat16)
+    loaded = load_draft(out / "final", target, dtype=torch.float32)
+    assert isinstance(loaded, Eagle1Head)
+    for name, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
