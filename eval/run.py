@@ -206,7 +206,9 @@ def settings(cfg: DictConfig, questions: int) -> dict:
         "model": cfg.model.name, "target": cfg.model.target, "draft": cfg.model.draft, "dtype": cfg.model.dtype,
         "device": cfg.model.device_map or cfg.model.device, "bench": cfg.bench.name, "questions": questions,
         "max_new_tokens": cfg.max_new_tokens, **OmegaConf.to_container(cfg.sampling),
-        "tree": OmegaConf.to_container(cfg.model.tree), "margin": cfg.mars.margin, "mars_fallback": cfg.mars.fallback,
+        "tree": OmegaConf.to_container(cfg.model.tree),
+        "exact_attention": bool(cfg.model.get("exact_attention", False)),
+        "margin": cfg.mars.margin, "mars_fallback": cfg.mars.fallback,
         "seed": cfg.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__,
         "order": "per question every method, order rotated by question; warm-up run first" if cfg.warmup
@@ -216,7 +218,7 @@ def settings(cfg: DictConfig, questions: int) -> dict:
 
 
 GENERATION_KEYS = ("target", "draft", "dtype", "bench", "max_new_tokens", "temperature", "top_p", "top_k", "tree",
-                   "margin", "mars_fallback", "seed")
+                   "exact_attention", "margin", "mars_fallback", "seed")
 
 
 def check_resume(path: Path, current: dict, resume: bool) -> None:
@@ -265,7 +267,8 @@ def run(cfg: DictConfig) -> dict:
 
     target, tokenizer = load_target(cfg.model)
     head = load_head(cfg.model, target)
-    gen = SpeculativeGenerator(target, head, **OmegaConf.to_container(cfg.model.tree))
+    gen = SpeculativeGenerator(target, head, **OmegaConf.to_container(cfg.model.tree),
+                               exact_attention=bool(cfg.model.get("exact_attention", False)))
     evaluator = Evaluator(cfg, gen, tokenizer, cfg.model.name)
 
     out_dir = resolve(cfg.out_dir)

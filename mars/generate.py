@@ -56,14 +56,18 @@ class SpeculativeGenerator:
 
     total_tokens: drafted nodes verified per cycle; depth: draft steps per cycle; top_k: branching
     of the draft tree (not to be confused with `generate(top_k=...)`, the sampling filter).
+    exact_attention: compute verification attention per query row over exactly its visible keys
+    (`mars.target.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
+    decoding bit for bit instead of up to rounding; costs a gather of the cache per layer.
     """
 
-    def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6, top_k: int = 10):
+    def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6, top_k: int = 10,
+                 exact_attention: bool = False):
         for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         check_compatible(head.config, target_model)
-        self.target = TargetModel(target_model, head.config.feature_layers)
+        self.target = TargetModel(target_model, head.config.feature_layers, exact_attention)
         self.head = head
         self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
 

@@ -41,7 +41,7 @@ class SamplingConfig:
         t = self.temperature
         if not (isinstance(t, (int, float)) and t >= 0 and math.isfinite(t)):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")

@@ -8,11 +8,86 @@ preallocated buffers (growing by concatenation cost a third of small-model decod
 
 from __future__ import annotations
 
+import threading
+
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+EXACT_ATTENTION = "mars_exact"
+
+
+# --- layout-invariant attention -----------------------------------------------------------------
+# In a tree forward, a node's visible keys are interleaved with masked siblings, so the kernel
+# reduces over a longer, differently laid out row than plain decoding does for the same token.
+# In fp32 that changes the last bits; in bf16 it flips roundings that grow into different greedy
+# tokens. `exact_attention_forward` computes every query row over exactly its visible keys,
+# gathered in cache order, with no mask, through the same few ops in verification and in plain
+# decoding. Where matmuls are batch-invariant (bf16 on CPU for the shapes we tested), strict greedy
+# verification then reproduces plain decoding bit for bit.
+
+class _Plan(threading.local):
+    # [(query rows [n], cache entries [n, L], additive pad mask [n, 1, L])]; None: plain SDPA.
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+
+_PLAN = _Plan()
+EXACT_BUCKET = 64  # key rows are padded to a multiple of this, so rows of one tree share a few shapes
+
+
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [n, heads, d], k/v [kv_heads, n, L, d] (contiguous), pad [n, 1, L] (0 or -inf) -> [n, heads, d]."""
+    n, heads, d = q.shape
+    kv_heads = k.shape[0]
+    grouped = q.view(n, kv_heads, heads // kv_heads, d).transpose(0, 1)  # query head j reads kv head j // group
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).float() * scaling + pad
+    probs = scores.softmax(dim=-1).to(v.dtype)  # padded keys get exactly 0
+    return torch.matmul(probs, v).transpose(0, 1).reshape(n, heads, v.shape[-1])
+
+
+def exact_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """`attn_implementation="mars_exact"`: SDPA while no plan is set (prefill), else every query row
+    attends to its own gathered keys, padded at the end to a multiple of EXACT_BUCKET. A row's
+    result depends only on its visible keys and their count, never on the other rows of the tree."""
+    groups = _PLAN.groups
+    if groups is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = query.new_empty(query.shape[2], query.shape[1], value.shape[-1])  # [q, heads, d]
+    kv_heads = key.shape[1]
+    for rows, entries, pad in groups:
+        n, length = entries.shape
+        flat = entries.reshape(-1)
+        k = key[0].index_select(1, flat).view(kv_heads, n, length, -1)
+        v = value[0].index_select(1, flat).view(kv_heads, n, length, -1)
+        out[rows] = _attend_rows(query[0][:, rows].transpose(0, 1), k, v, pad, scaling)
+    return out[None], None
+
+
+AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
+
+
+def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> list:
+    """Tree nodes grouped by padded key count, each with its visible cache entries (the prefix, then
+    its ancestors, then padding that points at entry 0 and is masked out)."""
+    visible = prefix + depths + 1
+    padded = (visible + EXACT_BUCKET - 1) // EXACT_BUCKET * EXACT_BUCKET
+    groups = []
+    for width in sorted(set(padded.tolist())):
+        rows = (padded == width).nonzero()[:, 0]
+        entries = torch.zeros(len(rows), width, dtype=torch.long)
+        pad = torch.full((len(rows), 1, width), -torch.inf)
+        for r, node in enumerate(rows.tolist()):
+            tree_part = ancestors[node].nonzero()[:, 0] + prefix
+            count = prefix + len(tree_part)
+            entries[r, :prefix] = torch.arange(prefix)
+            entries[r, prefix:count] = tree_part
+            pad[r, ..., :count] = 0.0
+        groups.append((rows, entries, pad))
+    return groups
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -105,7 +180,7 @@ class TargetModel:
     layer; the last index is the final, post-norm hidden state). Features are their concatenation.
     """
 
-    def __init__(self, model, feature_layers: list[int] | None = None):
+    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool = False):
         self.model = model
         self.config = text_config(model.config)
         n_layers = self.config.num_hidden_layers
@@ -127,6 +202,11 @@ class TargetModel:
             self.sliding_window = None  # every layer attends fully
         self.cache: TreeCache | None = None
         self.max_length = context_length(model.config)
+        self.exact_attention = exact_attention
+        if exact_attention:
+            if self.sliding_window is not None:
+                raise NotImplementedError("exact_attention supports full-attention models only (no sliding window)")
+            model.set_attn_implementation(EXACT_ATTENTION)
 
     @property
     def device(self) -> torch.device:
@@ -159,16 +239,21 @@ class TargetModel:
             return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
         return additive(windowed)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, ancestors: torch.Tensor, all_logits: bool):
-        out = self.model(
-            input_ids=tokens[None].to(self.device),
-            position_ids=positions[None].to(self.device),
-            attention_mask=self._mask(positions, ancestors),
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=True,
-            logits_to_keep=0 if all_logits else 1,
-        )
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, ancestors: torch.Tensor, all_logits: bool,
+                 plan: list | None = None):
+        _PLAN.groups = plan
+        try:
+            out = self.model(
+                input_ids=tokens[None].to(self.device),
+                position_ids=positions[None].to(self.device),
+                attention_mask=None if plan else self._mask(positions, ancestors),
+                past_key_values=self.cache,
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=0 if all_logits else 1,
+            )
+        finally:
+            _PLAN.groups = None
         features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
         return out.logits[0].float(), features
 
@@ -190,7 +275,11 @@ class TargetModel:
         The nodes stay in the cache until `keep_path` selects which survive.
         Returns (logits [n, V] float32, features [n, F]).
         """
-        return self._forward(tokens, self.length + depths, ancestors, True)
+        plan = None
+        if self.exact_attention:
+            groups = exact_plan(self.length, depths, ancestors)
+            plan = [tuple(t.to(self.device) for t in group) for group in groups]
+        return self._forward(tokens, self.length + depths, ancestors, True, plan)
 
     def keep_path(self, prefix_length: int, nodes: list[int]) -> None:
         """After `verify`: keep the KV entries of `nodes` (tree indices) right after the prefix."""

@@ -157,3 +157,69 @@ def test_bf16_target_runs_and_matches_its_own_vanilla():
     out = gen.generate(prompt, max_new_tokens=20)
     assert len(out.tokens) == 20
     assert out.tokens[0] == gen.vanilla(prompt, max_new_tokens=20).tokens[0]  # same prefill
+
+
+def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order():
+    from mars.target import EXACT_BUCKET, exact_plan
+
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
+    ancestors = torch.eye(7, dtype=torch.bool)
+    for i in range(1, 7):
+        ancestors[i] |= ancestors[parents[i]]
+    prefix = EXACT_BUCKET - 2  # the deeper nodes spill into a second bucket
+    seen = set()
+    for rows, entries, pad in exact_plan(prefix, depths, ancestors):
+        assert entries.shape[1] % EXACT_BUCKET == 0 and pad.shape == (len(rows), 1, entries.shape[1])
+        for r, node in enumerate(rows.tolist()):
+            seen.add(node)
+            chain = []
+            while node >= 0:
+                chain.append(prefix + node)
+                node = parents[node]
+            visible = list(range(prefix)) + chain[::-1]
+            count = len(visible)
+            assert entries[r, :count].tolist() == visible
+            assert bool((pad[r, 0, :count] == 0).all()) and bool(torch.isinf(pad[r, 0, count:]).all())
+    assert seen == set(range(7))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+def test_exact_attention_equals_hf_generate_in_fp32(arch):
+    model = tiny_model(arch)
+    rng = random.Random(3)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=4, top_k=3,
+                               exact_attention=True)
+    for length in (1, 7, 70):
+        prompt = random_prompt(rng, model.config.vocab_size, length)
+        assert gen.generate(prompt, max_new_tokens=24).tokens == hf_greedy(model, prompt, 24)
+    continuation = hf_greedy(model, prompt, 40)
+    oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
+    out = SpeculativeGenerator(model, oracle, total_tokens=12, depth=4, top_k=3, exact_attention=True).generate(
+        prompt, max_new_tokens=30)
+    assert out.tokens == continuation[:30] and out.accept_lengths[0] == 4
+
+
+def test_exact_attention_makes_bf16_verification_bitwise_equal_to_plain_decoding():
+    """In bf16, tree verification with masked attention differs from plain decoding in rounding;
+    exact attention gives every row the same computation as plain decoding, so outputs are identical."""
+    model = tiny_model("llama", sharpen=1.0).to(torch.bfloat16)
+    rng = random.Random(4)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config).to(torch.bfloat16),
+                               total_tokens=16, depth=4, top_k=4, exact_attention=True)
+    for _ in range(6):
+        prompt = random_prompt(rng, model.config.vocab_size, rng.randrange(1, 120))
+        plain = gen.vanilla(prompt, max_new_tokens=40).tokens
+        # A draft that proposes plain decoding's own continuation: long accepted paths, deep tree rows.
+        oracle = OracleHead(model.config, prompt[0].tolist() + plain + [0] * 20)
+        spec = SpeculativeGenerator(model, oracle.to(torch.bfloat16), total_tokens=16, depth=4, top_k=4,
+                                    exact_attention=True).generate(prompt, max_new_tokens=40)
+        assert spec.tokens == plain
+        assert sum(spec.accept_lengths) >= 20
+        assert gen.generate(prompt, max_new_tokens=40).tokens == plain
+
+
+def test_exact_attention_refuses_sliding_window_models():
+    model = tiny_model("mistral", sliding_window=16)
+    with pytest.raises(NotImplementedError, match="sliding window"):
+        SpeculativeGenerator(model, Eagle3Head.for_target(model.config), exact_attention=True)

@@ -50,8 +50,8 @@ def read_source(path: Path) -> str | None:
         return None
 
 
-def train_tokenizer(out_dir: str | Path, vocab_size: int = 4096) -> None:
-    """Byte-level BPE on the train split, saved as a transformers fast tokenizer."""
+def train_tokenizer(out_dir: str | Path, vocab_size: int = 4096, root: Path | None = None) -> None:
+    """Byte-level BPE on the train split (of `root`, default the stdlib), saved as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -64,7 +64,7 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 4096) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = (t for t in (read_source(p) for p in stdlib_files("train")) if t)
+    texts = (t for t in (read_source(p) for p in stdlib_files("train", root)) if t)
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token="<|pad|>"

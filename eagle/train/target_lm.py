@@ -33,12 +33,12 @@ DEFAULT_SHAPE = dict(
 )
 
 
-def tokenize_split(tokenizer, split: str, cache: Path) -> torch.Tensor:
+def tokenize_split(tokenizer, split: str, cache: Path, root: Path | None = None) -> torch.Tensor:
     """All files of a split tokenised and joined with EOS, as one int32 tensor (cached)."""
     if cache.exists():
         return torch.load(cache)
     ids: list[int] = []
-    for path in stdlib_files(split):
+    for path in stdlib_files(split, root):
         text = read_source(path)
         if text:
             ids.extend(tokenizer(text)["input_ids"])
@@ -56,11 +56,13 @@ def random_batch(tokens: torch.Tensor, batch: int, seq: int, gen: torch.Generato
 
 @torch.inference_mode()
 def heldout_loss(model, tokens: torch.Tensor, seq: int = 512, max_windows: int = 64) -> float:
-    """Mean next-token loss over consecutive non-overlapping windows of the held-out split."""
+    """Mean next-token loss over `max_windows` non-overlapping windows spread evenly over the held-out
+    split (files differ a lot: the first windows alone would describe only the first few files)."""
     n = min(max_windows, (len(tokens) - 1) // seq)
+    stride = (len(tokens) - seq - 1) // n
     losses = []
     for i in range(n):
-        window = tokens[i * seq : i * seq + seq + 1].long()[None]
+        window = tokens[i * stride : i * stride + seq + 1].long()[None]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(window[:, :-1]).logits.float()
         losses.append(torch.nn.functional.cross_entropy(logits[0], window[0, 1:]).item())
@@ -92,16 +94,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--save-every", type=int, default=200)
     ap.add_argument("--shape", type=json.loads, default={}, help="JSON overrides of the model shape")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--stop-at", type=int, default=None,
+                    help="save and exit at this step, as an interruption would (rerun to resume)")
+    ap.add_argument("--corpus-root", type=Path, default=None,
+                    help="a directory of .py files to use instead of this Python's standard library (for tests)")
     args = ap.parse_args(argv)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
-        train_tokenizer(tok_dir, args.vocab_size)
+        train_tokenizer(tok_dir, args.vocab_size, args.corpus_root)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    train_tokens = tokenize_split(tokenizer, "train", out / "cache" / "train.pt")
-    heldout_tokens = tokenize_split(tokenizer, "heldout", out / "cache" / "heldout.pt")
+    train_tokens = tokenize_split(tokenizer, "train", out / "cache" / "train.pt", args.corpus_root)
+    heldout_tokens = tokenize_split(tokenizer, "heldout", out / "cache" / "heldout.pt", args.corpus_root)
     print(f"train tokens {len(train_tokens):,}  held-out tokens {len(heldout_tokens):,}", flush=True)
 
     torch.manual_seed(args.seed)
@@ -155,14 +162,17 @@ def main(argv: list[str] | None = None) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % 20 == 0:
-            rate = args.batch * args.seq * 20 / (time.time() - t_last)
+        if step % args.log_every == 0:
+            rate = args.batch * args.seq * args.log_every / (time.time() - t_last)
             t_last = time.time()
             print(f"step {step} loss {loss.item():.3f} lr {opt.param_groups[0]['lr']:.2e} tok/s {rate:.0f}", flush=True)
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
             log.flush()
-        if step % args.save_every == 0:
+        if step % args.save_every == 0 or step == args.stop_at:
             save()
+        if step == args.stop_at:
+            print(f"stopped at step {step}; rerun the same command to resume", flush=True)
+            return
     save()
     model.eval()
     loss = heldout_loss(model, heldout_tokens, args.seq)
