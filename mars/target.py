@@ -79,11 +79,11 @@ def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> li
     for width in sorted(set(padded.tolist())):
         rows = (padded == width).nonzero()[:, 0]
         entries = torch.zeros(len(rows), width, dtype=torch.long)
+        entries[:, :prefix] = torch.arange(prefix)
         pad = torch.full((len(rows), 1, width), -torch.inf)
         for r, node in enumerate(rows.tolist()):
             tree_part = ancestors[node].nonzero()[:, 0] + prefix
             count = prefix + len(tree_part)
-            entries[r, :prefix] = torch.arange(prefix)
             entries[r, prefix:count] = tree_part
             pad[r, ..., :count] = 0.0
         groups.append((rows, entries, pad))
@@ -206,6 +206,7 @@ class TargetModel:
         if exact_attention:
             if self.sliding_window is not None:
                 raise NotImplementedError("exact_attention supports full-attention models only (no sliding window)")
+            # The model keeps this implementation; with no plan set it is plain SDPA, so other uses are unchanged.
             model.set_attn_implementation(EXACT_ATTENTION)
 
     @property

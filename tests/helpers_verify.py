@@ -46,6 +46,16 @@ def tiny_llama(seed: int = 0, vocab_size: int = 16, sharpen: float = 1.0) -> tra
     return model
 
 
+def tiny_generator(model_seed: int, head_seed: int, sharpen: float, vocab_size: int = 16, **tree):
+    """A SpeculativeGenerator over `tiny_llama(model_seed, ...)` with a random EAGLE-3 head (seeded by head_seed)."""
+    from eagle import Eagle3Head
+    from mars import SpeculativeGenerator
+
+    model = tiny_llama(seed=model_seed, vocab_size=vocab_size, sharpen=sharpen)
+    torch.manual_seed(head_seed)
+    return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **tree)
+
+
 def tree_outcome_distribution(processed: torch.Tensor, tree: DraftTree) -> dict[tuple[int, ...], float]:
     """Exact target probability of every token sequence one verification can emit.
 

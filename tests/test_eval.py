@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -173,8 +174,10 @@ def test_answers_are_written_incrementally_and_resume_skips_finished(tmp_path):
 
 def test_loads_mt_bench_from_the_shared_directory(monkeypatch):
     directory = bench_dir()  # $MARS_BENCH_DIR or ../shared/data/bench
-    if not (directory / "mt_bench.jsonl").exists():
-        pytest.skip(f"no mt_bench.jsonl in {directory}")
+    # Without the data (a user's checkout) there is nothing to load; CI sets MARS_BENCH_DIR, and then
+    # the file must be there, so this test can never be skipped to green in CI.
+    if not os.environ.get(BENCH_DIR_ENV) and not (directory / "mt_bench.jsonl").exists():
+        pytest.skip(f"no mt_bench.jsonl in {directory} (set {BENCH_DIR_ENV} to run this test)")
     questions = load_questions("mt_bench")
     assert len(questions) == 80 and all(len(q.turns) == 2 for q in questions)
     assert questions[0].question_id == 81 and questions[0].category == "writing"

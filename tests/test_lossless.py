@@ -28,12 +28,10 @@ from helpers_verify import (
     make_tree,
     marginal,
     one_thread,
-    tiny_llama,
+    tiny_generator,
     tree_outcome_distribution,
 )
 
-from eagle import Eagle3Head
-from mars import SpeculativeGenerator
 from mars.sampling import SamplingConfig, process_logits
 from mars.verify import accept_sampling
 
@@ -129,10 +127,8 @@ N_E2E = 1000
 
 @pytest.fixture(scope="module")
 def e2e():
-    model = tiny_llama(seed=0, vocab_size=E2E_VOCAB, sharpen=2.5)
-    torch.manual_seed(1)
-    head = Eagle3Head.for_target(model.config)
-    gen = SpeculativeGenerator(model, head, total_tokens=10, depth=3, top_k=4)
+    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=E2E_VOCAB, total_tokens=10, depth=3, top_k=4)
+    model = gen.target.model
     # Every continuation of 3 tokens, one batched forward: logits for tokens 1..4 of each.
     cont = torch.cartesian_prod(*[torch.arange(E2E_VOCAB)] * (E2E_NEW - 1))
     batch = torch.cat([torch.tensor(E2E_PROMPT).expand(cont.shape[0], -1), cont], dim=1)

@@ -11,10 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers_verify import one_thread, tiny_llama
-
-from eagle import Eagle3Head
-from mars import SpeculativeGenerator
+from helpers_verify import one_thread, tiny_generator
 
 GENERATE_MODULE = importlib.import_module("mars.generate")
 PROMPTS = [[1, 2, 3], [7, 0, 11, 4, 9], [15]]
@@ -29,10 +26,7 @@ def _single_thread():
 
 @pytest.fixture(scope="module")
 def generator():
-    model = tiny_llama(seed=5, vocab_size=16, sharpen=2.0)
-    torch.manual_seed(6)
-    head = Eagle3Head.for_target(model.config)
-    return SpeculativeGenerator(model, head, total_tokens=12, depth=4, top_k=4)
+    return tiny_generator(5, 6, sharpen=2.0, total_tokens=12, depth=4, top_k=4)
 
 
 @pytest.fixture

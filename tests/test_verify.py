@@ -11,11 +11,9 @@ import math
 
 import pytest
 import torch
-from helpers_verify import make_tree, one_thread, tiny_llama
+from helpers_verify import make_tree, one_thread, tiny_generator
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from eagle import Eagle3Head
-from mars import SpeculativeGenerator
 from mars.sampling import MARGINS, SamplingConfig, margin_test, process_logits
 from mars.stats import VerifyStats
 from mars.verify import accept_greedy, accept_sampling, verify
@@ -468,10 +466,7 @@ def test_sampling_config_accepts_the_range_ends():
 
 @pytest.fixture(scope="module")
 def small_generator():
-    model = tiny_llama(seed=3, vocab_size=16, sharpen=3.0)
-    torch.manual_seed(4)
-    head = Eagle3Head.for_target(model.config)
-    return SpeculativeGenerator(model, head, total_tokens=10, depth=3, top_k=4)
+    return tiny_generator(3, 4, sharpen=3.0, total_tokens=10, depth=3, top_k=4)
 
 
 def test_generate_validates_its_settings(small_generator):
