@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.config import DraftConfig
+from eagle.config import DraftConfig, text_config
 from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
 
 WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")  # the reference tries .bin first
@@ -44,34 +44,14 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def _text_config(config):
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None) -> DraftHead:
+    """Load an EAGLE-3 or EAGLE-1/2 draft for `target_model` (any HF causal LM) from a directory.
 
-
-def check_compatible(config: DraftConfig, target_model) -> None:
-    """Raise a ValueError naming the mismatch when a draft does not fit a target."""
-    tc = _text_config(target_model.config)
-    target_vocab = target_model.get_output_embeddings().weight.shape[0]
-    if config.vocab_size != target_vocab:
-        raise ValueError(
-            f"draft vocab_size {config.vocab_size} != target vocabulary {target_vocab}: this draft was trained "
-            "for another target model. Load the draft trained for this target."
-        )
-    expected = (config.target_hidden_size or config.hidden_size)
-    if expected != tc.hidden_size:
-        raise ValueError(
-            f"draft expects target hidden size {expected}, but the target has hidden_size {tc.hidden_size}: "
-            "this draft was trained for another target model (set target_hidden_size only if that is intended)."
-        )
-    if config.kind == "eagle1" and config.hidden_size != tc.hidden_size:
-        raise ValueError("an EAGLE-1 draft feeds the target's lm_head, so its hidden_size must equal the target's")
-    bad = [i for i in config.feature_layers if not 0 <= i <= tc.num_hidden_layers]
-    if bad:
-        raise ValueError(f"draft feature_layers {bad} are outside the target's 0..{tc.num_hidden_layers} hidden states")
-
-
-def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None) -> DraftHead:
-    """Load an EAGLE-3 or EAGLE-1/2 draft for `target_model` (any HF causal LM) from a directory."""
+    The head goes to `device`, by default the device of the target's input embeddings (the first
+    device of a model sharded with `device_map`, where the prompt enters), in `dtype`, by default
+    the embeddings' dtype.
+    """
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"draft checkpoint directory {directory} does not exist")
@@ -82,14 +62,14 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None)
     raw = json.loads(config_path.read_text())
     if "kind" not in raw:  # published checkpoints: tell the head type by its keys
         raw["kind"] = "eagle3" if any(k.startswith("midlayer.") for k in state) else "eagle1"
-    n_layers = _text_config(target_model.config).num_hidden_layers
+    n_layers = text_config(target_model.config).num_hidden_layers
     config = DraftConfig.from_json(raw, num_target_layers=n_layers)
     if config.num_target_layers != n_layers:
         raise ValueError(
             f"draft was trained on a {config.num_target_layers}-layer target, this target has {n_layers} layers: "
             "load the draft trained for this target."
         )
-    check_compatible(config, target_model)
+    config.check_target(target_model)
 
     if config.kind == "eagle3":
         head: DraftHead = Eagle3Head(config)
@@ -122,5 +102,5 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None)
     else:
         state.pop("embed_tokens.weight", None)
     head.load_state_dict(state, strict=True)
-    target_param = next(target_model.parameters())
-    return head.to(device=target_param.device, dtype=dtype or target_param.dtype).eval()
+    embedding = target_model.get_input_embeddings().weight
+    return head.to(device=device or embedding.device, dtype=dtype or embedding.dtype).eval()

@@ -1,4 +1,5 @@
-"""Draft head configuration, read from and written to the public EAGLE `config.json` fields."""
+"""What the draft side reads off configs: the draft head's own `DraftConfig` (the public EAGLE
+`config.json` fields), the target's text config, its stop tokens, and whether a draft fits a target."""
 
 from __future__ import annotations
 
@@ -6,6 +7,29 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def text_config(config):
+    """The decoder text config of a Hugging Face config (multimodal configs nest it); else the config itself."""
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def eos_token_ids(model=None, tokenizer=None, eos_token_id: int | list[int] | None = None) -> frozenset[int]:
+    """The token ids that end a generation, in one place for decoding, evaluation and training data.
+
+    An explicit `eos_token_id` (an id or a list of ids) is used as given. Otherwise the union of the
+    model's `generation_config.eos_token_id` (chat models often list several, e.g. Llama-3's
+    <|eot_id|> and <|end_of_text|>) and the tokenizer's `eos_token_id`; empty when neither has one.
+    """
+    if eos_token_id is not None:
+        return frozenset([int(eos_token_id)] if isinstance(eos_token_id, int) else map(int, eos_token_id))
+    ids: set[int] = set()
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if config_eos is not None:
+        ids |= {int(config_eos)} if isinstance(config_eos, int) else set(map(int, config_eos))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
 
 
 @dataclass
@@ -54,7 +78,7 @@ class DraftConfig:
 
     @classmethod
     def for_target(cls, target_config, kind: str, draft_vocab_size: int | None = None, **overrides) -> DraftConfig:
-        tc = target_config.get_text_config(decoder=True) if hasattr(target_config, "get_text_config") else target_config
+        tc = text_config(target_config)
         rope_theta = getattr(tc, "rope_theta", None)
         rope_params = getattr(tc, "rope_parameters", None) or {}
         if rope_theta is None:
@@ -101,6 +125,28 @@ class DraftConfig:
         values.setdefault("draft_vocab_size", d["vocab_size"])
         values.setdefault("num_key_value_heads", d.get("num_attention_heads"))
         return cls(**values)
+
+    def check_target(self, target_model) -> None:
+        """Raise a ValueError naming the mismatch when this draft does not fit `target_model`."""
+        tc = text_config(target_model.config)
+        target_vocab = target_model.get_output_embeddings().weight.shape[0]
+        if self.vocab_size != target_vocab:
+            raise ValueError(
+                f"draft vocab_size {self.vocab_size} != target vocabulary {target_vocab}: this draft was trained "
+                "for another target model. Load the draft trained for this target."
+            )
+        expected = self.target_hidden_size or self.hidden_size
+        if expected != tc.hidden_size:
+            raise ValueError(
+                f"draft expects target hidden size {expected}, but the target has hidden_size {tc.hidden_size}: "
+                "this draft was trained for another target model (set target_hidden_size only if that is intended)."
+            )
+        if self.kind == "eagle1" and self.hidden_size != tc.hidden_size:
+            raise ValueError("an EAGLE-1 draft feeds the target's lm_head, so its hidden_size must equal the target's")
+        bad = [i for i in self.feature_layers if not 0 <= i <= tc.num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"draft feature_layers {bad} are outside the target's 0..{tc.num_hidden_layers} hidden states")
 
     def save(self, directory: str | Path) -> None:
         Path(directory, "config.json").write_text(json.dumps(self.to_json(), indent=2))

@@ -16,8 +16,6 @@ ids (EAGLE-3: target = draft + d2t[draft]).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -33,7 +31,6 @@ class DraftHead(nn.Module):
         self.config = config
         self.rotary = Rotary(config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings)
         self.cache = KVCache()
-        self.tentative_positions: list[int] = []
 
     # --- subclass hooks -------------------------------------------------------------------
     def layer_forward(self, embeds, features, cos, sin, mask, commit) -> torch.Tensor:
@@ -66,10 +63,6 @@ class DraftHead(nn.Module):
 
     def rollback(self) -> None:
         self.cache.rollback()
-
-    @property
-    def committed_length(self) -> int:
-        return self.cache.length
 
     @torch.inference_mode()
     def extend(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,11 +101,6 @@ class DraftHead(nn.Module):
         cos, sin = self.rotary(positions, self.dtype)
         out = self.layer_forward(self.embed(tokens)[None], features[None], cos, sin, mask, commit)
         return out[0]
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        from eagle.checkpoint import save_draft
-
-        save_draft(self, directory)
 
 
 class Eagle3Layer(nn.Module):

@@ -1,10 +1,12 @@
 """EAGLE-2 dynamic draft trees.
 
-Growth: the root's children are the draft's `top_k` most likely next tokens. For `depth - 1`
-more levels, the `top_k` nodes of the newest level with the highest cumulative draft
-log-probability are fed to the draft head, each proposing its own `top_k` children. Finally all
-candidates are reranked by cumulative log-probability and the best `total_tokens` form the tree
-that the target verifies.
+Two phases:
+- `expand` (growth): the root's children are the draft's `branching` most likely next tokens. For
+  `depth - 1` more levels, the `branching` nodes of the newest level with the highest cumulative
+  draft log-probability are fed to the draft head, each proposing its own `branching` children.
+- `rerank`: all candidates are ranked by cumulative log-probability and the best `total_tokens`
+  form the tree that the target verifies.
+`grow_tree` is the two in sequence.
 """
 
 from __future__ import annotations
@@ -69,27 +71,28 @@ def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Ten
     return order
 
 
+@dataclass
+class Candidates:
+    """Every node `expand` drafted, in drafting order: level by level, each frontier node's children
+    by decreasing draft probability. `parents[i]` indexes these candidates (-1: a child of the root)."""
+
+    tokens: torch.Tensor  # [m] target token ids
+    parents: torch.Tensor  # [m]
+    depths: torch.Tensor  # [m], >= 1
+    scores: torch.Tensor  # [m] cumulative draft log-probability
+
+
 @torch.inference_mode()
-def grow_tree(
-    head: DraftHead,
-    root_token: int,
-    hidden: torch.Tensor,
-    logprobs: torch.Tensor,
-    depth: int,
-    top_k: int,
-    total_tokens: int,
-) -> DraftTree:
-    """Grow an EAGLE-2 tree below `root_token`.
+def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int) -> Candidates:
+    """Draft `depth` levels below the root with the head (EAGLE-2 growth); see the module docstring.
 
     hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
     the root's child. Leaves the head's tentative cache rolled back.
     """
-    if depth < 1 or total_tokens < 1:
-        return DraftTree.root_only(root_token)
-    k = min(top_k, logprobs.shape[-1])
+    k = min(branching, logprobs.shape[-1])
     lp, ids = logprobs.topk(k)
-    cand_tokens = [head.to_target_ids(ids)]
-    cand_scores = [lp]
+    cand_tokens = [head.to_target_ids(ids).cpu()]
+    cand_scores = [lp.cpu()]
     cand_parents = [torch.full((k,), -1)]
     cand_depths = [torch.ones(k, dtype=torch.long)]
     frontier = torch.arange(k)  # candidate indices to expand next
@@ -124,20 +127,31 @@ def grow_tree(
         frontier_hidden = out_hidden[best // k]
         n_cand += kf * k
     head.rollback()
+    return Candidates(torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_depths), torch.cat(cand_scores))
 
-    tokens = torch.cat(cand_tokens).cpu()
-    scores = torch.cat(cand_scores).cpu()
-    parents = torch.cat(cand_parents)
-    depths = torch.cat(cand_depths)
-    # Rerank: a child's score never exceeds its parent's (log-probs <= 0), and ties go to the
-    # shallower node, so every kept node's parent is kept too.
-    keep = _stable_order([scores, depths], [True, False])[:total_tokens]
-    keep = keep[_stable_order([depths[keep], scores[keep]], [False, True])]  # breadth-first, draft order
-    new_index = {c: i + 1 for i, c in enumerate(keep.tolist())}
-    tree_parents = [-1] + [0 if p < 0 else new_index[p] for p in parents[keep].tolist()]
+
+def rerank(candidates: Candidates, root_token: int, total_tokens: int) -> DraftTree:
+    """The `total_tokens` best candidates by cumulative log-probability, as a tree below `root_token`.
+
+    A child's score never exceeds its parent's (log-probs <= 0) and ties go to the shallower node,
+    so every kept node's parent is kept too. Nodes come out breadth-first, siblings in draft order.
+    """
+    c = candidates
+    keep = _stable_order([c.scores, c.depths], [True, False])[:total_tokens]
+    keep = keep[_stable_order([c.depths[keep], c.scores[keep]], [False, True])]
+    new_index = {old: i + 1 for i, old in enumerate(keep.tolist())}
+    tree_parents = [-1] + [0 if p < 0 else new_index[p] for p in c.parents[keep].tolist()]
     return DraftTree(
-        tokens=torch.cat([torch.tensor([root_token]), tokens[keep]]),
+        tokens=torch.cat([torch.tensor([root_token]), c.tokens[keep]]),
         parents=torch.tensor(tree_parents),
-        depths=torch.cat([torch.tensor([0]), depths[keep]]),
-        scores=torch.cat([torch.tensor([0.0]), scores[keep]]),
+        depths=torch.cat([torch.tensor([0]), c.depths[keep]]),
+        scores=torch.cat([torch.tensor([0.0]), c.scores[keep]]),
     )
+
+
+def grow_tree(head: DraftHead, root_token: int, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int,
+              branching: int, total_tokens: int) -> DraftTree:
+    """An EAGLE-2 tree below `root_token`: `expand` for `depth` levels, then `rerank` to `total_tokens` nodes."""
+    if depth < 1 or total_tokens < 1:
+        return DraftTree.root_only(root_token)
+    return rerank(expand(head, hidden, logprobs, depth, branching), root_token, total_tokens)

@@ -5,9 +5,10 @@ Definitions (all pooled over the questions every method answered):
   speedup                  tokens_per_s / the baseline's (vanilla) tokens_per_s
   speedup_per_question     mean per-question tokens/s / the baseline's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools
-  tau                      (accepted draft tokens + cycles) / cycles: tokens per draft-verify cycle
-                           (the prefill's token is in no cycle; the reference tools' "tau" divides by
-                           the last loop index instead, which overstates it)
+  tau                      tokens emitted by draft-verify cycles / cycles: every turn's first token
+                           comes from the prefill, in no cycle, so tau = sum(new_tokens - 1) / sum(cycles)
+                           (the reference tools' "tau" divides by the last loop index instead, which
+                           overstates it; they also credit a bonus token when EOS ends a path early)
   relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
   parse_rate, loglik       see `eval.quality`; token_prob = exp(loglik)
   quality_recovery         figure / the reference method's (strict) figure, for parse_rate and token_prob
@@ -16,39 +17,16 @@ Definitions (all pooled over the questions every method answered):
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-
 from eval.quality import token_prob
 from mars.stats import VerifyStats
 
 RECOVERY_FIGURES = ("parse_rate", "token_prob")
 
 
-def verify_to_json(stats: VerifyStats) -> dict:
-    """The counts of a VerifyStats, JSON-ready; margins rounded, non-finite ones left out."""
-    return {
-        "attempts": dict(stats.attempts),
-        "accepts": dict(stats.accepts),
-        "relaxed": dict(stats.relaxed),
-        "relax_allowed": stats.relax_allowed,
-        "positions": stats.positions,
-        "margins": [round(m, 4) for m in stats.margins if math.isfinite(m)],
-    }
-
-
-def verify_from_json(d: dict) -> VerifyStats:
-    def counter(x: dict) -> Counter:
-        return Counter({int(k): v for k, v in x.items()})
-
-    return VerifyStats(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
-                       margins=list(d["margins"]), relax_allowed=d["relax_allowed"], positions=d["positions"])
-
-
 def merged_stats(records: list[dict]) -> VerifyStats:
     total = VerifyStats()
     for r in records:
-        total.merge(verify_from_json(r["eval"]["verify"]))
+        total.merge(VerifyStats.from_json(r["eval"]["verify"]))
     return total
 
 
@@ -62,7 +40,7 @@ def method_figures(records: list[dict]) -> dict:
     tokens = sum(_speed(r)[0] for r in records)
     seconds = sum(_speed(r)[1] for r in records)
     cycles = sum(sum(r["choices"][0]["idxs"]) for r in records)
-    accepted = sum(sum(r["eval"]["accepted"]) for r in records)
+    cycle_tokens = sum(n - 1 for r in records for n in r["choices"][0]["new_tokens"] if n > 0)
     relaxed = sum(sum(r["eval"]["relaxed"]) for r in records)
     per_question = [t / s for t, s in map(_speed, records) if s > 0]
     parses = [p for r in records for p in r["eval"]["parses"] if p is not None]
@@ -77,7 +55,7 @@ def method_figures(records: list[dict]) -> dict:
         "tokens_per_s": tokens / seconds if seconds else 0.0,
         "mean_question_tokens_per_s": sum(per_question) / len(per_question) if per_question else 0.0,
         "cycles": cycles,
-        "tau": (accepted + cycles) / cycles if cycles else 1.0,
+        "tau": cycle_tokens / cycles if cycles else 1.0,
         "relaxed_tokens": relaxed,
         "relaxed_frac": relaxed / tokens if tokens else 0.0,
         "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),

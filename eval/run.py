@@ -26,10 +26,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from eagle.config import eos_token_ids
 from eval import quality
 from eval.answers import AnswerFile, answer_record
 from eval.bench import Question, encode, load_questions, resolve
-from eval.metrics import format_table, merged_stats, summarize, verify_to_json
+from eval.metrics import format_table, merged_stats, summarize
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
 
@@ -60,8 +61,8 @@ def parse_method(spec: str) -> Method:
 def sampling_config(method: Method, cfg: DictConfig) -> SamplingConfig:
     """The method's sampling settings; SamplingConfig raises on a bad temperature, theta, margin, ..."""
     s = cfg.sampling
-    return SamplingConfig(s.temperature, s.top_p, s.top_k, method.rule or "strict", method.theta,
-                          cfg.mars.margin, cfg.mars.fallback)
+    return SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, rule=method.rule or "strict",
+                          theta=method.theta, margin=cfg.mars.margin, mars_fallback=cfg.mars.fallback)
 
 
 # --- models -----------------------------------------------------------------------------------
@@ -108,13 +109,6 @@ def load_head(m: DictConfig, target):
     return load_draft(source, target)
 
 
-def eos_ids(model, tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(config_eos) if isinstance(config_eos, list) else {config_eos} - {None}
-    return sorted(ids)
-
-
 # --- generation -------------------------------------------------------------------------------
 
 def generate(gen: SpeculativeGenerator, method: Method, sampling: SamplingConfig, ids: list[int],
@@ -122,13 +116,9 @@ def generate(gen: SpeculativeGenerator, method: Method, sampling: SamplingConfig
     input_ids = torch.tensor([ids], dtype=torch.long)
     rng = None
     if not sampling.greedy:
-        rng = torch.Generator(device=gen.target.device).manual_seed(seed or 0)
-    common = dict(max_new_tokens=max_new_tokens, temperature=sampling.temperature, eos_token_id=eos,
-                  top_p=sampling.top_p, top_k=sampling.top_k, generator=rng)
-    if method.rule is None:
-        return gen.vanilla(input_ids, **common)
-    return gen.generate(input_ids, rule=sampling.rule, theta=sampling.theta, margin=sampling.margin,
-                        mars_fallback=sampling.mars_fallback, **common)
+        rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed or 0)
+    decode = gen.vanilla if method.rule is None else gen.generate
+    return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
 
 
 class Evaluator:
@@ -136,7 +126,7 @@ class Evaluator:
 
     def __init__(self, cfg: DictConfig, gen: SpeculativeGenerator, tokenizer, model_id: str):
         self.cfg, self.gen, self.tokenizer, self.model_id = cfg, gen, tokenizer, model_id
-        self.eos = eos_ids(gen.target.model, tokenizer)
+        self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
         self.figures = set(cfg.bench.quality)
         self._loglik: dict[tuple, tuple[float, int]] = {}  # for the current question only
 
@@ -173,7 +163,7 @@ class Evaluator:
         for out in outs[1:]:
             stats.merge(out.stats)
         extra.update(accepted=[sum(o.accept_lengths) for o in outs], relaxed=[o.relaxed_tokens for o in outs],
-                     stopped_by=[o.stopped_by for o in outs], verify=verify_to_json(stats))
+                     stopped_by=[o.stopped_by for o in outs], verify=stats.to_json())
         return answer_record(question.question_id, f"{self.model_id}-{method.name}", texts,
                              [o.num_cycles for o in outs], [len(o.tokens) for o in outs],
                              [round(o.seconds, 6) for o in outs], extra)
@@ -269,6 +259,12 @@ def run(cfg: DictConfig) -> dict:
     head = load_head(cfg.model, target)
     gen = SpeculativeGenerator(target, head, **OmegaConf.to_container(cfg.model.tree),
                                exact_attention=bool(cfg.model.get("exact_attention", False)))
+    with gen:  # hands the target back with its own attention implementation
+        return _run(cfg, methods, sampling, questions, gen, tokenizer)
+
+
+def _run(cfg: DictConfig, methods: list[Method], sampling: dict[str, SamplingConfig], questions: list[Question],
+         gen: SpeculativeGenerator, tokenizer) -> dict:
     evaluator = Evaluator(cfg, gen, tokenizer, cfg.model.name)
 
     out_dir = resolve(cfg.out_dir)

@@ -1,75 +1,96 @@
-"""The speculative decoding loop: draft a tree, verify it in one target forward, keep a path.
+"""The speculative decoding loop: draft a tree, score it in one target forward, keep a path.
 
     prefill prompt -> first token x (plain decoding)            head.extend(prompt features, tokens)
-    repeat:  tree  = grow_tree(head, root=x)                      # EAGLE-2 dynamic tree
-             logits, feats = target.verify(tree)                  # one forward, tree attention mask
-             verdict = verify(process(logits), tree, rule)        # strict / MARS, greedy / sampling
-             emit accepted tokens + verdict.next_token; keep the path in the target's KV cache
-             head.extend(feats[path], accepted tokens + next)     # the draft catches up
+    repeat:  tree    = grow_tree(head, root=x)                    # EAGLE-2 dynamic tree (eagle.tree)
+             logits  = target.score_tree(tree)                    # one forward, tree attention mask
+             verdict = accept(process(logits), tree, sampling)    # strict / MARS, greedy / sampling
+             emit the accepted tokens + verdict.next_token;  target.keep_path(verdict.path)
+             head.extend(features[path], accepted tokens + next)  # the draft catches up
 
 Counting: `num_cycles` counts draft-verify cycles (the prefill that emits the first token is not a
-cycle), `accept_lengths[i]` the draft tokens cycle i accepted. Each cycle emits accept + 1 tokens,
-so `tau` = mean(accept_lengths) + 1, and len(tokens) = 1 + sum(accept + 1) unless EOS or
-`max_new_tokens` cut the last cycle short.
+cycle); `accept_lengths[i]` the drafted tokens cycle i emitted. A cycle emits its accepted tokens
+plus the target's own, unless EOS or `max_new_tokens` cuts it short, so `tau` = tokens emitted by
+cycles / cycles = (len(tokens) - 1) / num_cycles.
+
+Devices: token ids enter at the target's input embeddings, logits and the RNG live on its lm_head's
+device (`TargetModel.devices`), the draft head sits where it was loaded and receives the target's
+features there. On one device all of these are the same.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from eagle.checkpoint import check_compatible
+from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
-from eagle.tree import DraftTree, grow_tree
-from mars.sampling import SamplingConfig, next_token, process_logits
+from eagle.tree import grow_tree
+from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
 from mars.stats import VerifyStats
 from mars.target import TargetModel
-from mars.verify import verify
+from mars.verify import accept
 
 
 @dataclass
 class GenerationOutput:
-    tokens: list[int]  # new tokens only
-    accept_lengths: list[int]  # draft tokens accepted per cycle (bonus not counted)
-    num_cycles: int
-    relaxed_tokens: int = 0  # tokens accepted only because of the MARS relaxation
+    tokens: list[int] = field(default_factory=list)  # new tokens only
+    accept_lengths: list[int] = field(default_factory=list)  # drafted tokens emitted per cycle
+    num_cycles: int = 0
     stats: VerifyStats = field(default_factory=VerifyStats)
     seconds: float = 0.0  # wall time of the whole call
     stopped_by: str = "length"  # "eos" or "length"
 
     @property
     def tau(self) -> float:
-        """Mean tokens per cycle: accepted draft tokens + the target's own token."""
-        return sum(self.accept_lengths) / len(self.accept_lengths) + 1 if self.accept_lengths else 1.0
+        """Mean tokens emitted per draft-verify cycle (the prefill's first token is in no cycle)."""
+        return (len(self.tokens) - 1) / self.num_cycles if self.num_cycles else 1.0
 
-
-def _eos_set(eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+    @property
+    def relaxed_tokens(self) -> int:
+        """Tokens accepted only because of the MARS relaxation."""
+        return self.stats.relaxed_tokens
 
 
 class SpeculativeGenerator:
     """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by strict or MARS rules.
 
-    total_tokens: drafted nodes verified per cycle; depth: draft steps per cycle; top_k: branching
-    of the draft tree (not to be confused with `generate(top_k=...)`, the sampling filter).
+    Tree: `total_tokens` drafted nodes verified per cycle, `depth` draft steps per cycle, `branching`
+    children per expanded node (EAGLE's "top_k"; `top_k=` is accepted as a deprecated alias).
     exact_attention: compute verification attention per query row over exactly its visible keys
     (`mars.target.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
-    decoding bit for bit instead of up to rounding; costs a gather of the cache per layer.
+    decoding bit for bit instead of up to rounding. It switches the model's attention
+    implementation to "mars_exact" until `close()` (or the end of a `with` block) restores it.
     """
 
-    def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6, top_k: int = 10,
-                 exact_attention: bool = False):
-        for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
+    def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
+                 branching: int | None = None, exact_attention: bool = False, *, top_k: int | None = None):
+        if top_k is not None:
+            if branching is not None:
+                raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
+            warnings.warn("SpeculativeGenerator(top_k=...) is deprecated: the tree's branching factor is now "
+                          "`branching` (top_k is the sampling filter of generate())", FutureWarning, stacklevel=2)
+            branching = top_k
+        branching = 10 if branching is None else branching
+        for name, value in (("total_tokens", total_tokens), ("depth", depth), ("branching", branching)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        check_compatible(head.config, target_model)
-        self.target = TargetModel(target_model, head.config.feature_layers, exact_attention)
+        head.config.check_target(target_model)
+        self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device)
         self.head = head
-        self.total_tokens, self.depth, self.top_k = total_tokens, depth, top_k
+        self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
+
+    def close(self) -> None:
+        """Hand the target model back as it was given (its own attention implementation)."""
+        self.target.close()
+
+    def __enter__(self) -> SpeculativeGenerator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
@@ -88,7 +109,13 @@ class SpeculativeGenerator:
             )
         return input_ids[0]
 
-    def _emit(self, out: GenerationOutput, new: list[int], eos: set[int], max_new_tokens: int) -> int:
+    def _check_generator(self, generator: torch.Generator | None) -> None:
+        device = self.target.devices.logits
+        if generator is not None and torch.device(generator.device).type != device.type:
+            raise ValueError(f"the random generator is on {generator.device} but sampling runs where the target's "
+                             f"logits are, {device}: pass torch.Generator(device='{device}')")
+
+    def _emit(self, out: GenerationOutput, new: list[int], eos: frozenset[int], max_new_tokens: int) -> int:
         """Append what may be emitted of `new`; returns how many tokens were taken."""
         room = max_new_tokens - len(out.tokens)
         taken = new[:room]
@@ -107,39 +134,42 @@ class SpeculativeGenerator:
     def generate(
         self,
         input_ids: torch.Tensor,
+        sampling: SamplingConfig | None = None,
+        *,
         max_new_tokens: int = 128,
-        temperature: float = 0.0,
         eos_token_id: int | list[int] | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        rule: str = "strict",
-        theta: float = 0.9,
-        margin: str = "logit_ratio",
-        mars_fallback: str = "strict",
         generator: torch.Generator | None = None,
+        **overrides,
     ) -> GenerationOutput:
-        cfg = SamplingConfig(temperature, top_p, top_k, rule, theta, margin, mars_fallback)
+        """Speculative decoding of `input_ids` [1, T]; returns the new tokens and how they were accepted.
+
+        sampling: a `SamplingConfig` (default greedy, strict); keyword `overrides` (temperature=,
+        top_p=, top_k=, rule=, theta=, margin=, mars_fallback=) replace its fields. eos_token_id:
+        the ids that stop generation (None: none stop; `eagle.config.eos_token_ids` gives a model's).
+        generator: the RNG of sampling, on the device of the target's logits.
+        """
+        cfg = resolve_sampling(sampling, **overrides)
         prompt = self._check_prompt(input_ids, max_new_tokens)
+        self._check_generator(generator)
         start = time.perf_counter()
-        eos = _eos_set(eos_token_id)
-        out = GenerationOutput([], [], 0)
+        eos = eos_token_ids(eos_token_id=eos_token_id)
+        out = GenerationOutput()
         if max_new_tokens == 0:
             return out
-        device = self.target.device
-        logits, features = self.target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
+        target, head = self.target, self.head
+        logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
         self._emit(out, [root], eos, max_new_tokens)
-        self.head.reset()
-        follow = torch.cat([prompt[1:].to(device), torch.tensor([root], device=device)])
-        hidden, logprobs = self.head.extend(features, follow)
+        head.reset()
+        follow = torch.cat([prompt[1:].cpu(), torch.tensor([root])]).to(head.device)
+        hidden, logprobs = head.extend(features, follow)
         while not self._done(out, max_new_tokens):
             remaining = max_new_tokens - len(out.tokens)
             # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
             depth = min(self.depth, remaining - 1)
-            tree = grow_tree(self.head, root, hidden, logprobs, depth, self.top_k, self.total_tokens)
-            prefix = self.target.length
-            logits, features = self.target.verify(tree.tokens.to(device), tree.depths, tree.ancestors)
-            verdict = verify(process_logits(logits, cfg), tree, cfg, generator)
+            tree = grow_tree(head, root, hidden, logprobs, depth, self.branching, self.total_tokens)
+            logits, features = target.score_tree(tree)
+            verdict = accept(process_logits(logits, cfg), tree, cfg, generator)
             drafted = tree.tokens[verdict.path[1:]].tolist()
             emitted = self._emit(out, drafted + [verdict.next_token], eos, max_new_tokens)
             out.accept_lengths.append(min(verdict.accepted, emitted))
@@ -147,11 +177,10 @@ class SpeculativeGenerator:
             out.num_cycles += 1
             if self._done(out, max_new_tokens):
                 break
-            self.target.keep_path(prefix, verdict.path)
+            target.keep_path(verdict.path)
             root = verdict.next_token
-            follow = torch.tensor(drafted + [root], device=device)
-            hidden, logprobs = self.head.extend(features[verdict.path], follow)
-        out.relaxed_tokens = out.stats.relaxed_tokens
+            path = torch.tensor(verdict.path, device=features.device)
+            hidden, logprobs = head.extend(features[path], torch.tensor(drafted + [root], device=head.device))
         out.seconds = time.perf_counter() - start
         return out
 
@@ -159,27 +188,30 @@ class SpeculativeGenerator:
     def vanilla(
         self,
         input_ids: torch.Tensor,
+        sampling: SamplingConfig | None = None,
+        *,
         max_new_tokens: int = 128,
-        temperature: float = 0.0,
         eos_token_id: int | list[int] | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
         generator: torch.Generator | None = None,
+        **overrides,
     ) -> GenerationOutput:
-        """Plain token-by-token decoding with the same adapter, cache and logits processing."""
-        cfg = SamplingConfig(temperature, top_p, top_k)
+        """Plain token-by-token decoding with the same adapter, cache and logits processing.
+
+        Takes the arguments of `generate`; the verification settings (rule, theta, ...) do not apply.
+        """
+        cfg = resolve_sampling(sampling, **overrides)
         prompt = self._check_prompt(input_ids, max_new_tokens)
+        self._check_generator(generator)
         start = time.perf_counter()
-        eos = _eos_set(eos_token_id)
-        out = GenerationOutput([], [], 0)
+        eos = eos_token_ids(eos_token_id=eos_token_id)
+        out = GenerationOutput()
         if max_new_tokens == 0:
             return out
         logits, _ = self.target.prefill(prompt, capacity=len(prompt) + max_new_tokens + 1)
         self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
         while not self._done(out, max_new_tokens):
-            single = DraftTree.root_only(out.tokens[-1])
-            logits, _ = self.target.verify(single.tokens.to(self.target.device), single.depths, single.ancestors)
-            self._emit(out, [next_token(process_logits(logits[0], cfg), cfg, generator)], eos, max_new_tokens)
+            logits = self.target.decode(out.tokens[-1])
+            self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
             out.accept_lengths.append(0)
             out.num_cycles += 1
         out.seconds = time.perf_counter() - start

@@ -6,6 +6,7 @@ which is exactly what `vanilla` does with the same settings.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ MARS_FALLBACKS = ("strict", "reference")
 THETA_RANGES = {"logit_ratio": (0.0, 1.0), "prob_ratio": (0.0, 1.0), "logprob_gap": (0.0, math.inf)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """How the target's distribution is processed and which acceptance rule verifies drafts.
 
@@ -61,6 +62,23 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+
+
+def resolve_sampling(sampling: SamplingConfig | None = None, **overrides) -> SamplingConfig:
+    """`sampling` (default: greedy strict) with keyword `overrides` applied, as `generate()` takes them.
+
+    Like `transformers.generate`, which takes a `GenerationConfig` and keyword arguments over it.
+    """
+    if sampling is not None and not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a SamplingConfig or None, got {type(sampling).__name__}: pass other "
+                        f"settings by keyword (max_new_tokens=..., temperature=...)")
+    unknown = sorted(set(overrides) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise TypeError(f"unknown sampling setting(s) {unknown}; valid: {', '.join(SAMPLING_FIELDS)}")
+    return dataclasses.replace(sampling or SamplingConfig(), **overrides)
 
 
 def process_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

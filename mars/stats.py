@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -15,7 +16,9 @@ class VerifyStats:
     A position is a node on an accepted path whose children the target judged. Per depth d:
     `attempts[d]` positions at depth d that had drafted children, `accepts[d]` of them accepted one,
     `relaxed[d]` of them only through the MARS relaxation. `margins` keeps every verified
-    position's margin value (for histograms); `relax_allowed` how many passed the margin test.
+    position's margin value (for histograms); `relax_allowed` how many passed the margin test;
+    `nonfinite` how many had a non-finite top-1 or top-2 logit (never relaxed), `negative_logit`
+    how many had a top-1 logit <= 0, where the logit ratio's meaning inverts.
     """
 
     attempts: Counter = field(default_factory=Counter)
@@ -55,6 +58,30 @@ class VerifyStats:
     @property
     def relaxed_tokens(self) -> int:
         return sum(self.relaxed.values())
+
+    def to_json(self) -> dict:
+        """Every count, JSON-ready. Margins are rounded to 4 decimals; non-finite ones are left out of
+        the list (JSON has no inf/nan) but counted in `nonfinite`."""
+        return {
+            "attempts": dict(self.attempts),
+            "accepts": dict(self.accepts),
+            "relaxed": dict(self.relaxed),
+            "margins": [round(m, 4) for m in self.margins if math.isfinite(m)],
+            "relax_allowed": self.relax_allowed,
+            "positions": self.positions,
+            "nonfinite": self.nonfinite,
+            "negative_logit": self.negative_logit,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> VerifyStats:
+        """The inverse of `to_json` (JSON object keys are strings; depths come back as ints)."""
+        def counter(x: dict) -> Counter:
+            return Counter({int(k): v for k, v in x.items()})
+
+        return cls(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
+                   margins=list(d["margins"]), relax_allowed=d["relax_allowed"], positions=d["positions"],
+                   nonfinite=d.get("nonfinite", 0), negative_logit=d.get("negative_logit", 0))
 
     def summary(self) -> dict:
         return {

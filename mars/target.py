@@ -2,21 +2,27 @@
 
 It uses only transformers' public machinery: a `DynamicCache` subclass whose layers write into
 preallocated buffers (growing by concatenation cost a third of small-model decode time), custom
-4D attention masks (returned as-is by transformers' mask builders), explicit `position_ids`, and
-`output_hidden_states` for the draft's features. No modeling file is copied.
+4D attention masks (returned as-is by transformers' mask builders), explicit `position_ids`,
+`output_hidden_states` for the draft's features, and (for exact attention) an attention function
+registered with `AttentionInterface` that receives its plan as a forward keyword argument, the
+way transformers hands attention kwargs down to every layer. No modeling file is copied.
 """
 
 from __future__ import annotations
 
-import threading
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from eagle.config import text_config
+from eagle.tree import DraftTree
+
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 EXACT_ATTENTION = "mars_exact"
+PLAN_KWARG = "mars_exact_plan"  # the forward keyword that carries an exact-attention plan to every layer
 
 
 # --- layout-invariant attention -----------------------------------------------------------------
@@ -28,12 +34,7 @@ EXACT_ATTENTION = "mars_exact"
 # decoding. Where matmuls are batch-invariant (bf16 on CPU for the shapes we tested), strict greedy
 # verification then reproduces plain decoding bit for bit.
 
-class _Plan(threading.local):
-    # [(query rows [n], cache entries [n, L], additive pad mask [n, 1, L])]; None: plain SDPA.
-    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
-
-
-_PLAN = _Plan()
+ExactPlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # [(query rows [n], entries [n, L], pad [n, 1, L])]
 EXACT_BUCKET = 64  # key rows are padded to a multiple of this, so rows of one tree share a few shapes
 
 
@@ -47,18 +48,21 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.T
     return torch.matmul(probs, v).transpose(0, 1).reshape(n, heads, v.shape[-1])
 
 
-def exact_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """`attn_implementation="mars_exact"`: SDPA while no plan is set (prefill), else every query row
-    attends to its own gathered keys, padded at the end to a multiple of EXACT_BUCKET. A row's
-    result depends only on its visible keys and their count, never on the other rows of the tree."""
-    groups = _PLAN.groups
-    if groups is None:
+def exact_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                            mars_exact_plan: ExactPlan | None = None, **kwargs):
+    """`attn_implementation="mars_exact"`: plain SDPA unless the forward call carries a plan (the
+    prefill and any other use of the model); with a plan every query row attends to its own gathered
+    keys, padded at the end to a multiple of EXACT_BUCKET. A row's result depends only on its visible
+    keys and their count, never on the other rows of the tree."""
+    if mars_exact_plan is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = query.new_empty(query.shape[2], query.shape[1], value.shape[-1])  # [q, heads, d]
     kv_heads = key.shape[1]
-    for rows, entries, pad in groups:
+    for rows, entries, pad in mars_exact_plan:
+        # A no-op on one device; on a model sharded over devices, the layer's own device.
+        rows, entries, pad = rows.to(key.device), entries.to(key.device), pad.to(key.device)
         n, length = entries.shape
         flat = entries.reshape(-1)
         k = key[0].index_select(1, flat).view(kv_heads, n, length, -1)
@@ -67,10 +71,7 @@ def exact_attention_forward(module, query, key, value, attention_mask, dropout=0
     return out[None], None
 
 
-AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
-
-
-def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> list:
+def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> ExactPlan:
     """Tree nodes grouped by padded key count, each with its visible cache entries (the prefix, then
     its ancestors, then padding that points at entry 0 and is masked out)."""
     visible = prefix + depths + 1
@@ -136,6 +137,12 @@ class PreallocatedLayer(DynamicLayer):
         if self.is_initialized:
             self._views()
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` entries."""
+        self.length = min(self.length, length)
+        if self.is_initialized:
+            self._views()
+
     def keep(self, start: int, indices: torch.Tensor) -> None:
         """Keep entries start + indices (in that order) at start..start+len(indices); drop the rest."""
         if self.is_initialized:
@@ -157,30 +164,76 @@ class TreeCache(DynamicCache):
 
     def __init__(self, config, capacity: int):
         super().__init__(config=config)
-        num_layers = config.get_text_config(decoder=True).num_hidden_layers
+        num_layers = text_config(config).num_hidden_layers
         self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
 
     def keep(self, start: int, indices: torch.Tensor) -> None:
         for layer in self.layers:
             layer.keep(start, indices)
 
-
-def text_config(config):
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    def truncate(self, length: int) -> None:
+        for layer in self.layers:
+            layer.truncate(length)
 
 
 def context_length(config) -> int:
     return int(getattr(text_config(config), "max_position_embeddings", None) or 2**31)
 
 
+# --- devices ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceRoute:
+    """Where each tensor of a decoding step lives when the target may be sharded over devices.
+
+    inputs: token ids, positions and masks enter at the input embeddings' device. logits: the
+    lm_head's device; verification (processed logits, acceptance) and the sampling RNG run there.
+    The draft head's device is its own; target features are gathered to it.
+    """
+
+    inputs: torch.device
+    logits: torch.device
+
+
+def module_device(model, name: str) -> torch.device:
+    """The device of submodule `name` (e.g. "model.embed_tokens", "lm_head").
+
+    A model loaded with `device_map` records its placement in `hf_device_map` ({module prefix:
+    device}); the longest prefix of `name` found there wins. Otherwise the device of the module's
+    first parameter.
+    """
+    placement = getattr(model, "hf_device_map", None)
+    if placement:
+        prefixes = [p for p in placement if p == "" or name == p or name.startswith(p + ".")]
+        if prefixes:
+            where = placement[max(prefixes, key=len)]
+            return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+    return next(model.get_submodule(name).parameters()).device
+
+
+def route_devices(model) -> DeviceRoute:
+    """The `DeviceRoute` of a causal LM: its input embeddings' device and its lm_head's device."""
+    names = {module: name for name, module in model.named_modules()}
+    embed_name = names.get(model.get_input_embeddings())
+    head_name = names.get(model.get_output_embeddings())
+    if embed_name is None or head_name is None:
+        raise ValueError("the target model has no input embeddings or lm_head registered as submodules")
+    return DeviceRoute(inputs=module_device(model, embed_name), logits=module_device(model, head_name))
+
+
+# --- the adapter --------------------------------------------------------------------------------
+
 class TargetModel:
     """A causal LM seen as: prefill, score a token tree on top of the cache, keep one path.
 
     `feature_layers` are indices into the model's `hidden_states` (the input of that decoder
-    layer; the last index is the final, post-norm hidden state). Features are their concatenation.
+    layer; the last index is the final, post-norm hidden state). Features are their concatenation,
+    gathered to `feature_device` (the draft head's). With `exact_attention` the model's attention
+    implementation is switched to "mars_exact" until `close()` restores the previous one.
     """
 
-    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool = False):
+    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool = False,
+                 feature_device: torch.device | str | None = None):
         self.model = model
         self.config = text_config(model.config)
         n_layers = self.config.num_hidden_layers
@@ -200,62 +253,66 @@ class TargetModel:
         self.mask_by_type = "sliding_attention" in layer_types
         if layer_types and not self.mask_by_type:
             self.sliding_window = None  # every layer attends fully
+        self.devices = route_devices(model)
+        self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
+        self.dtype = model.get_input_embeddings().weight.dtype
         self.cache: TreeCache | None = None
+        self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
         self.max_length = context_length(model.config)
         self.exact_attention = exact_attention
+        self._restore_attention: str | None = None
         if exact_attention:
             if self.sliding_window is not None:
                 raise NotImplementedError("exact_attention supports full-attention models only (no sliding window)")
-            # The model keeps this implementation; with no plan set it is plain SDPA, so other uses are unchanged.
+            if EXACT_ATTENTION not in AttentionInterface._global_mapping:
+                AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
+            self._restore_attention = model.config._attn_implementation
             model.set_attn_implementation(EXACT_ATTENTION)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def length(self) -> int:
-        """Tokens committed to the KV cache."""
-        return self.cache.layers[0].length
+    def close(self) -> None:
+        """Give the model back its own attention implementation (when exact attention took it over)."""
+        if self._restore_attention is not None:
+            self.model.set_attn_implementation(self._restore_attention)
+            self._restore_attention = None
 
     def _mask(self, positions: torch.Tensor, tree_ancestors: torch.Tensor):
         """Additive 4D mask for queries at `positions` over (cache prefix + these queries)."""
-        prefix = self.length
+        prefix, device = self.committed, self.devices.inputs
         q = positions.shape[0]
-        allowed = torch.cat([torch.ones(q, prefix, dtype=torch.bool), tree_ancestors], dim=1).to(self.device)
+        allowed = torch.cat([torch.ones(q, prefix, dtype=torch.bool), tree_ancestors], dim=1).to(device)
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
-            m = torch.zeros(ok.shape, dtype=self.dtype, device=self.device)
+            m = torch.zeros(ok.shape, dtype=self.dtype, device=device)
             return m.masked_fill_(~ok, torch.finfo(self.dtype).min)[None, None]
 
         if self.sliding_window is None:
             return additive(allowed)
-        key_pos = torch.cat([torch.arange(prefix, device=self.device), positions.to(self.device)])
-        windowed = allowed & (positions.to(self.device)[:, None] - key_pos[None, :] < self.sliding_window)
+        key_pos = torch.cat([torch.arange(prefix, device=device), positions.to(device)])
+        windowed = allowed & (positions.to(device)[:, None] - key_pos[None, :] < self.sliding_window)
         if self.mask_by_type:
             return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
         return additive(windowed)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, ancestors: torch.Tensor, all_logits: bool,
-                 plan: list | None = None):
-        _PLAN.groups = plan
-        try:
-            out = self.model(
-                input_ids=tokens[None].to(self.device),
-                position_ids=positions[None].to(self.device),
-                attention_mask=None if plan else self._mask(positions, ancestors),
-                past_key_values=self.cache,
-                use_cache=True,
-                output_hidden_states=True,
-                logits_to_keep=0 if all_logits else 1,
-            )
-        finally:
-            _PLAN.groups = None
-        features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+                 plan: ExactPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = {}
+        if plan is not None:
+            if self.model.config._attn_implementation != EXACT_ATTENTION:
+                raise RuntimeError("the target's attention implementation is no longer 'mars_exact' (was a "
+                                   "SpeculativeGenerator sharing this model closed?): create a new generator")
+            extra[PLAN_KWARG] = plan
+        out = self.model(
+            input_ids=tokens[None].to(self.devices.inputs),
+            position_ids=positions[None].to(self.devices.inputs),
+            attention_mask=None if plan else self._mask(positions, ancestors),
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=0 if all_logits else 1,
+            **extra,
+        )
+        # Taps of a sharded model come from several devices: gathered to the draft head's.
+        features = torch.cat([out.hidden_states[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
         return out.logits[0].float(), features
 
     @torch.inference_mode()
@@ -264,24 +321,36 @@ class TargetModel:
         self.cache = TreeCache(self.model.config, capacity)
         tokens = input_ids.reshape(-1)
         n = tokens.shape[0]
+        self.committed = 0
         logits, features = self._forward(tokens, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), False)
+        self.committed = n
         return logits[-1], features
 
     @torch.inference_mode()
-    def verify(
-        self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score tree nodes placed after the cache (node i at position length + depths[i]).
+    def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over every tree node, placed after the committed sequence (node i at position
+        committed + depth i, attending to the sequence and its own ancestors).
 
-        The nodes stay in the cache until `keep_path` selects which survive.
-        Returns (logits [n, V] float32, features [n, F]).
+        The nodes stay in the cache until `keep_path` selects which survive; scoring another tree
+        first discards them. Returns (logits [n, V] float32 on `devices.logits`, features [n, F]).
         """
-        plan = None
-        if self.exact_attention:
-            groups = exact_plan(self.length, depths, ancestors)
-            plan = [tuple(t.to(self.device) for t in group) for group in groups]
-        return self._forward(tokens, self.length + depths, ancestors, True, plan)
+        self.cache.truncate(self.committed)
+        plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
+        if plan is not None:
+            plan = [tuple(t.to(self.devices.inputs) for t in group) for group in plan]
+        return self._forward(tree.tokens, self.committed + tree.depths, tree.ancestors, True, plan)
 
-    def keep_path(self, prefix_length: int, nodes: list[int]) -> None:
-        """After `verify`: keep the KV entries of `nodes` (tree indices) right after the prefix."""
-        self.cache.keep(prefix_length, torch.tensor(nodes, dtype=torch.long))
+    def keep_path(self, path: list[int]) -> None:
+        """After `score_tree`: commit the nodes of `path` (tree indices, root first) to the sequence."""
+        if path == list(range(len(path))):  # already in place (e.g. a lone root): no copy
+            self.cache.truncate(self.committed + len(path))
+        else:
+            self.cache.keep(self.committed, torch.tensor(path, dtype=torch.long))
+        self.committed += len(path)
+
+    @torch.inference_mode()
+    def decode(self, token: int) -> torch.Tensor:
+        """Plain decoding: feed one token, commit it, return the logits that follow it [V]."""
+        logits, _ = self.score_tree(DraftTree.root_only(token))
+        self.keep_path([0])
+        return logits[0]

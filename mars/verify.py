@@ -155,10 +155,13 @@ def _strict_children(probs: torch.Tensor, child_tokens: list[int], generator) ->
     return None, residual / total if total > 0 else probs
 
 
-def verify(
+def accept(
     processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig, generator: torch.Generator | None = None
 ) -> Verdict:
-    """Dispatch on greedy vs sampling. `processed` = `process_logits(target logits, cfg)`."""
+    """The acceptance rule `cfg` asks for: `accept_greedy` at temperature 0, else `accept_sampling`.
+
+    `processed` = `process_logits(target logits over the tree, cfg)`.
+    """
     if cfg.greedy:
         return accept_greedy(processed, tree, cfg)
     return accept_sampling(processed, tree, cfg, generator)

@@ -28,8 +28,11 @@ cp -n "$runs/target/cache/train.pt" "$runs/draft/data/stdlib_train.pt"
 cp -n "$runs/target/cache/heldout.pt" "$runs/draft/data/stdlib_heldout.pt"
 python -m eagle.train.draft --target "$runs/target/final" --out "$runs/draft" --seq-len 512 \
     --max-tokens "$draft_max_tokens" --draft-vocab-size 2048 --batch 4 --epochs 2 --ttt-steps 3 --lr 1e-3 \
-    --warmup 30 --save-every 100 --minutes "$draft_minutes" --eval-sequences 32 --eval-tau-prompts 8 \
+    --warmup 30 --save-every 100 --minutes "$draft_minutes" --eval-sequences 32 \
     --wandb "${WANDB_MODE_DRAFT:-offline}"
+
+python -m eval.tau --target "$runs/target/final" --draft "$runs/draft/final" --prompts 8 \
+    --update "$runs/draft/final/eval.json"
 
 python -m eagle.train.export --target "$runs/target/final" --draft "$runs/draft/final" --out "$export_dir"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"

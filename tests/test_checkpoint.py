@@ -6,16 +6,13 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_model
-from helpers_verify import one_thread
+from helpers import tiny_model
 
 from eagle import Eagle1Head, Eagle3Head, load_draft
+from eagle.checkpoint import save_draft
 from mars import SpeculativeGenerator
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +52,7 @@ def draft_once(head, target) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_eagle3_round_trip_keeps_weights_vocab_maps_and_outputs(target, tmp_path):
     head = reduced_vocab_head(target)
-    head.save_pretrained(tmp_path)
+    save_draft(head, tmp_path)
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors"}
     loaded = load_draft(tmp_path, target)
     assert isinstance(loaded, Eagle3Head) and loaded.config == head.config
@@ -71,7 +68,7 @@ def test_eagle1_round_trip_shares_the_target_lm_head(target, tmp_path):
     head = Eagle1Head.for_target(target)
     randomize(head.fc)
     randomize(head.layers, seed=1)
-    head.save_pretrained(tmp_path)
+    save_draft(head, tmp_path)
     loaded = load_draft(tmp_path, target)
     assert isinstance(loaded, Eagle1Head)
     assert_same_state(head, loaded)
@@ -121,7 +118,7 @@ def test_loads_the_public_eagle3_layout(target, tmp_path, weights):
         assert torch.equal(loaded[k].to(v.dtype), v), k
     assert torch.equal(loaded["embed_tokens.weight"], target.get_input_embeddings().weight)
     assert head.dtype == torch.float32  # follows the target, whatever the file's dtype
-    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=3, top_k=2)
+    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=3, branching=2)
     prompt = torch.tensor([[5, 6, 7, 8]])
     assert gen.generate(prompt, max_new_tokens=12).tokens == gen.vanilla(prompt, max_new_tokens=12).tokens
 
@@ -165,7 +162,7 @@ def test_missing_files_name_the_path_and_the_fix(target, tmp_path):
 
 
 def test_draft_for_another_target_is_refused(target, tmp_path):
-    reduced_vocab_head(target).save_pretrained(tmp_path)
+    save_draft(reduced_vocab_head(target), tmp_path)
     wider = tiny_model("llama", hidden_size=96, head_dim=16)
     with pytest.raises(ValueError, match="hidden size"):
         load_draft(tmp_path, wider)
@@ -179,7 +176,7 @@ def test_draft_for_another_target_is_refused(target, tmp_path):
         SpeculativeGenerator(bigger_vocab, Eagle3Head.for_target(target.config))
 
 
-@pytest.mark.parametrize("setting", ["total_tokens", "depth", "top_k"])
+@pytest.mark.parametrize("setting", ["total_tokens", "depth", "branching"])
 @pytest.mark.parametrize("value", [0, -1])
 def test_tree_settings_below_one_are_refused(target, setting, value):
     head = Eagle3Head.for_target(target.config)
@@ -188,7 +185,7 @@ def test_tree_settings_below_one_are_refused(target, setting, value):
 
 
 def test_bad_prompts_are_refused_with_the_fix(target):
-    gen = SpeculativeGenerator(target, Eagle3Head.for_target(target.config), total_tokens=4, depth=2, top_k=2)
+    gen = SpeculativeGenerator(target, Eagle3Head.for_target(target.config), total_tokens=4, depth=2, branching=2)
     for call in (gen.generate, gen.vanilla):
         with pytest.raises(ValueError, match="prompt is empty"):
             call(torch.zeros(1, 0, dtype=torch.long))

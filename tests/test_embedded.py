@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_verify import one_thread
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import Eagle3Head, load_draft
@@ -29,9 +28,7 @@ HELDOUT_LOSS_BOUND = 4.9
 FIRST_TOKEN_ACC_BOUND = 0.6  # draft top-1 == target top-1, teacher-forced on 8 held-out windows; measured 0.738
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +99,7 @@ def prompt_ids(tokenizer, count: int) -> list[list[int]]:
 def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16, tokenizer):
     """The shipped setting (configs/model/embedded.yaml): bf16 with exact attention is bit-identical."""
     head = load_draft(MODELS / "draft", target_bf16)
-    gen = SpeculativeGenerator(target_bf16, head, total_tokens=20, depth=4, top_k=5, exact_attention=True)
+    gen = SpeculativeGenerator(target_bf16, head, total_tokens=20, depth=4, branching=5, exact_attention=True)
     accepted = cycles = 0
     for ids in prompt_ids(tokenizer, 4):
         x = torch.tensor([ids])
@@ -114,7 +111,7 @@ def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16
 
 def test_mars_on_the_pair_relaxes_only_to_the_targets_top2(fp32_pair, tokenizer):
     target, head = fp32_pair
-    gen = SpeculativeGenerator(target, head, total_tokens=24, depth=5, top_k=6)
+    gen = SpeculativeGenerator(target, head, total_tokens=24, depth=5, branching=6)
     relaxed = 0
     for ids in prompt_ids(tokenizer, 6):
         out = gen.generate(torch.tensor([ids]), max_new_tokens=40, rule="mars", theta=0.9)

@@ -6,30 +6,18 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_model
-from oracle import OracleHead
+from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
 from transformers import DynamicCache
 
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
 
 
-def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=eos_token_id,
-                         pad_token_id=0, min_new_tokens=0 if eos_token_id is not None else max_new_tokens)
-    return out[0, prompt.shape[1]:].tolist()
-
-
-def random_prompt(rng: random.Random, vocab: int, length: int) -> torch.Tensor:
-    return torch.tensor([[rng.randrange(vocab) for _ in range(length)]])
-
-
 def test_greedy_equals_hf_generate_on_every_architecture(arch):
     model = tiny_model(arch)
     rng = random.Random(1)
     for head in (Eagle3Head.for_target(model.config), Eagle1Head.for_target(model)):
-        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, top_k=3)
+        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3)
         for length in (1, 7, 40):
             prompt = random_prompt(rng, model.config.vocab_size, length)
             expected = hf_greedy(model, prompt, 24)
@@ -43,11 +31,12 @@ def test_greedy_equals_hf_generate_over_tree_settings(seed):
     model = tiny_model("llama", seed=seed, sharpen=1.0 + seed)
     head = Eagle3Head.for_target(model.config)
     for _ in range(4):
-        depth, top_k, total = rng.randint(1, 8), rng.randint(1, 10), rng.randint(1, 80)
+        depth, branching, total = rng.randint(1, 8), rng.randint(1, 10), rng.randint(1, 80)
         length, new = rng.choice([1, 2, 17, 120, 300]), rng.randint(1, 40)
         prompt = random_prompt(rng, model.config.vocab_size, length)
-        gen = SpeculativeGenerator(model, head, total_tokens=total, depth=depth, top_k=top_k)
-        assert gen.generate(prompt, max_new_tokens=new).tokens == hf_greedy(model, prompt, new), (depth, top_k, total)
+        gen = SpeculativeGenerator(model, head, total_tokens=total, depth=depth, branching=branching)
+        expected = hf_greedy(model, prompt, new)
+        assert gen.generate(prompt, max_new_tokens=new).tokens == expected, (depth, branching, total)
 
 
 def oracle_generator(model, prompt, new, **tree):
@@ -56,12 +45,12 @@ def oracle_generator(model, prompt, new, **tree):
     return SpeculativeGenerator(model, head, **tree), continuation
 
 
-@pytest.mark.parametrize("depth,top_k,total", [(1, 1, 1), (3, 2, 6), (6, 10, 60), (8, 4, 30)])
-def test_oracle_draft_is_accepted_in_full(depth, top_k, total):
+@pytest.mark.parametrize("depth,branching,total", [(1, 1, 1), (3, 2, 6), (6, 10, 60), (8, 4, 30)])
+def test_oracle_draft_is_accepted_in_full(depth, branching, total):
     model = tiny_model("llama")
     prompt = torch.tensor([[5, 9, 2, 33, 7]])
     new = 1 + 5 * (depth + 1)  # the prefill's token, then five full cycles
-    gen, continuation = oracle_generator(model, prompt, new, total_tokens=total, depth=depth, top_k=top_k)
+    gen, continuation = oracle_generator(model, prompt, new, total_tokens=total, depth=depth, branching=branching)
     out = gen.generate(prompt, max_new_tokens=new)
     assert out.tokens == continuation[:new]
     assert out.accept_lengths == [depth] * 5
@@ -72,7 +61,7 @@ def test_oracle_with_max_new_tokens_landing_mid_path():
     model = tiny_model("qwen3")
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     for new in (1, 2, 5, 9, 13):
-        gen, continuation = oracle_generator(model, prompt, new, total_tokens=20, depth=5, top_k=2)
+        gen, continuation = oracle_generator(model, prompt, new, total_tokens=20, depth=5, branching=2)
         out = gen.generate(prompt, max_new_tokens=new)
         assert out.tokens == continuation[:new]
         assert len(out.tokens) == new
@@ -82,7 +71,7 @@ def test_oracle_with_max_new_tokens_landing_mid_path():
 def test_eos_inside_the_accepted_path_stops_exactly_there():
     model = tiny_model("llama")
     prompt = torch.tensor([[11, 12, 13]])
-    gen, continuation = oracle_generator(model, prompt, 30, total_tokens=30, depth=6, top_k=3)
+    gen, continuation = oracle_generator(model, prompt, 30, total_tokens=30, depth=6, branching=3)
     for stop_at in (0, 3, 8):  # an index in the continuation whose token we declare EOS
         eos = continuation[stop_at]
         first = continuation.index(eos)
@@ -102,20 +91,20 @@ def plain_decode_cache(model, tokens: list[int]) -> DynamicCache:
 def test_kv_cache_after_each_cycle_equals_plain_decoding():
     model = tiny_model("mistral")
     prompt = torch.tensor([[8, 6, 7, 5, 3, 0, 9]])
-    gen, continuation = oracle_generator(model, prompt, 40, total_tokens=10, depth=3, top_k=2)
+    gen, continuation = oracle_generator(model, prompt, 40, total_tokens=10, depth=3, branching=2)
     random_head = Eagle3Head.for_target(model.config)
     for head in (gen.head, random_head):
         gen.head = head
         cycles = []
-        real_verify = gen.target.keep_path
+        real_keep = gen.target.keep_path
 
-        def recording_keep(prefix, path, _real=real_verify, cycles=cycles):
-            _real(prefix, path)
+        def recording_keep(path, _real=real_keep, cycles=cycles):
+            _real(path)
             cycles.append([(layer.keys.clone(), layer.values.clone()) for layer in gen.target.cache.layers])
 
         gen.target.keep_path = recording_keep
         out = gen.generate(prompt, max_new_tokens=25)
-        gen.target.keep_path = real_verify
+        gen.target.keep_path = real_keep
         assert out.tokens == continuation[:25]
         emitted = 1
         assert len(cycles) == out.num_cycles - 1  # the last cycle finishes the output and keeps nothing
@@ -134,7 +123,7 @@ def test_tree_is_a_valid_eagle2_tree():
     prompt = torch.arange(1, 9)
     features = torch.randn(8, head.config.feature_size)
     hidden, logprobs = head.extend(features, prompt)
-    tree = grow_tree(head, 42, hidden, logprobs, depth=4, top_k=3, total_tokens=15)
+    tree = grow_tree(head, 42, hidden, logprobs, depth=4, branching=3, total_tokens=15)
     assert tree.size == 16 and tree.tokens[0] == 42
     assert head.cache.total == head.cache.length == 8  # tentative nodes dropped
     assert int(tree.depths.max()) <= 4
@@ -153,7 +142,7 @@ def test_tree_is_a_valid_eagle2_tree():
 def test_bf16_target_runs_and_matches_its_own_vanilla():
     model = tiny_model("llama").to(torch.bfloat16)
     head = Eagle3Head.for_target(model.config).to(torch.bfloat16)
-    gen = SpeculativeGenerator(model, head, total_tokens=16, depth=4, top_k=4)
+    gen = SpeculativeGenerator(model, head, total_tokens=16, depth=4, branching=4)
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
     out = gen.generate(prompt, max_new_tokens=20)
     assert len(out.tokens) == 20
@@ -189,14 +178,14 @@ def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order():
 def test_exact_attention_equals_hf_generate_in_fp32(arch):
     model = tiny_model(arch)
     rng = random.Random(3)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=4, top_k=3,
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=4, branching=3,
                                exact_attention=True)
     for length in (1, 7, 70):
         prompt = random_prompt(rng, model.config.vocab_size, length)
         assert gen.generate(prompt, max_new_tokens=24).tokens == hf_greedy(model, prompt, 24)
     continuation = hf_greedy(model, prompt, 40)
     oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
-    out = SpeculativeGenerator(model, oracle, total_tokens=12, depth=4, top_k=3, exact_attention=True).generate(
+    out = SpeculativeGenerator(model, oracle, total_tokens=12, depth=4, branching=3, exact_attention=True).generate(
         prompt, max_new_tokens=30)
     assert out.tokens == continuation[:30] and out.accept_lengths[0] == 4
 
@@ -207,13 +196,13 @@ def test_exact_attention_makes_bf16_verification_bitwise_equal_to_plain_decoding
     model = tiny_model("llama", sharpen=1.0).to(torch.bfloat16)
     rng = random.Random(4)
     gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config).to(torch.bfloat16),
-                               total_tokens=16, depth=4, top_k=4, exact_attention=True)
+                               total_tokens=16, depth=4, branching=4, exact_attention=True)
     for _ in range(6):
         prompt = random_prompt(rng, model.config.vocab_size, rng.randrange(1, 120))
         plain = gen.vanilla(prompt, max_new_tokens=40).tokens
         # A draft that proposes plain decoding's own continuation: long accepted paths, deep tree rows.
         oracle = OracleHead(model.config, prompt[0].tolist() + plain + [0] * 20)
-        spec = SpeculativeGenerator(model, oracle.to(torch.bfloat16), total_tokens=16, depth=4, top_k=4,
+        spec = SpeculativeGenerator(model, oracle.to(torch.bfloat16), total_tokens=16, depth=4, branching=4,
                                     exact_attention=True).generate(prompt, max_new_tokens=40)
         assert spec.tokens == plain
         assert sum(spec.accept_lengths) >= 20

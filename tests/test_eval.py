@@ -13,6 +13,7 @@ import transformers
 from hydra import compose, initialize_config_dir
 
 from eagle import Eagle3Head
+from eagle.checkpoint import save_draft
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers
 from eval.bench import BENCH_DIR_ENV, DEFAULT_BENCH_DIR, REPO_ROOT, bench_dir, encode, load_questions
@@ -235,7 +236,7 @@ def standin(tmp_path_factory) -> Path:
         model.get_output_embeddings().weight.mul_(4.0)  # sharper logits: no near-ties in greedy decoding
     model.save_pretrained(root / "target")
     tok.save_pretrained(root / "target")
-    Eagle3Head.for_target(model.config, draft_vocab_size=128).save_pretrained(root / "draft")
+    save_draft(Eagle3Head.for_target(model.config, draft_vocab_size=128), root / "draft")
     return root
 
 

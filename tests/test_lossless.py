@@ -22,12 +22,11 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers_verify import (
+from helpers import (
     chi_square_pvalue,
     emitted,
     make_tree,
     marginal,
-    one_thread,
     tiny_generator,
     tree_outcome_distribution,
 )
@@ -48,9 +47,7 @@ TREES = {  # (parents, tokens); siblings distinct, tokens in draft order
 N_PURE = 4000
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def node_logits(tree, seed: int) -> torch.Tensor:
@@ -127,7 +124,7 @@ N_E2E = 1000
 
 @pytest.fixture(scope="module")
 def e2e():
-    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=E2E_VOCAB, total_tokens=10, depth=3, top_k=4)
+    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=E2E_VOCAB, total_tokens=10, depth=3, branching=4)
     model = gen.target.model
     # Every continuation of 3 tokens, one batched forward: logits for tokens 1..4 of each.
     cont = torch.cartesian_prod(*[torch.arange(E2E_VOCAB)] * (E2E_NEW - 1))

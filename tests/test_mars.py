@@ -1,46 +1,44 @@
 """MARS in the generation loop: a never-firing threshold is strict; the paper default relaxes, within the top-2.
 
 Instrumented runs record, for every cycle, the processed logits, the tree and the verdict, by
-wrapping the `verify` that `mars.generate` calls; the checks recompute the margins from them.
+wrapping the `accept` that `mars.generate` calls; the checks recompute the margins from them.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 
 import pytest
 import torch
-from helpers_verify import one_thread, tiny_generator
+from helpers import tiny_generator
 
-GENERATE_MODULE = importlib.import_module("mars.generate")
+import mars.generate as generate_module
+
 PROMPTS = [[1, 2, 3], [7, 0, 11, 4, 9], [15]]
 NEVER_FIRING = [dict(margin="prob_ratio", theta=1.0), dict(margin="logprob_gap", theta=0.0)]
 SAMPLING = [dict(temperature=1.0), dict(temperature=0.7), dict(temperature=1.0, top_p=0.9)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
 def generator():
-    return tiny_generator(5, 6, sharpen=2.0, total_tokens=12, depth=4, top_k=4)
+    return tiny_generator(5, 6, sharpen=2.0, total_tokens=12, depth=4, branching=4)
 
 
 @pytest.fixture
 def recorded(monkeypatch):
     """Every cycle's (processed logits, tree, verdict)."""
     cycles = []
-    real = GENERATE_MODULE.verify
+    real = generate_module.accept
 
     def recording(processed, tree, cfg, rng=None):
         verdict = real(processed, tree, cfg, rng)
         cycles.append((processed.clone(), tree, verdict))
         return verdict
 
-    monkeypatch.setattr(GENERATE_MODULE, "verify", recording)
+    monkeypatch.setattr(generate_module, "accept", recording)
     return cycles
 
 

@@ -6,25 +6,24 @@ gives). Logits mix arbitrary floats, small integers (so that ties occur) and -in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
-from helpers_verify import make_tree, one_thread
+from helpers import make_tree
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eagle.tree import DraftTree
 from mars.sampling import SamplingConfig, margin_test, process_logits
-from mars.verify import accept_greedy, accept_sampling, verify
+from mars.verify import accept, accept_greedy, accept_sampling
 
 PROPERTY_SETTINGS = settings(max_examples=80, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @st.composite
@@ -177,14 +176,14 @@ def test_mars_that_never_fires_is_strict_with_the_same_draws(case, cfg, seed, ma
     tree, logits = case
     theta = 1.0 if margin == "prob_ratio" else 0.0
     pairs = [  # (never-firing MARS, strict): sampling with cfg's processing, then greedy
-        (SamplingConfig(cfg.temperature, cfg.top_p, cfg.top_k, "mars", theta, margin, cfg.mars_fallback),
-         SamplingConfig(cfg.temperature, cfg.top_p, cfg.top_k)),
+        (dataclasses.replace(cfg, rule="mars", theta=theta, margin=margin),
+         SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)),
         (SamplingConfig(rule="mars", theta=theta, margin=margin), SamplingConfig()),
     ]
     for never, strict in pairs:
         g_never, g_strict = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        v_never = verify(process_logits(logits, never), tree, never, g_never)
-        v_strict = verify(process_logits(logits, strict), tree, strict, g_strict)
+        v_never = accept(process_logits(logits, never), tree, never, g_never)
+        v_strict = accept(process_logits(logits, strict), tree, strict, g_strict)
         assert (v_never.path, v_never.next_token, v_never.relaxed) == (v_strict.path, v_strict.next_token, 0)
         assert not any(step.relax_allowed for step in v_never.steps)
         assert torch.equal(g_never.get_state(), g_strict.get_state())

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from helpers_verify import one_thread
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.train import target_lm
@@ -19,9 +18,7 @@ TINY = ["--vocab-size", "320", "--batch", "8", "--seq", "64", "--lr", "3e-3", "-
                                "num_attention_heads": 4, "num_key_value_heads": 2})]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_stdlib_split_is_disjoint_deterministic_and_excludes_site_packages():

@@ -6,19 +6,18 @@ judged by row i. Unless a test says otherwise the vocabulary has 6 tokens.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
-from helpers_verify import make_tree, one_thread, tiny_generator
+from helpers import make_tree, tiny_generator
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+import mars.verify as verify_module
 from mars.sampling import MARGINS, SamplingConfig, margin_test, process_logits
 from mars.stats import VerifyStats
-from mars.verify import accept_greedy, accept_sampling, verify
+from mars.verify import accept, accept_greedy, accept_sampling
 
-VERIFY_MODULE = importlib.import_module("mars.verify")  # `mars.verify` is also the function's name
 NEG = -math.inf
 GREEDY = SamplingConfig()
 GREEDY_MARS = SamplingConfig(rule="mars")
@@ -44,22 +43,20 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture
 def sampled(monkeypatch):
     """Record the probability vector of every final `sample` call of the rules (bonus or correction)."""
     calls: list[torch.Tensor] = []
-    real = VERIFY_MODULE.sample
+    real = verify_module.sample
 
     def recording(probs, generator):
         calls.append(probs.clone())
         return real(probs, generator)
 
-    monkeypatch.setattr(VERIFY_MODULE, "sample", recording)
+    monkeypatch.setattr(verify_module, "sample", recording)
     return calls
 
 
@@ -315,9 +312,9 @@ def test_sampling_mars_never_relaxes_where_the_filter_leaves_one_token():
 def test_verify_dispatches_on_temperature():
     tree = make_tree([-1, 0], [5, 1])
     logits = rows(UNDECIDED, one_hot(4))
-    assert verify(logits, tree, GREEDY_MARS).path == [0, 1]
-    assert verify(logits, tree, GREEDY).path == [0]
-    v = verify(process_logits(logits, SAMPLE_MARS), tree, SAMPLE_MARS, gen(0))
+    assert accept(logits, tree, GREEDY_MARS).path == [0, 1]
+    assert accept(logits, tree, GREEDY).path == [0]
+    v = accept(process_logits(logits, SAMPLE_MARS), tree, SAMPLE_MARS, gen(0))
     assert v.path == [0, 1] and v.next_token == 4
 
 
@@ -466,7 +463,7 @@ def test_sampling_config_accepts_the_range_ends():
 
 @pytest.fixture(scope="module")
 def small_generator():
-    return tiny_generator(3, 4, sharpen=3.0, total_tokens=10, depth=3, top_k=4)
+    return tiny_generator(3, 4, sharpen=3.0, total_tokens=10, depth=3, branching=4)
 
 
 def test_generate_validates_its_settings(small_generator):

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from eagle.train.target_lm import tokenize_split
+from eagle.config import eos_token_ids
+from eagle.train.corpus import read_source, stdlib_files
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -150,6 +151,16 @@ def tokenize_texts(tokenizer, texts: Iterable[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int32)
 
 
+def tokenize_split(tokenizer, split: str, cache: Path, root: Path | None = None) -> torch.Tensor:
+    """All stdlib files of a split tokenised and joined with EOS (`tokenize_texts`), cached in `cache`."""
+    if cache.exists():
+        return torch.load(cache)
+    tokens = tokenize_texts(tokenizer, filter(None, (read_source(path) for path in stdlib_files(split, root))))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(tokens, cache)
+    return tokens
+
+
 def corpus_tokens(tokenizer, jsonl: str | None, split: str, cache_dir: Path) -> torch.Tensor:
     """The token stream of the stdlib corpus split (cached) or of a JSONL file's texts."""
     if jsonl is None:
@@ -176,7 +187,7 @@ def _pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-def _response(row: torch.Tensor, eos_ids: set[int]) -> list[int]:
+def _response(row: torch.Tensor, eos_ids: frozenset[int]) -> list[int]:
     """Generated tokens up to and including the first EOS."""
     out = []
     for token in row.tolist():
@@ -184,11 +195,6 @@ def _response(row: torch.Tensor, eos_ids: set[int]) -> list[int]:
         if token in eos_ids:
             break
     return out
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-    return {eos} if isinstance(eos, int) else set(eos or [])
 
 
 @torch.no_grad()
@@ -203,7 +209,7 @@ def generate_sequences(
     Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded.
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
     prompts = [p[: seq_len // 2] for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     rows: dict[int, list[int]] = {}

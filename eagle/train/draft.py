@@ -13,7 +13,7 @@ Pipeline (each stage is kept in --out and skipped when rerun, so an interrupted 
      --online computes them every step instead (see eagle.train.data for the trade-off).
   4. training-time-test training (eagle.train.ttt), AdamW + warmup/cosine, bf16 autocast;
      <out>/checkpoint.pt every --save-every steps (atomic); rerunning with the same --out resumes.
-  5. <out>/final: `head.save_pretrained` (public EAGLE layout, loads with `eagle.load_draft`),
+  5. <out>/final: `eagle.checkpoint.save_draft` (public EAGLE layout, loads with `eagle.load_draft`),
      plus eval.json (held-out agreement, eagle.train.evaluate) and training_summary.json.
 
 Data parallel through accelerate: every process loads the target, collects its share of feature
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eagle.config import text_config
 from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
 from eagle.train.data import (
     FIELDS,
@@ -100,7 +101,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ev = ap.add_argument_group("evaluation of the final head")
     ev.add_argument("--eval-sequences", type=int, default=16, help="held-out windows scored at the end (0: skip)")
     ev.add_argument("--eval-jsonl", help="held-out texts (default: the stdlib held-out split with the stdlib corpus)")
-    ev.add_argument("--eval-tau-prompts", type=int, default=0, help="also decode N prompts speculatively")
     return ap.parse_args(argv)
 
 
@@ -119,7 +119,7 @@ def build_head(kind: str, target, draft_vocab_size: int, shape: dict) -> DraftHe
     """A fresh head for `target`. EAGLE-3: the token embedding is the target's, copied and frozen."""
     if kind == "eagle1":
         return Eagle1Head.for_target(target, **shape)
-    tc = target.config.get_text_config(decoder=True)
+    tc = text_config(target.config)
     shape = dict(shape)
     if shape.get("hidden_size", tc.hidden_size) != tc.hidden_size:
         shape.setdefault("target_hidden_size", tc.hidden_size)
@@ -380,18 +380,18 @@ def out_of_time(accelerator, t0: float, minutes: float) -> bool:
 def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, step: int, total: int,
            tokens_per_s: float, log) -> None:
     """Save the public-layout head, then score it on held-out data as it will be loaded for decoding."""
-    from eagle.checkpoint import load_draft
+    from eagle.checkpoint import load_draft, save_draft
     from eagle.train.evaluate import run_evaluation
 
     final = out / "final"
-    head.save_pretrained(final)
+    save_draft(head, final)
     summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
                "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
                "lr": args.lr, "target": args.target}
     (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
     if args.eval_sequences and (args.eval_jsonl or not args.data_jsonl):
         report = run_evaluation(target, load_draft(final, target), tokenizer, args.eval_jsonl, args.seq_len,
-                                args.eval_sequences, max(args.ttt_steps, 1), data_dir, args.eval_tau_prompts)
+                                args.eval_sequences, max(args.ttt_steps, 1), data_dir)
         (final / "eval.json").write_text(json.dumps(report, indent=2))
         log(f"held-out: first-token acc {report['first_token_acc']:.3f}, "
             f"top-10 {report['first_token_top10_acc']:.3f}, chain length ~{report['chain_accept_length_estimate']:.2f}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from eagle.train.corpus import read_source, stdlib_files, train_tokenizer
+from eagle.train.corpus import train_tokenizer
+from eagle.train.data import tokenize_split
 
 # Deep and narrow: on a CPU the per-layer overhead dominates, so a one-layer draft head is cheap
 # only next to a deep target (see the measurements in the README / model card).
@@ -31,22 +32,6 @@ DEFAULT_SHAPE = dict(
     rope_theta=10000.0,
     tie_word_embeddings=False,
 )
-
-
-def tokenize_split(tokenizer, split: str, cache: Path, root: Path | None = None) -> torch.Tensor:
-    """All files of a split tokenised and joined with EOS, as one int32 tensor (cached)."""
-    if cache.exists():
-        return torch.load(cache)
-    ids: list[int] = []
-    for path in stdlib_files(split, root):
-        text = read_source(path)
-        if text:
-            ids.extend(tokenizer(text)["input_ids"])
-            ids.append(tokenizer.eos_token_id)
-    tokens = torch.tensor(ids, dtype=torch.int32)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(tokens, cache)
-    return tokens
 
 
 def random_batch(tokens: torch.Tensor, batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:

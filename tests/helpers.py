@@ -1,30 +1,55 @@
-"""Helpers for the verification-rule tests: hand-built trees, a tiny Llama, exact distributions, chi-square."""
+"""Helpers shared by the tests: tiny models of each architecture built from configs (no downloads),
+an oracle draft head, hand-built trees, exact tree-outcome distributions and a chi-square test."""
 
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
-from collections.abc import Iterator
 
 import torch
 import transformers
 from scipy.stats import chisquare
 
+from eagle import Eagle3Head
 from eagle.tree import DraftTree
+from mars import SpeculativeGenerator
+
+COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+ARCHITECTURES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 4096}),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                {"num_local_experts": 4, "num_experts_per_tok": 2}),
+}
 
 
-def one_thread() -> Iterator[None]:
-    """For a module-scoped fixture: run torch on one thread, then restore the setting.
+def tiny_model(arch: str = "llama", seed: int = 0, sharpen: float = 4.0, **overrides):
+    """A random fp32 causal LM. `sharpen` scales the lm_head so that greedy paths are not ties."""
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    torch.manual_seed(seed)
+    config = config_cls(**{**COMMON, **extra, **overrides})
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(sharpen)
+    return model
 
-    Tiny models gain nothing from a second thread, and on a busy 2-core machine two threads
-    spinning against other jobs make each forward pass 50x slower.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+
+def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None) -> list[int]:
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos_token_id,
+                         pad_token_id=0, min_new_tokens=0 if eos_token_id is not None else max_new_tokens)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def random_prompt(rng: random.Random, vocab: int, length: int) -> torch.Tensor:
+    return torch.tensor([[rng.randrange(vocab) for _ in range(length)]])
 
 
 def make_tree(parents: list[int], tokens: list[int]) -> DraftTree:
@@ -48,9 +73,6 @@ def tiny_llama(seed: int = 0, vocab_size: int = 16, sharpen: float = 1.0) -> tra
 
 def tiny_generator(model_seed: int, head_seed: int, sharpen: float, vocab_size: int = 16, **tree):
     """A SpeculativeGenerator over `tiny_llama(model_seed, ...)` with a random EAGLE-3 head (seeded by head_seed)."""
-    from eagle import Eagle3Head
-    from mars import SpeculativeGenerator
-
     model = tiny_llama(seed=model_seed, vocab_size=vocab_size, sharpen=sharpen)
     torch.manual_seed(head_seed)
     return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **tree)
@@ -122,3 +144,32 @@ def marginal(probs: dict[tuple[int, ...], float], positions: slice) -> dict[tupl
         sub = key[positions]
         out[sub] = out.get(sub, 0.0) + p
     return out
+
+
+class OracleHead(Eagle3Head):
+    """Runs the real EAGLE-3 head (so caches and masks are exercised) but replaces its log-probs.
+
+    `sequence` is prompt + the target's greedy continuation. Draft position i predicts the token
+    at sequence index i + 2, so the log-probs put all mass there.
+    """
+
+    def __init__(self, target_config, sequence: list[int]):
+        base = Eagle3Head.for_target(target_config)
+        super().__init__(base.config)
+        self.load_state_dict(base.state_dict())
+        self.sequence = sequence
+
+    def _oracle(self, position: int, rows: int) -> torch.Tensor:
+        logprobs = torch.full((rows, self.config.draft_vocab_size), -30.0)
+        index = position + 2
+        if index < len(self.sequence):
+            logprobs[:, self.sequence[index]] = 0.0
+        return torch.log_softmax(logprobs, dim=-1)
+
+    def extend(self, features, tokens):
+        hidden, _ = super().extend(features, tokens)
+        return hidden, self._oracle(self.cache.length - 1, 1)[0]
+
+    def propose(self, hidden, tokens, depth, ancestor_mask):
+        out, _ = super().propose(hidden, tokens, depth, ancestor_mask)
+        return out, self._oracle(self.cache.length + depth - 1, tokens.shape[0])

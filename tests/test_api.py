@@ -1,0 +1,232 @@
+"""The engine's API: one meaning per name, one sampling config, imports that run one way, explicit
+device hops, a model handed back as it was given, and tau counted over emitted tokens only."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import OracleHead, hf_greedy, tiny_generator, tiny_model
+
+from eagle import Eagle3Head
+from eagle.config import eos_token_ids
+from mars import SamplingConfig, SpeculativeGenerator, VerifyStats
+from mars.target import DeviceRoute, module_device, route_devices
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("eagle", "mars", "eval")
+ALLOWED = {"eval": {"eval", "mars", "eagle"}, "mars": {"mars", "eagle"}, "eagle": {"eagle"}}
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+# --- names ------------------------------------------------------------------------------------
+
+def test_mars_verify_is_the_module():
+    code = "import mars.verify as v; v.accept_greedy, v.accept_sampling, v.accept; print(type(v))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "module" in out.stdout
+
+
+def test_tree_top_k_is_a_deprecated_alias_of_branching():
+    model = tiny_model("llama")
+    head = Eagle3Head.for_target(model.config)
+    with pytest.warns(FutureWarning, match="branching"):
+        gen = SpeculativeGenerator(model, head, total_tokens=8, depth=3, top_k=2)
+    assert gen.branching == 2
+    prompt = torch.tensor([[4, 8, 15, 16]])
+    same = SpeculativeGenerator(model, head, total_tokens=8, depth=3, branching=2)
+    assert gen.generate(prompt, max_new_tokens=12).tokens == same.generate(prompt, max_new_tokens=12).tokens
+    with pytest.raises(TypeError, match="once"):
+        SpeculativeGenerator(model, head, branching=2, top_k=2)
+
+
+# --- one sampling config ----------------------------------------------------------------------
+
+def test_sampling_config_is_keyword_only():
+    with pytest.raises(TypeError):
+        SamplingConfig(1.0)  # positional: refused
+    assert SamplingConfig(temperature=1.0, rule="mars").rule == "mars"
+
+
+def test_generate_takes_a_config_or_keyword_overrides_alike():
+    gen = tiny_generator(2, 3, sharpen=2.0, total_tokens=10, depth=3, branching=3)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    cfg = SamplingConfig(temperature=0.8, top_p=0.9, rule="mars", theta=0.5, margin="prob_ratio")
+    by_config = gen.generate(prompt, cfg, max_new_tokens=20, generator=torch.Generator().manual_seed(7))
+    by_kwargs = gen.generate(prompt, max_new_tokens=20, generator=torch.Generator().manual_seed(7), temperature=0.8,
+                             top_p=0.9, rule="mars", theta=0.5, margin="prob_ratio")
+    assert by_config.tokens == by_kwargs.tokens and by_config.accept_lengths == by_kwargs.accept_lengths
+    # Overrides replace the config's fields: a config at temperature 0.8 overridden to greedy is greedy.
+    greedy = gen.generate(prompt, cfg, max_new_tokens=20, temperature=0.0, rule="strict")
+    assert greedy.tokens == gen.vanilla(prompt, max_new_tokens=20).tokens
+    plain = gen.vanilla(prompt, cfg, max_new_tokens=20, generator=torch.Generator().manual_seed(1))
+    assert plain.tokens == gen.vanilla(prompt, max_new_tokens=20, generator=torch.Generator().manual_seed(1),
+                                       temperature=0.8, top_p=0.9).tokens
+    with pytest.raises(TypeError, match="valid: temperature, top_p"):
+        gen.generate(prompt, temprature=1.0)
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        gen.generate(prompt, 64)  # the old positional max_new_tokens
+
+
+# --- imports run one way ----------------------------------------------------------------------
+
+def project_imports() -> dict[str, set[str]]:
+    """{module: project modules it imports, at module level or inside functions}."""
+    paths = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in paths}
+        graph[module] = {m for m in found if m.split(".")[0] in PACKAGES}
+    return graph
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """A cycle of the directed graph `edges` as a list of nodes (first == last), or []."""
+    done: set[str] = set()
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str]:
+        if m in stack:
+            return stack[stack.index(m):] + [m]
+        if m in done:
+            return []
+        stack.append(m)
+        for n in sorted(edges.get(m, ())):
+            if cycle := visit(n):
+                return cycle
+        stack.pop()
+        done.add(m)
+        return []
+
+    for m in sorted(edges):
+        if cycle := visit(m):
+            return cycle
+    return []
+
+
+def test_imports_run_from_eval_to_mars_to_eagle():
+    upward = [(module, imported) for module, imports in project_imports().items() for imported in imports
+              if imported.split(".")[0] not in ALLOWED[module.split(".")[0]]]
+    assert upward == []
+
+
+def test_project_modules_import_no_cycle():
+    graph = project_imports()
+    # A submodule importing its own package's __init__ (which re-exports it) is Python's normal layout.
+    edges = {m: {i for i in imports if i in graph and not m.startswith(i + ".")} for m, imports in graph.items()}
+    assert find_cycle(edges) == []
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check itself
+
+
+def test_the_import_check_would_catch_an_upward_import(tmp_path, monkeypatch):
+    """The check itself: a fake eagle module importing mars is reported."""
+    fake = tmp_path / "eagle"
+    fake.mkdir()
+    (fake / "bad.py").write_text("from mars import SpeculativeGenerator\n")
+    for package in ("mars", "eval"):
+        (tmp_path / package).mkdir()
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    with pytest.raises(AssertionError):
+        test_imports_run_from_eval_to_mars_to_eagle()
+
+
+# --- helpers, once ------------------------------------------------------------------------------
+
+def test_eos_ids_come_from_one_function():
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = [2, 7]
+
+    class Tok:
+        eos_token_id = 9
+
+    assert eos_token_ids(model, Tok()) == {2, 7, 9}
+    assert eos_token_ids(model) == {2, 7}
+    assert eos_token_ids(eos_token_id=5) == {5} and eos_token_ids(eos_token_id=[5, 6]) == {5, 6}
+    assert eos_token_ids() == frozenset()
+
+
+def test_verify_stats_round_trip_through_json_keeps_every_count():
+    gen = tiny_generator(5, 6, sharpen=2.0, total_tokens=12, depth=4, branching=4)
+    out = gen.generate(torch.tensor([[7, 0, 11, 4, 9]]), max_new_tokens=30, rule="mars")
+    stats = out.stats
+    stats.margins.append(float("inf"))  # a non-finite margin, as at a position filtered to one token
+    stats.nonfinite += 1
+    stats.negative_logit += 2
+    back = VerifyStats.from_json(stats.to_json())
+    assert back.nonfinite == stats.nonfinite and back.negative_logit == stats.negative_logit
+    assert back.attempts == stats.attempts and back.accepts == stats.accepts and back.relaxed == stats.relaxed
+    assert back.positions == stats.positions and back.relax_allowed == stats.relax_allowed
+    assert back.margins == pytest.approx([m for m in stats.margins if m != float("inf")], abs=1e-4)
+    assert back.summary()["nonfinite_margin_positions"] == stats.nonfinite
+
+
+# --- tau ----------------------------------------------------------------------------------------
+
+def test_tau_counts_only_emitted_tokens_when_eos_ends_a_path_early():
+    model = tiny_model("llama")
+    prompt = torch.tensor([[11, 12, 13]])
+    continuation = hf_greedy(model, prompt, 40)
+    oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
+    gen = SpeculativeGenerator(model, oracle, total_tokens=30, depth=6, branching=3)
+    # The oracle's paths are accepted whole (6 drafted + 1 bonus per cycle). An EOS at index 10 falls
+    # inside the second cycle's path (drafted 8..13, bonus 14): that cycle emits 3 drafted tokens only.
+    eos = continuation[10]
+    assert continuation.index(eos) == 10
+    out = gen.generate(prompt, max_new_tokens=40, eos_token_id=eos)
+    assert out.tokens == continuation[:11] and out.stopped_by == "eos"
+    assert out.accept_lengths == [6, 3]
+    assert out.tau == (len(out.tokens) - 1) / out.num_cycles == 5.0  # 7 + 3 tokens in 2 cycles, not 7 + 4
+
+
+# --- devices --------------------------------------------------------------------------------------
+
+def test_device_routing_reads_the_models_device_map():
+    model = tiny_model("llama")
+    assert route_devices(model) == DeviceRoute(inputs=torch.device("cpu"), logits=torch.device("cpu"))
+    # A model sharded over two GPUs by `device_map="auto"` records where each module went.
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 0, "model.layers.2": 1,
+                           "model.layers.3": 1, "model.layers.4": 1, "model.layers.5": 1, "model.norm": 1,
+                           "model.rotary_emb": 1, "lm_head": 1}
+    assert route_devices(model) == DeviceRoute(inputs=torch.device("cuda:0"), logits=torch.device("cuda:1"))
+    assert module_device(model, "model.layers.3.mlp") == torch.device("cuda:1")
+    model.hf_device_map = {"": "cpu"}  # everything on one device
+    assert route_devices(model).logits == torch.device("cpu")
+
+
+def test_a_generator_on_another_device_than_the_logits_is_refused():
+    gen = tiny_generator(0, 1, sharpen=2.0, total_tokens=6, depth=2, branching=2)
+    gen.target.devices = DeviceRoute(inputs=torch.device("cpu"), logits=torch.device("cuda:1"))
+    with pytest.raises(ValueError, match="torch.Generator\\(device='cuda:1'\\)"):
+        gen.generate(torch.tensor([[1, 2]]), temperature=1.0, generator=torch.Generator())
+
+
+# --- nothing done to the caller's model behind its back -------------------------------------------
+
+def test_exact_attention_leaves_other_uses_of_the_model_alone_and_close_restores_it():
+    model = tiny_model("llama")
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    before = model.config._attn_implementation
+    with torch.inference_mode():
+        reference = model(ids).logits
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=8, depth=3, branching=2,
+                              exact_attention=True) as gen:
+        assert model.config._attn_implementation == "mars_exact"
+        with torch.inference_mode():
+            assert torch.equal(model(ids).logits, reference)  # no plan passed: plain SDPA, unchanged
+        assert gen.generate(prompt, max_new_tokens=16).tokens == hf_greedy(model, prompt, 16)
+    assert model.config._attn_implementation == before
+    with pytest.raises(RuntimeError, match="no longer 'mars_exact'"):
+        gen.generate(prompt, max_new_tokens=4)
