@@ -11,6 +11,7 @@ Two phases:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -83,11 +84,14 @@ class Candidates:
 
 
 @torch.inference_mode()
-def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int) -> Candidates:
+def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int,
+           keep_growing: Callable[[int, torch.Tensor], bool] | None = None) -> Candidates:
     """Draft `depth` levels below the root with the head (EAGLE-2 growth); see the module docstring.
 
     hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
-    the root's child. Leaves the head's tentative cache rolled back.
+    the root's child. `keep_growing(level, frontier_scores)`, if given, is asked before each level
+    after the first with the cumulative log-probabilities of the nodes that level would expand;
+    growth stops at the first False. Leaves the head's tentative cache rolled back.
     """
     k = min(branching, logprobs.shape[-1])
     lp, ids = logprobs.topk(k)
@@ -103,6 +107,8 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
     for level in range(2, depth + 1):
         tokens_all = torch.cat(cand_tokens)
         scores_all = torch.cat(cand_scores)
+        if keep_growing is not None and not keep_growing(level, scores_all[frontier]):
+            break
         t, kf = len(slot_of), frontier.shape[0]
         mask = torch.zeros(kf, t + kf, dtype=torch.bool)
         for row, c in enumerate(frontier.tolist()):
@@ -150,8 +156,9 @@ def rerank(candidates: Candidates, root_token: int, total_tokens: int) -> DraftT
 
 
 def grow_tree(head: DraftHead, root_token: int, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int,
-              branching: int, total_tokens: int) -> DraftTree:
-    """An EAGLE-2 tree below `root_token`: `expand` for `depth` levels, then `rerank` to `total_tokens` nodes."""
+              branching: int, total_tokens: int,
+              keep_growing: Callable[[int, torch.Tensor], bool] | None = None) -> DraftTree:
+    """An EAGLE-2 tree below `root_token`: `expand` for up to `depth` levels, then `rerank` to `total_tokens` nodes."""
     if depth < 1 or total_tokens < 1:
         return DraftTree.root_only(root_token)
-    return rerank(expand(head, hidden, logprobs, depth, branching), root_token, total_tokens)
+    return rerank(expand(head, hidden, logprobs, depth, branching, keep_growing), root_token, total_tokens)

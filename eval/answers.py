@@ -1,4 +1,6 @@
-"""Answer files in the EAGLE / MARS answer format, one JSON line per question, written as they finish.
+"""Answer files and run directories: work is written as it finishes and never lost or mixed.
+
+Answer files use the EAGLE / MARS layout, one JSON line per question:
 
     {"question_id", "answer_id", "model_id", "tstamp",
      "choices": [{"index": 0, "turns": [text], "idxs": [cycles], "new_tokens": [n], "wall_time": [s]}],
@@ -6,13 +8,20 @@
 
 `idxs` is our number of draft-verify cycles per turn (the reference tools store the last 0-based
 loop index, one less). `eval` holds what the summary needs beyond that (token ids, accepted and
-relaxed tokens, quality figures, verification counts), so a resumed run summarises questions it
-did not generate itself exactly like new ones.
+relaxed tokens, quality figures, verification counts, the token budget used), so a resumed run
+summarises questions it did not generate itself exactly like new ones.
+
+A run directory is named by a hash of everything that affects its answers (`run_id`): rerunning
+the same settings finds the same directory and resumes; any other setting gets a directory of its
+own. Nothing is truncated or deleted: a torn last line (a run killed mid-write) is dropped by an
+atomic rewrite (temporary file + `os.replace`), and any other malformed line is an error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -30,32 +39,57 @@ def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int
     }
 
 
+def run_id(identity: dict) -> str:
+    """A short stable hash of the settings that determine a run's answers (key order does not matter)."""
+    return hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def read_answers(path: str | Path) -> list[dict]:
-    """Complete records of an answer file; a torn last line (a run killed mid-write) is ignored."""
-    path = Path(path)
+    """The records of a JSONL answer file, in file order; [] if it does not exist.
+
+    A last line without its newline that is not valid JSON is a run killed mid-write and is
+    ignored; any other line that is not a JSON object raises a ValueError naming file and line.
+    """
+    return _parse(Path(path))[0]
+
+
+def _parse(path: Path) -> tuple[list[dict], bool]:
+    """(records, whether a torn last line was skipped)."""
     if not path.exists():
-        return []
+        return [], False
+    lines = path.read_text().split("\n")
     records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-    return records
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: torn by a kill
+                return records, True
+            raise ValueError(f"{path}:{n}: malformed JSON ({e.msg}); fix or remove that line") from None
+        if not isinstance(record, dict) or "question_id" not in record:
+            raise ValueError(f"{path}:{n}: not an answer record (a JSON object with 'question_id')")
+        records.append(record)
+    return records, False
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text` so that a crash leaves either the old or the new file, never a mix."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class AnswerFile:
-    """Appends one record per finished question and flushes it; `resume` keeps what is already there."""
+    """Appends one record per finished question and flushes it; what is already there is kept."""
 
-    def __init__(self, path: str | Path, resume: bool):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume and self.path.exists():
-            records = read_answers(self.path)
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in records))  # drop a torn line
-        else:
-            records = []
-            self.path.write_text("")
+        records, torn = _parse(self.path)
+        if torn:  # drop the torn last line; the complete records are rewritten as they were read
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records))
         self.records = {r["question_id"]: r for r in records}
 
     def done(self, question_id) -> bool:
@@ -65,4 +99,5 @@ class AnswerFile:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
+            os.fsync(f.fileno())
         self.records[record["question_id"]] = record

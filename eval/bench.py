@@ -5,13 +5,17 @@ Two file formats, both JSON lines:
     AIME 2025) as collected by the EAGLE / MARS releases: `question_id`, `category`, `turns`;
   - the project's own held-out stdlib prompts (`eval.prompts`): `question_id`, `file`, `name`, `prompt`.
 
-Chat models get their tokenizer's chat template; turn n of a multi-turn question is asked after the
-model's own answers to the earlier turns. Raw prompts (the embedded code model) are fed as text,
-after the tokenizer's BOS token if it has one (training joined files with it).
+How a question becomes a prompt is the model's `PromptFormat` (the `prompt:` block of a model
+config): "chat" uses the tokenizer's chat template (Qwen3's thinking switch passed through),
+"fastchat" a FastChat conversation template for models that have none (Vicuna v1.1, Llama-2-chat),
+"completion" raw text continued by a base model, after the tokenizer's BOS (the embedded code model;
+HumanEval then gets the function header and docstring from HumanEval.jsonl.gz). Turn n of a
+multi-turn question is asked after the model's own answers to the earlier turns.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import dataclass, field
@@ -28,7 +32,8 @@ class Question:
     question_id: int | str
     turns: list[str]
     category: str = ""
-    meta: dict = field(default_factory=dict)  # e.g. file and name of a stdlib prompt
+    meta: dict = field(default_factory=dict)  # e.g. file and name of a stdlib prompt; completion_prompt
+    reference: list[str] | None = None  # reference answers, where the set has them
 
 
 def resolve(path: str | Path) -> Path:
@@ -73,7 +78,9 @@ def _question(record: dict, where: str) -> Question:
     if "question_id" not in record or not turns or not all(isinstance(t, str) for t in turns):
         raise ValueError(f"{where}: a question needs a 'question_id' and non-empty string turns")
     meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
-    return Question(record["question_id"], list(turns), record.get("category", ""), meta)
+    reference = record.get("reference")
+    return Question(record["question_id"], list(turns), record.get("category", ""), meta,
+                    list(reference) if isinstance(reference, list) else None)
 
 
 def load_questions(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Question]:
@@ -83,27 +90,101 @@ def load_questions(name: str, data_dir: str | Path | None = None, limit: int | N
     with path.open() as f:
         for n, line in enumerate(f, 1):
             if line.strip():
-                questions.append(_question(json.loads(line), f"{path}:{n}"))
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: malformed JSON ({e.msg}); fix or remove that line") from None
+                questions.append(_question(record, f"{path}:{n}"))
     if not questions:
         raise ValueError(f"{path} holds no questions")
+    if name == "humaneval":
+        _attach_humaneval_prompts(questions, path.parent)
     return questions[:limit] if limit else questions
 
 
-def encode(tokenizer, turns: list[str], answers: list[str], chat: bool, system_prompt: str | None = None,
-           chat_template_kwargs: dict | None = None) -> list[int]:
-    """Token ids asking `turns[len(answers)]`, after the earlier turns and the model's `answers` to them."""
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this benchmark wants a chat template but the tokenizer has none: set "
-                             "model.chat_template, or bench.chat=false to feed the turns as raw text")
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        for question, answer in zip(turns, answers, strict=False):
-            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        messages.append({"role": "user", "content": turns[len(answers)]})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **(chat_template_kwargs or {}))
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = "".join(q + a + "\n" for q, a in zip(turns, answers, strict=False)) + turns[len(answers)]
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    bos = tokenizer.bos_token_id
-    return ([bos] if bos is not None else []) + ids
+def _attach_humaneval_prompts(questions: list[Question], directory: Path) -> None:
+    """HumanEval's own prompt (signature + docstring) for completion-format models, by task number."""
+    tasks = directory / "HumanEval.jsonl.gz"
+    if not tasks.exists():
+        return  # chat-format models do not need it; a completion model gets the chat turn as text
+    with gzip.open(tasks, "rt") as f:
+        prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in map(json.loads, f)}
+    for q in questions:
+        if q.question_id in prompts:
+            q.meta["completion_prompt"] = prompts[q.question_id]
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a model is prompted (the `prompt:` block of a model config).
+
+    kind: "chat" (the tokenizer's chat template), "fastchat" (a FastChat conversation template, for
+    models without one) or "completion" (raw text for a base model). thinking: Qwen3's
+    `enable_thinking` (None: the template's default).
+    """
+
+    kind: str = "chat"
+    fastchat_template: str | None = None
+    system_prompt: str | None = None
+    thinking: bool | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in PROMPT_KINDS:
+            raise ValueError(f"model.prompt.format {self.kind!r} is unknown; use one of {', '.join(PROMPT_KINDS)}")
+        if self.kind == "fastchat":
+            from fastchat.conversation import conv_templates
+
+            if self.fastchat_template not in conv_templates:
+                raise ValueError(f"model.prompt.fastchat_template {self.fastchat_template!r} is not a FastChat "
+                                 f"template; e.g. vicuna_v1.1, llama-2, chatml ({len(conv_templates)} known)")
+
+
+PROMPT_KINDS = ("chat", "fastchat", "completion")
+
+
+def prompt_format(model_cfg) -> PromptFormat:
+    """The `PromptFormat` of a model config (DictConfig or dict) from its `prompt:` block."""
+    block = model_cfg.get("prompt") or {}
+    kwargs = block.get("chat_template_kwargs") or {}
+    return PromptFormat(kind=block.get("format", "chat"), fastchat_template=block.get("fastchat_template"),
+                        system_prompt=block.get("system_prompt"), thinking=block.get("thinking"),
+                        chat_template_kwargs=dict(kwargs))
+
+
+def encode(tokenizer, question: Question, answers: list[str], fmt: PromptFormat) -> list[int]:
+    """Token ids asking turn `len(answers)` of `question`, after the earlier turns and the model's `answers`."""
+    turns = question.turns
+    if fmt.kind == "completion":
+        first = question.meta.get("completion_prompt", turns[0])
+        asked = [first, *turns[1:]]
+        text = "".join(q + a + "\n" for q, a in zip(asked, answers, strict=False)) + asked[len(answers)]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + ids
+    if fmt.kind == "fastchat":
+        from fastchat.conversation import get_conv_template
+
+        conv = get_conv_template(fmt.fastchat_template)
+        if fmt.system_prompt is not None:
+            conv.set_system_message(fmt.system_prompt)
+        for q, a in zip(turns, answers, strict=False):
+            conv.append_message(conv.roles[0], q)
+            conv.append_message(conv.roles[1], a)
+        conv.append_message(conv.roles[0], turns[len(answers)])
+        conv.append_message(conv.roles[1], None)
+        text = conv.get_prompt()
+        bos = tokenizer.bos_token
+        return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model is prompted with its chat template but the tokenizer has none: set "
+                         "model.prompt.format to fastchat (with a fastchat_template) or completion")
+    messages = [{"role": "system", "content": fmt.system_prompt}] if fmt.system_prompt else []
+    for q, a in zip(turns, answers, strict=False):
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    messages.append({"role": "user", "content": turns[len(answers)]})
+    kwargs = dict(fmt.chat_template_kwargs)
+    if fmt.thinking is not None:
+        kwargs["enable_thinking"] = fmt.thinking
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

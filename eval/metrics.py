@@ -2,8 +2,9 @@
 
 Definitions (all pooled over the questions every method answered):
   tokens_per_s             total new tokens / total generation wall time
-  speedup                  tokens_per_s / the baseline's (vanilla) tokens_per_s
-  speedup_per_question     mean per-question tokens/s / the baseline's mean per-question tokens/s,
+  speedup                  tokens_per_s / our plain decoding's (vanilla) tokens_per_s
+  speedup_vs_generate      tokens_per_s / transformers' model.generate's tokens_per_s (method "generate")
+  speedup_per_question     mean per-question tokens/s / vanilla's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools
   tau                      tokens emitted by draft-verify cycles / cycles: every turn's first token
                            comes from the prefill, in no cycle, so tau = sum(new_tokens - 1) / sum(cycles)
@@ -11,16 +12,25 @@ Definitions (all pooled over the questions every method answered):
                            overstates it; they also credit a bonus token when EOS ends a path early)
   relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
   parse_rate, loglik       see `eval.quality`; token_prob = exp(loglik)
-  quality_recovery         figure / the reference method's (strict) figure, for parse_rate and token_prob
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
+  margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
+  phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.generate.PHASES`: prefill,
+                           draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
+                           and each phase's share of the total
+Task quality and its recovery (method / strict) are added by `eval.run.score_quality`.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 from eval.quality import token_prob
 from mars.stats import VerifyStats
 
-RECOVERY_FIGURES = ("parse_rate", "token_prob")
+# Histogram ranges per margin metric; values outside fall into the end bins.
+MARGIN_RANGES = {"logit_ratio": (-0.5, 1.5), "prob_ratio": (0.0, 1.0), "logprob_gap": (0.0, 10.0)}
+MARGIN_BINS = 40
 
 
 def merged_stats(records: list[dict]) -> VerifyStats:
@@ -48,6 +58,9 @@ def method_figures(records: list[dict]) -> dict:
     loglik_tokens = sum(r["eval"]["loglik_tokens"][i] for r in records
                         for i, x in enumerate(r["eval"]["loglik"]) if x is not None)
     stats = merged_stats(records)
+    phases = Counter()
+    for r in records:
+        phases.update(r["eval"].get("phase_seconds", {}))
     figures = {
         "questions": len(records),
         "tokens": tokens,
@@ -61,6 +74,8 @@ def method_figures(records: list[dict]) -> dict:
         "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),
         "acceptance_rate_by_depth": stats.acceptance_rate_by_depth,
         "relax_allowed_frac": stats.relax_allowed / stats.positions if stats.positions else 0.0,
+        "phase_seconds": {k: round(v, 4) for k, v in phases.items()},
+        "phase_share": {k: v / sum(phases.values()) for k, v in phases.items()} if phases else {},
     }
     if parses:
         figures["parse_rate"] = _mean(parses)
@@ -79,13 +94,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", reference: str = "strict") -> dict[str, dict]:
-    """Per-method figures over the questions all methods answered, with speedups and quality recovery."""
+def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generate: str = "generate") -> dict[str, dict]:
+    """Per-method figures over the questions all methods answered, with speedups over both baselines."""
     common = set.intersection(*(set(r["question_id"] for r in recs) for recs in records.values()))
     kept = {m: sorted((r for r in recs if r["question_id"] in common), key=lambda r: str(r["question_id"]))
             for m, recs in records.items()}
     figures = {m: method_figures(recs) for m, recs in kept.items()}
-    reference = reference if reference in figures else baseline
     for method, fig in figures.items():
         if baseline in figures and method != baseline:
             base = figures[baseline]
@@ -93,25 +107,34 @@ def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", referen
             fig["speedup_per_question"] = _ratio(fig["mean_question_tokens_per_s"], base["mean_question_tokens_per_s"])
             same = [_tokens(a) == _tokens(b) for a, b in zip(kept[method], kept[baseline], strict=True)]
             fig["identical_to_vanilla"] = _mean(same)
-        if reference in figures and method not in (baseline, reference):
-            recovery = {f: _ratio(fig.get(f), figures[reference].get(f)) for f in RECOVERY_FIGURES}
-            recovery = {f: r for f, r in recovery.items() if r is not None}
-            if recovery:
-                fig["quality_recovery"] = next(iter(recovery.values()))  # parse_rate when there is one
-                fig["quality_recovery_by_figure"] = recovery
+        if generate in figures and method != generate:
+            fig["speedup_vs_generate"] = _ratio(fig["tokens_per_s"], figures[generate]["tokens_per_s"])
     return figures
+
+
+def margin_histogram(margins: list[float], metric: str, theta: float | None) -> dict:
+    """Counts of finite margin values in MARGIN_BINS equal bins over the metric's range (clipped into the end bins)."""
+    lo, hi = MARGIN_RANGES[metric]
+    width = (hi - lo) / MARGIN_BINS
+    counts = [0] * MARGIN_BINS
+    for m in margins:
+        if math.isfinite(m):
+            counts[min(max(int((m - lo) / width), 0), MARGIN_BINS - 1)] += 1
+    return {"metric": metric, "theta": theta, "edges": [round(lo + i * width, 6) for i in range(MARGIN_BINS + 1)],
+            "counts": counts}
 
 
 def _tokens(record: dict) -> list[list[int]]:
     return record["eval"]["token_ids"]
 
 
-def format_table(figures: dict[str, dict]) -> str:
-    """A plain-text table of the headline figures, one row per method."""
+def format_table(figures: dict[str, dict], quality_metric: str | None = None) -> str:
+    """A plain-text table of the headline figures, one row per method (quality: `quality_metric`'s value)."""
     columns = [
         ("method", None, "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
-        ("tau", "tau", "{:.2f}"), ("relaxed", "relaxed_frac", "{:.1%}"), ("parse", "parse_rate", "{:.1%}"),
-        ("loglik", "loglik", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
+        ("vs generate", "speedup_vs_generate", "{:.2f}x"), ("tau", "tau", "{:.2f}"),
+        ("relaxed", "relaxed_frac", "{:.1%}"),
+        (quality_metric or "quality", "quality", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
         ("=vanilla", "identical_to_vanilla", "{:.0%}"),
     ]
     rows = [[name for name, _, _ in columns]]
@@ -119,6 +142,8 @@ def format_table(figures: dict[str, dict]) -> str:
         cells = []
         for _, key, fmt in columns:
             value = method if key is None else fig.get(key)
+            if key == "quality":
+                value = (value or {}).get(quality_metric)
             cells.append("-" if value is None else fmt.format(value))
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ import torch
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
 from eagle.tree import grow_tree
+from mars.adaptive import AdaptiveTree, measure_costs
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
 from mars.stats import VerifyStats
 from mars.target import TargetModel
@@ -38,10 +40,12 @@ from mars.verify import accept
 class GenerationOutput:
     tokens: list[int] = field(default_factory=list)  # new tokens only
     accept_lengths: list[int] = field(default_factory=list)  # drafted tokens emitted per cycle
+    draft_depths: list[int] = field(default_factory=list)  # depth of each cycle's tree (0: a plain decoding step)
     num_cycles: int = 0
     stats: VerifyStats = field(default_factory=VerifyStats)
     seconds: float = 0.0  # wall time of the whole call
     stopped_by: str = "length"  # "eos" or "length"
+    phase_seconds: Counter = field(default_factory=Counter)  # wall time by phase (`PHASES`)
 
     @property
     def tau(self) -> float:
@@ -54,6 +58,25 @@ class GenerationOutput:
         return self.stats.relaxed_tokens
 
 
+PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_up", "decode")
+
+
+class PhaseClock:
+    """Adds the wall time since the previous lap to a phase. On a GPU it synchronises first, so each
+    phase is charged with its own kernels rather than with whatever the next `.tolist()` waits for."""
+
+    def __init__(self, seconds: Counter, device: torch.device):
+        self.seconds, self.sync = seconds, device.type == "cuda"
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.last
+        self.last = now
+
+
 class SpeculativeGenerator:
     """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by strict or MARS rules.
 
@@ -63,10 +86,14 @@ class SpeculativeGenerator:
     (`mars.target.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
     decoding bit for bit instead of up to rounding. It switches the model's attention
     implementation to "mars_exact" until `close()` (or the end of a `with` block) restores it.
+    adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
+    measured on this machine at the first `generate` and the acceptance observed so far
+    (`mars.adaptive`); the estimates carry over from call to call.
     """
 
     def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
-                 branching: int | None = None, exact_attention: bool = False, *, top_k: int | None = None):
+                 branching: int | None = None, exact_attention: bool = False, adaptive: bool = False, *,
+                 top_k: int | None = None):
         if top_k is not None:
             if branching is not None:
                 raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
@@ -81,6 +108,14 @@ class SpeculativeGenerator:
         self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device)
         self.head = head
         self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
+        self.adaptive = adaptive
+        self.policy: AdaptiveTree | None = None  # measured on first use
+
+    def _policy(self) -> AdaptiveTree | None:
+        if self.adaptive and self.policy is None:
+            costs = measure_costs(self.target, self.head, self.branching, self.total_tokens)
+            self.policy = AdaptiveTree(costs, self.depth, self.branching, self.total_tokens)
+        return self.policy
 
     def close(self) -> None:
         """Hand the target model back as it was given (its own attention implementation)."""
@@ -156,31 +191,44 @@ class SpeculativeGenerator:
         out = GenerationOutput()
         if max_new_tokens == 0:
             return out
-        target, head = self.target, self.head
+        target, head, policy = self.target, self.head, self._policy()
+        clock = PhaseClock(out.phase_seconds, target.devices.logits)
         logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
         self._emit(out, [root], eos, max_new_tokens)
         head.reset()
         follow = torch.cat([prompt[1:].cpu(), torch.tensor([root])]).to(head.device)
         hidden, logprobs = head.extend(features, follow)
+        clock.lap("prefill")
         while not self._done(out, max_new_tokens):
             remaining = max_new_tokens - len(out.tokens)
             # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
-            depth = min(self.depth, remaining - 1)
-            tree = grow_tree(head, root, hidden, logprobs, depth, self.branching, self.total_tokens)
+            depth, total, grow = min(self.depth, remaining - 1), self.total_tokens, None
+            if policy is not None:
+                depth, total = policy.plan(remaining - 1)
+                grow = lambda level, scores, d=depth: policy.grow_level(level, scores, d)  # noqa: E731
+            tree = grow_tree(head, root, hidden, logprobs, depth, self.branching, total, grow)
+            clock.lap("draft")
             logits, features = target.score_tree(tree)
+            clock.lap("tree_forward")
             verdict = accept(process_logits(logits, cfg), tree, cfg, generator)
             drafted = tree.tokens[verdict.path[1:]].tolist()
             emitted = self._emit(out, drafted + [verdict.next_token], eos, max_new_tokens)
             out.accept_lengths.append(min(verdict.accepted, emitted))
+            out.draft_depths.append(int(tree.depths.max()))
             out.stats.add(verdict, keep_steps=emitted)
             out.num_cycles += 1
+            if policy is not None:
+                policy.observe(out.draft_depths[-1], verdict.accepted, float(tree.scores[1:].exp().sum()))
+            clock.lap("accept")
             if self._done(out, max_new_tokens):
                 break
             target.keep_path(verdict.path)
+            clock.lap("cache_update")
             root = verdict.next_token
             path = torch.tensor(verdict.path, device=features.device)
             hidden, logprobs = head.extend(features[path], torch.tensor(drafted + [root], device=head.device))
+            clock.lap("catch_up")
         out.seconds = time.perf_counter() - start
         return out
 
@@ -207,12 +255,15 @@ class SpeculativeGenerator:
         out = GenerationOutput()
         if max_new_tokens == 0:
             return out
+        clock = PhaseClock(out.phase_seconds, self.target.devices.logits)
         logits, _ = self.target.prefill(prompt, capacity=len(prompt) + max_new_tokens + 1)
         self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
+        clock.lap("prefill")
         while not self._done(out, max_new_tokens):
             logits = self.target.decode(out.tokens[-1])
             self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
             out.accept_lengths.append(0)
             out.num_cycles += 1
+        clock.lap("decode")
         out.seconds = time.perf_counter() - start
         return out

@@ -16,6 +16,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from eagle.config import text_config
 from eagle.tree import DraftTree
@@ -266,6 +267,9 @@ class TargetModel:
                 raise NotImplementedError("exact_attention supports full-attention models only (no sliding window)")
             if EXACT_ATTENTION not in AttentionInterface._global_mapping:
                 AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
+                # Masks as for SDPA: transformers builds none for an attention name it does not know, which
+                # would drop the padding mask of a batched call made with the model meanwhile.
+                AttentionMaskInterface.register(EXACT_ATTENTION, sdpa_mask)
             self._restore_attention = model.config._attn_implementation
             model.set_attn_implementation(EXACT_ATTENTION)
 

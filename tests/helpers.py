@@ -173,3 +173,53 @@ class OracleHead(Eagle3Head):
     def propose(self, hidden, tokens, depth, ancestor_mask):
         out, _ = super().propose(hidden, tokens, depth, ancestor_mask)
         return out, self._oracle(self.cache.length + depth - 1, tokens.shape[0])
+
+
+STANDIN_TEXT = '''def add(a, b):
+    """Return a + b."""
+    return a + b
+
+
+class Stack:
+    """A last-in first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        """Put item on top."""
+        self.items.append(item)
+'''
+
+
+def byte_bpe_tokenizer(text: str = STANDIN_TEXT, vocab_size: int = 320) -> transformers.PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer trained on `text`, with the embedded model's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([text] * 4, trainer=trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>", pad_token="<|pad|>")
+
+
+def save_standin_pair(root, context: int = 2048):
+    """A tiny fp32 Llama + tokenizer in root/target and a random EAGLE-3 head in root/draft: what
+    `eval.run` loads, in the embedded pair's layout, built in a second."""
+    from eagle.checkpoint import save_draft
+
+    tok = byte_bpe_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)  # sharper logits: no near-ties in greedy decoding
+    model.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    save_draft(Eagle3Head.for_target(model.config, draft_vocab_size=128), root / "draft")
+    return root

@@ -216,16 +216,17 @@ def test_a_generator_on_another_device_than_the_logits_is_refused():
 
 def test_exact_attention_leaves_other_uses_of_the_model_alone_and_close_restores_it():
     model = tiny_model("llama")
-    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6], [0, 0, 0, 2, 7, 1, 8, 2]])
+    padding = torch.tensor([[1] * 8, [0, 0, 0, 1, 1, 1, 1, 1]])  # a left-padded batch
     before = model.config._attn_implementation
     with torch.inference_mode():
-        reference = model(ids).logits
+        reference = model(ids, attention_mask=padding).logits
     prompt = torch.tensor([[2, 7, 1, 8]])
     with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=8, depth=3, branching=2,
                               exact_attention=True) as gen:
         assert model.config._attn_implementation == "mars_exact"
         with torch.inference_mode():
-            assert torch.equal(model(ids).logits, reference)  # no plan passed: plain SDPA, unchanged
+            assert torch.equal(model(ids, attention_mask=padding).logits, reference)  # no plan: plain SDPA
         assert gen.generate(prompt, max_new_tokens=16).tokens == hf_greedy(model, prompt, 16)
     assert model.config._attn_implementation == before
     with pytest.raises(RuntimeError, match="no longer 'mars_exact'"):

@@ -18,7 +18,7 @@ from eagle import Eagle3Head, load_draft
 from eagle.train.corpus import read_source, stdlib_files
 from eagle.train.data import chunk_tokens, tokenize_texts
 from eagle.train.evaluate import evaluate_head
-from eval.bench import encode
+from eval.bench import PromptFormat, Question, encode
 from mars import SpeculativeGenerator
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
@@ -93,7 +93,7 @@ def fp32_pair():
 
 def prompt_ids(tokenizer, count: int) -> list[list[int]]:
     questions = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:count]]
-    return [encode(tokenizer, [q], [], chat=False) for q in questions]
+    return [encode(tokenizer, Question(i, [q]), [], PromptFormat(kind="completion")) for i, q in enumerate(questions)]
 
 
 def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16, tokenizer):

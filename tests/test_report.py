@@ -1,0 +1,270 @@
+"""eval.report: merging run dirs (sweeps, shards), the paper-layout table, the CSV, the plots, bad input.
+
+All run directories here are SYNTHETIC TEST FIXTURES: summary.json files in the format eval.run
+writes, filled with invented, seeded-random per-question results. They measure nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from eval.report import DASH, ReportError, generate_cell, load_runs, main, merge_runs, table
+
+# --- synthetic fixtures ---------------------------------------------------------------------------
+
+MACHINE = "SYNTHETIC TEST FIXTURE (invented numbers, not a measurement)"
+MODELS = ("model-a", "model-b")
+BENCHES = {"humaneval": ("pass@1",), "wmt19": ("bleu", "chrf")}
+MARS = ["mars@0.8", "mars@0.9", "mars@0.95"]
+METHODS = ["vanilla", "strict", *MARS]
+SPEED = {"generate": 1.05, "vanilla": 1.0, "strict": 1.8, "mars@0.95": 1.9, "mars@0.9": 2.0, "mars@0.8": 2.1}
+DEPTHS, POSITIONS = 4, 10  # every question verifies POSITIONS drafts per depth: pooled rates = question means
+EDGES = [round(-0.5 + i * 0.05, 6) for i in range(41)]
+
+
+def fake_questions(model: str, bench: str, temperature: float, method: str, n: int = 12) -> list[dict]:
+    """Invented per-question results, the same for a method whichever run dir it is written into."""
+    rng = random.Random(f"{model}|{bench}|{temperature}|{method}")
+    speculative = method not in ("generate", "vanilla")
+    out = []
+    for _ in range(n):
+        tokens = rng.randint(100, 128)
+        quality = ({"pass@1": float(rng.random() < 0.4)} if bench == "humaneval"
+                   else {"bleu": rng.uniform(20, 35), "chrf": rng.uniform(45, 60)})
+        out.append({
+            "tokens": tokens, "seconds": tokens / (40 * SPEED[method] * rng.uniform(0.9, 1.1)),
+            "cycles": round((tokens - 1) / (1.8 * SPEED[method] * rng.uniform(0.9, 1.1))) if speculative else 0,
+            "relaxed": rng.randint(0, 10) if method.startswith("mars") else 0,
+            "accepted": [rng.randint(0, POSITIONS) for _ in range(DEPTHS)] if speculative else [],
+            "margins": [2 * rng.betavariate(5, 2) - 0.5 for _ in range(30)] if speculative else [],
+            "quality": quality,
+        })
+    return out
+
+
+def fake_figures(qs: list[dict], method: str) -> dict:
+    """One method's figures pooled as eval.metrics pools them."""
+    tokens, seconds, cycles = (sum(q[k] for q in qs) for k in ("tokens", "seconds", "cycles"))
+    counts = [0] * (len(EDGES) - 1)
+    for m in (m for q in qs for m in q["margins"]):
+        counts[min(int((m + 0.5) / 0.05), len(counts) - 1)] += 1
+    theta = float(method.split("@")[1]) if "@" in method else None
+    return {
+        "questions": len(qs), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+        "cycles": cycles, "tau": sum(q["tokens"] - 1 for q in qs) / cycles if cycles else 1.0,
+        "relaxed_frac": sum(q["relaxed"] for q in qs) / tokens,
+        "acceptance_rate_by_depth": {str(d): sum(q["accepted"][d] for q in qs) / (POSITIONS * len(qs))
+                                     for d in range(DEPTHS) if qs[0]["accepted"]},
+        "margin_histogram": {"metric": "logit_ratio", "theta": theta, "edges": EDGES, "counts": counts},
+        "quality": {k: sum(q["quality"][k] for q in qs) / len(qs) for k in qs[0]["quality"]},
+    }
+
+
+def fake_summary(model: str, bench: str, temperature: float, methods: list[str], shard: tuple[int, int] | None = None,
+                 n: int = 12) -> dict:
+    """A summary.json as eval.run writes it (ratios only against baselines in the same run)."""
+    pick = slice(shard[0], None, shard[1]) if shard else slice(None)
+    figs = {m: fake_figures(fake_questions(model, bench, temperature, m, n)[pick], m) for m in methods}
+    metric = BENCHES[bench][0]
+    for m, fig in figs.items():
+        for key, ref in (("speedup", "vanilla"), ("speedup_vs_generate", "generate")):
+            if ref in figs and m != ref:
+                fig[key] = fig["tokens_per_s"] / figs[ref]["tokens_per_s"]
+        for key, ref in (("quality_recovery", "strict"), ("quality_recovery_vs_vanilla", "vanilla")):
+            if ref in figs and m != ref:
+                fig[key] = fig["quality"][metric] / figs[ref]["quality"][metric]
+    settings = {"model": model, "bench": bench, "temperature": temperature, "top_p": 1.0, "top_k": 0,
+                "tree": {"total_tokens": 20, "depth": 4, "branching": 5}, "max_new_tokens": 128, "seed": 0,
+                "methods": methods, "run_id": "synthetic", "shard": f"{shard[0]}/{shard[1]}" if shard else None}
+    return {"machine": MACHINE, "settings": settings, "quality_metric": metric, "methods": figs}
+
+
+def write_run(directory: Path, summary: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2))
+    return directory
+
+
+def build_results(root: Path) -> Path:
+    """model-a: a humaneval run with model.generate, wmt19 in two shards (two levels down), a T=1 run;
+    model-b: a θ sweep on humaneval (baseline and each MARS method in its own run dir) and a wmt19 run with
+    one method's quality missing."""
+    write_run(root / "a-humaneval", fake_summary("model-a", "humaneval", 0.0, ["generate", *METHODS]))
+    for i in range(2):
+        write_run(root / "a-wmt19" / f"shard{i}", fake_summary("model-a", "wmt19", 0.0, METHODS, shard=(i, 2)))
+    write_run(root / "a-humaneval-t1", fake_summary("model-a", "humaneval", 1.0, ["vanilla", "strict", "mars@0.9"]))
+    write_run(root / "sweep" / "base", fake_summary("model-b", "humaneval", 0.0, ["vanilla", "strict"]))
+    for m in MARS:
+        write_run(root / "sweep" / m, fake_summary("model-b", "humaneval", 0.0, [m]))
+    unscored = fake_summary("model-b", "wmt19", 0.0, METHODS)
+    for key in ("quality", "quality_recovery", "quality_recovery_vs_vanilla"):
+        del unscored["methods"]["mars@0.95"][key]
+    write_run(root / "b-wmt19", unscored)
+    return root
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, Path]:
+    root = build_results(tmp_path_factory.mktemp("results"))
+    out = tmp_path_factory.mktemp("report")
+    (out / "keep.txt").write_text("not ours")
+    assert main([str(root), "--out", str(out)]) == 0
+    return root, out
+
+
+def expected_cell(fig: dict, metric: str, speedup: float | None = None, recovery: float | None = None,
+                  mark: str = "") -> str:
+    speedup = fig.get("speedup", 1.0) if speedup is None else speedup
+    recovery = fig.get("quality_recovery", 1.0) if recovery is None else recovery
+    q = fig["quality"][metric]
+    quality = f"{100 * q:.1f}" if metric == "pass@1" else f"{q:.1f}"
+    return f"{speedup:.2f}×{mark} / {fig['tau']:.2f} / {quality} ({recovery:.2f}{mark})"
+
+
+def test_table_layout_and_cells(report):
+    entries = merge_runs(load_runs([report[0]]))
+    header, rows = table(entries, 0.0)
+    assert header == ["model", "method", "humaneval (pass@1)", "wmt19 (bleu)"]
+    order = ["vanilla", "strict", "mars@0.95", "mars@0.9", "mars@0.8"]  # from strict towards the loosest θ
+    assert [r[:2] for r in rows] == [["model-a", "generate"]] + [[m, meth] for m in MODELS for meth in order]
+    cells = {(r[0], r[1]): r[2:] for r in rows}
+    plain = fake_summary("model-a", "humaneval", 0.0, ["generate", *METHODS])["methods"]
+    for m in METHODS:
+        assert cells["model-a", m][0] == expected_cell(plain[m], "pass@1")
+    assert cells["model-a", "generate"][1] == DASH  # no generate run on wmt19
+    header, rows = table(entries, 0.0, generate_cell)
+    assert header == ["model", "method", "humaneval", "wmt19"]
+    assert [r[2] for r in rows if r[0] == "model-a"] == [f"{plain[m].get('speedup_vs_generate', 1.0):.2f}×"
+                                                         for m in ["generate", *order]]
+    assert {r[3] for r in rows} == {r[2] for r in rows if r[0] == "model-b"} == {DASH}
+    # The sweep's MARS runs had no baseline: ratios come from the baseline run dir, marked *.
+    base = fake_summary("model-b", "humaneval", 0.0, ["vanilla", "strict"])["methods"]
+    for m in MARS:
+        fig = fake_summary("model-b", "humaneval", 0.0, [m])["methods"][m]
+        speedup = fig["tokens_per_s"] / base["vanilla"]["tokens_per_s"]
+        recovery = fig["quality"]["pass@1"] / base["strict"]["quality"]["pass@1"]
+        assert cells["model-b", m][0] == expected_cell(fig, "pass@1", speedup, recovery, mark="*")
+    header, rows = table(entries, 1.0)
+    assert [r[:2] for r in rows] == [["model-a", m] for m in ("vanilla", "strict", "mars@0.9")]
+    assert header == ["model", "method", "humaneval (pass@1)"]
+
+
+def test_missing_figure_is_a_dash(report):
+    entries = merge_runs(load_runs([report[0]]))
+    row = next(r for r in table(entries, 0.0)[1] if r[:2] == ["model-b", "mars@0.95"])
+    fig = fake_summary("model-b", "wmt19", 0.0, METHODS)["methods"]["mars@0.95"]
+    assert row[3] == f"{fig['speedup']:.2f}× / {fig['tau']:.2f} / {DASH} ({DASH})"
+    row = next(r for r in table(entries, 1.0)[1] if r[1] == "mars@0.9")
+    assert row[2].count(DASH) == 0
+    row = next(r for r in table(entries, 0.0)[1] if r[:2] == ["model-b", "mars@0.95"])
+    assert "| " + " | ".join(row) + " |" in (report[1] / "report.md").read_text()
+
+
+def test_shards_equal_unsharded(tmp_path):
+    write_run(tmp_path / "whole", fake_summary("model-a", "wmt19", 0.0, METHODS))
+    for i in range(3):
+        write_run(tmp_path / "parts" / str(i), fake_summary("model-a", "wmt19", 0.0, METHODS, shard=(i, 3)))
+    whole = {e.method: e for e in merge_runs(load_runs([tmp_path / "whole"]))}
+    parts = {e.method: e for e in merge_runs(load_runs([tmp_path / "parts"]))}
+    assert whole.keys() == parts.keys()
+    for m, e in parts.items():
+        assert len(e.run_dirs) == 3 and not e.derived and not e.notes
+        for name in ("questions", "tokens", "seconds", "tokens_per_s", "tau", "relaxed_frac", "quality", "speedup",
+                     "quality_recovery", "quality_recovery_vs_vanilla"):
+            assert e.value(name) == pytest.approx(whole[m].value(name), rel=1e-12, abs=1e-12), (m, name)
+        assert e.fig["quality"] == pytest.approx(whole[m].fig["quality"])
+        assert e.fig["acceptance_rate_by_depth"] == pytest.approx(whole[m].fig["acceptance_rate_by_depth"])
+        assert e.fig["margin_histogram"]["counts"] == whole[m].fig["margin_histogram"]["counts"]
+
+
+def test_missing_shard_is_noted(tmp_path):
+    write_run(tmp_path / "0", fake_summary("model-a", "wmt19", 0.0, ["strict"], shard=(0, 3)))
+    write_run(tmp_path / "2", fake_summary("model-a", "wmt19", 0.0, ["strict"], shard=(2, 3)))
+    (entry,) = merge_runs(load_runs([tmp_path]))
+    assert entry.notes == ["2 of 3 shards present (0/3, 2/3)"]
+
+
+def test_csv_round_trip(report):
+    entries = merge_runs(load_runs([report[0]]))
+    with (report[1] / "report.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(entries) == 2 * 2 * 5 + 1 + 3
+    numbers = ("tokens_per_s", "speedup", "speedup_vs_generate", "tau", "relaxed_frac", "quality", "quality_recovery",
+               "quality_recovery_vs_vanilla")
+    for row, e in zip(rows, entries, strict=True):
+        assert (row["model"], row["bench"], float(row["temperature"]), row["method"]) == (
+            e.model, e.bench, e.temperature, e.method)
+        assert row["theta"] == ("" if e.theta is None else str(e.theta))
+        assert int(row["questions"]) == e.fig["questions"] and row["quality_metric"] == e.quality_metric
+        for name in numbers:
+            assert (float(row[name]) if row[name] else None) == e.value(name), name
+        assert row["run_dirs"].split(";") == e.run_dirs
+    sharded = [r for r in rows if r["bench"] == "wmt19" and r["model"] == "model-a"]
+    assert all(len(r["run_dirs"].split(";")) == 2 for r in sharded)
+    swept = {r["derived"] for r in rows if (r["model"], r["bench"]) == ("model-b", "humaneval") and r["method"] in MARS}
+    assert swept == {"quality_recovery;quality_recovery_vs_vanilla;speedup"}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plots_exist_and_are_linked(report, capsys):
+    out = report[1]
+    names = ["speedup_by_bench.png", "tau_by_bench.png"]
+    groups = [(m, b, 0) for m in MODELS for b in BENCHES] + [("model-a", "humaneval", 1)]
+    for kind in ("margins", "acceptance_by_depth", "theta"):
+        names += [f"{kind}_{m}_{b}_T{t}.png" for m, b, t in groups]
+    names += ["pareto_model-a_T0.png", "pareto_model-b_T0.png", "pareto_model-a_T1.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(names)
+    md = (out / "report.md").read_text()
+    for name in names:
+        width, height = png_size(out / name)
+        assert 300 <= width <= 3000 and 200 <= height <= 3000, (name, width, height)
+        assert f"]({name})" in md
+    assert (out / "keep.txt").read_text() == "not ours"
+    assert MACHINE in md and "Legend" in md and "model.generate, temperature 0:" in md
+
+
+def test_duplicate_runs_are_an_error(tmp_path):
+    summary = fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict"])
+    write_run(tmp_path / "first", summary)
+    write_run(tmp_path / "second", summary)
+    with pytest.raises(ValueError, match="first.*second.*not distinct shards"):
+        merge_runs(load_runs([tmp_path]))
+    # The same directory named twice is read once.
+    assert len(merge_runs(load_runs([tmp_path / "first", tmp_path / "first"]))) == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no summary.json"), ("{not json", "cannot read"), ("[1, 2]", "not a JSON object"),
+    ('{"settings": {"model": "m", "bench": "b"}, "methods": {}}', "settings lack temperature"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    if content is not None:
+        (run / "summary.json").write_text(content)
+    with pytest.raises(ReportError, match=message) as error:
+        load_runs([run])
+    assert str(run) in str(error.value)
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not (tmp_path / "out").exists()
+
+
+def test_path_that_is_not_a_directory(tmp_path, capsys):
+    with pytest.raises(ReportError, match="not a directory"):
+        load_runs([tmp_path / "missing"])
+    assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    assert "missing: not a directory" in capsys.readouterr().err
