@@ -98,7 +98,12 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None,
                 raise ValueError("draft vocabulary is reduced but the checkpoint has no 'd2t' map")
             state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
             state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
-        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+        state["d2t"] = state["d2t"].long()
+        if "t2d" not in state:  # Model Optimizer exports (nvidia/*-Eagle3) ship d2t alone; t2d follows from it
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[torch.arange(config.draft_vocab_size) + state["d2t"]] = True
+            state["t2d"] = t2d
+        state["t2d"] = state["t2d"].bool()
     else:
         state.pop("embed_tokens.weight", None)
     head.load_state_dict(state, strict=True)

@@ -68,62 +68,89 @@ def question_file(name: str, data_dir: str | Path | None = None) -> Path:
     return path
 
 
-def _question(record: dict, where: str) -> Question:
+def _question(record, where: str) -> Question:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a question is a JSON object, got {type(record).__name__}")
     if "turns" in record:
         turns = record["turns"]
     elif "prompt" in record:
         turns = [record["prompt"]]
     else:
         raise ValueError(f"{where}: a question needs 'turns' (list of user turns) or 'prompt'")
+    if isinstance(turns, str):
+        turns = [turns]
     if "question_id" not in record or not turns or not all(isinstance(t, str) for t in turns):
         raise ValueError(f"{where}: a question needs a 'question_id' and non-empty string turns")
-    meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
     reference = record.get("reference")
+    if isinstance(reference, str):  # a single reference answer; the public sets give lists
+        reference = [reference]
+    meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
     return Question(record["question_id"], list(turns), record.get("category", ""), meta,
                     list(reference) if isinstance(reference, list) else None)
+
+
+def _read_records(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed JSON) for every non-blank line; a malformed line names file:line and the fix."""
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}:{n}: malformed JSON ({e.msg} at column {e.colno}). Each line of a question file is one "
+                    "JSON object; fix or delete that line (or restore the file from its source)."
+                ) from None
+    return records
 
 
 def load_questions(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Question]:
     """Questions of a set, in file order; the first `limit` of them if given."""
     path = question_file(name, data_dir)
-    questions = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: malformed JSON ({e.msg}); fix or remove that line") from None
-                questions.append(_question(record, f"{path}:{n}"))
+    questions = [_question(record, f"{path}:{n}") for n, record in _read_records(path)]
     if not questions:
         raise ValueError(f"{path} holds no questions")
-    if name == "humaneval":
+    if path.stem == "humaneval":  # the public set, by name or by path
         _attach_humaneval_prompts(questions, path.parent)
     return questions[:limit] if limit else questions
 
 
+HUMANEVAL_FILE = "HumanEval.jsonl.gz"  # the original tasks, next to humaneval.jsonl
+
+
 def _attach_humaneval_prompts(questions: list[Question], directory: Path) -> None:
-    """HumanEval's own prompt (signature + docstring) for completion-format models, by task number."""
-    tasks = directory / "HumanEval.jsonl.gz"
+    """HumanEval's own prompt (signature + docstring) as `meta["completion_prompt"]`, by task number.
+
+    The set's turns ask a chat model to write the function; a base model needs the function header it
+    can continue instead. Task "HumanEval/<n>" is question_id n.
+    """
+    tasks = directory / HUMANEVAL_FILE
     if not tasks.exists():
-        return  # chat-format models do not need it; a completion model gets the chat turn as text
-    with gzip.open(tasks, "rt") as f:
-        prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in map(json.loads, f)}
+        return  # chat formats do not need it; a completion model then gets the chat turn as text
+    with gzip.open(tasks, "rt", encoding="utf-8") as f:
+        prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in map(json.loads, f) if r}
     for q in questions:
         if q.question_id in prompts:
             q.meta["completion_prompt"] = prompts[q.question_id]
 
 
+PROMPT_KINDS = ("chat", "fastchat", "completion")
+PROMPT_KEYS = ("format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs")
+
+
 @dataclass(frozen=True)
 class PromptFormat:
-    """How a model is prompted (the `prompt:` block of a model config).
+    """How a model is prompted: the `prompt:` block of a model config.
 
     kind: "chat" (the tokenizer's chat template), "fastchat" (a FastChat conversation template, for
-    models without one) or "completion" (raw text for a base model). thinking: Qwen3's
-    `enable_thinking` (None: the template's default).
+    models without a chat template: Vicuna v1.1, Llama-2-chat) or "completion" (raw text continued by
+    a base model). thinking: Qwen3's `enable_thinking` (None: the template's default).
+    chat_template_kwargs: anything else for `apply_chat_template`.
     """
 
-    kind: str = "chat"
+    kind: str
     fastchat_template: str | None = None
     system_prompt: str | None = None
     thinking: bool | None = None
@@ -133,58 +160,112 @@ class PromptFormat:
         if self.kind not in PROMPT_KINDS:
             raise ValueError(f"model.prompt.format {self.kind!r} is unknown; use one of {', '.join(PROMPT_KINDS)}")
         if self.kind == "fastchat":
-            from fastchat.conversation import conv_templates
+            _check_fastchat_template(self.fastchat_template)
+        elif self.fastchat_template is not None:
+            raise ValueError(f"model.prompt.fastchat_template is set but model.prompt.format is {self.kind!r}: "
+                             "set format: fastchat, or fastchat_template: null")
+        if self.kind != "chat" and (self.thinking is not None or self.chat_template_kwargs):
+            # both only reach a tokenizer chat template; silently dropping them would hide a config mistake
+            raise ValueError(f"model.prompt.thinking and chat_template_kwargs apply to format chat only, "
+                             f"not {self.kind!r}; set them to null / {{}}")
+        if self.kind == "completion" and self.system_prompt is not None:
+            raise ValueError("model.prompt.system_prompt has no place in a completion prompt; set it to null")
 
-            if self.fastchat_template not in conv_templates:
-                raise ValueError(f"model.prompt.fastchat_template {self.fastchat_template!r} is not a FastChat "
-                                 f"template; e.g. vicuna_v1.1, llama-2, chatml ({len(conv_templates)} known)")
+
+def _check_fastchat_template(name: str | None) -> None:
+    from fastchat.conversation import conv_templates
+
+    if name in conv_templates:
+        return
+    examples = [t for t in ("vicuna_v1.1", "llama-2", "chatglm3", "mistral", "zero_shot") if t in conv_templates]
+    raise ValueError(
+        f"model.prompt.fastchat_template {name!r} is not a FastChat template; use a name registered in "
+        f"fastchat.conversation.conv_templates ({len(conv_templates)} are), e.g. {', '.join(examples)}"
+    )
 
 
-PROMPT_KINDS = ("chat", "fastchat", "completion")
+def _plain(value):
+    """A DictConfig / ListConfig as plain Python containers (Hydra gives configs; templates want dicts)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:
+        pass
+    return value
 
 
 def prompt_format(model_cfg) -> PromptFormat:
-    """The `PromptFormat` of a model config (DictConfig or dict) from its `prompt:` block."""
-    block = model_cfg.get("prompt") or {}
-    kwargs = block.get("chat_template_kwargs") or {}
-    return PromptFormat(kind=block.get("format", "chat"), fastchat_template=block.get("fastchat_template"),
-                        system_prompt=block.get("system_prompt"), thinking=block.get("thinking"),
-                        chat_template_kwargs=dict(kwargs))
+    """The `PromptFormat` of a model config (DictConfig or dict) from its `prompt:` block.
+
+    A config without the block is prompted with its chat template; unknown keys in the block are refused.
+    """
+    block = _plain(model_cfg.get("prompt")) or {}
+    unknown = sorted(set(block) - set(PROMPT_KEYS))
+    if unknown:
+        raise ValueError(f"model.prompt has unknown keys {unknown}; known: {', '.join(PROMPT_KEYS)}")
+    return PromptFormat(
+        kind=block.get("format") or "chat",
+        fastchat_template=block.get("fastchat_template"),
+        system_prompt=block.get("system_prompt"),
+        thinking=block.get("thinking"),
+        chat_template_kwargs=dict(block.get("chat_template_kwargs") or {}),
+    )
 
 
 def encode(tokenizer, question: Question, answers: list[str], fmt: PromptFormat) -> list[int]:
     """Token ids asking turn `len(answers)` of `question`, after the earlier turns and the model's `answers`."""
-    turns = question.turns
+    if not 0 <= len(answers) < len(question.turns):
+        raise ValueError(f"question {question.question_id} has {len(question.turns)} turns; "
+                         f"cannot ask turn {len(answers)}")
     if fmt.kind == "completion":
-        first = question.meta.get("completion_prompt", turns[0])
-        asked = [first, *turns[1:]]
-        text = "".join(q + a + "\n" for q, a in zip(asked, answers, strict=False)) + asked[len(answers)]
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        bos = tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + ids
+        return _encode_completion(tokenizer, question, answers)
     if fmt.kind == "fastchat":
-        from fastchat.conversation import get_conv_template
+        return _encode_fastchat(tokenizer, question, answers, fmt)
+    return _encode_chat(tokenizer, question, answers, fmt)
 
-        conv = get_conv_template(fmt.fastchat_template)
-        if fmt.system_prompt is not None:
-            conv.set_system_message(fmt.system_prompt)
-        for q, a in zip(turns, answers, strict=False):
-            conv.append_message(conv.roles[0], q)
-            conv.append_message(conv.roles[1], a)
-        conv.append_message(conv.roles[0], turns[len(answers)])
-        conv.append_message(conv.roles[1], None)
-        text = conv.get_prompt()
-        bos = tokenizer.bos_token
-        return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+def _encode_completion(tokenizer, question: Question, answers: list[str]) -> list[int]:
+    # A base model continues text: the task's own prompt where the set has one (HumanEval's header and
+    # docstring), earlier turns each followed by the model's answer and a newline, then the turn asked.
+    asked = [question.meta.get("completion_prompt", question.turns[0]), *question.turns[1:]]
+    text = "".join(q + a + "\n" for q, a in zip(asked, answers, strict=False)) + asked[len(answers)]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ([bos] if bos is not None else []) + ids
+
+
+def _encode_fastchat(tokenizer, question: Question, answers: list[str], fmt: PromptFormat) -> list[int]:
+    from fastchat.conversation import get_conv_template
+
+    conv = get_conv_template(fmt.fastchat_template)
+    if fmt.system_prompt is not None:
+        conv.set_system_message(fmt.system_prompt)
+    user, assistant = conv.roles[0], conv.roles[1]
+    for q, a in zip(question.turns, answers, strict=False):
+        conv.append_message(user, q)
+        conv.append_message(assistant, a)
+    conv.append_message(user, question.turns[len(answers)])
+    conv.append_message(assistant, None)  # the open slot the model fills
+    text = conv.get_prompt()
+    # The reference tokenises FastChat prompts with the tokenizer's special tokens (Llama adds BOS);
+    # a template that writes BOS itself must not get a second one.
+    bos = tokenizer.bos_token
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
+def _encode_chat(tokenizer, question: Question, answers: list[str], fmt: PromptFormat) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model is prompted with its chat template but the tokenizer has none: set "
                          "model.prompt.format to fastchat (with a fastchat_template) or completion")
     messages = [{"role": "system", "content": fmt.system_prompt}] if fmt.system_prompt else []
-    for q, a in zip(turns, answers, strict=False):
+    for q, a in zip(question.turns, answers, strict=False):
         messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-    messages.append({"role": "user", "content": turns[len(answers)]})
+    messages.append({"role": "user", "content": question.turns[len(answers)]})
     kwargs = dict(fmt.chat_template_kwargs)
     if fmt.thinking is not None:
         kwargs["enable_thinking"] = fmt.thinking
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    # The template writes every special token itself (Llama-3's <|begin_of_text|>), as in the reference.
     return tokenizer(text, add_special_tokens=False)["input_ids"]
