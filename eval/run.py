@@ -284,7 +284,8 @@ def score_quality(cfg: DictConfig, records: dict[str, list[dict]], figures: dict
         for method, recs in records.items():
             try:
                 result = score(bench, recs, cfg.bench.data_dir, baseline=plain)
-            except ValueError as e:
+            except (ValueError, FileNotFoundError, RuntimeError) as e:  # RuntimeError: an unreachable judge
+                # The answers are on disk; a scoring failure must not lose the run's summary.
                 figures[method]["quality_error"] = str(e)
                 continue
             metric = result["metric"]

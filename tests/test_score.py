@@ -226,6 +226,17 @@ def test_humaneval_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
         S.score("humaneval", [record(999, "x")], DATA)
 
 
+def test_humaneval_runs_the_unit_tests() -> None:
+    """The real thing on four tasks: canonical bodies (humaneval.jsonl's reference lines) pass, a stub fails."""
+    qs = questions("humaneval")[:4]
+    records = [record(q["question_id"], "\n".join(q["reference"]) + "\n") for q in qs]
+    result = S.score("humaneval", records, DATA, per_question=True)
+    assert result["n"] == 4 and result["pass@1"] == 1.0 and result["metric"] == "pass@1"
+    records[3] = record(qs[3]["question_id"], "    return None\n")
+    result = S.score("humaneval", records, DATA, per_question=True)
+    assert result["pass@1"] == 0.75 and result["per_question"][str(qs[3]["question_id"])]["passed"] is False
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 def test_bad_input_messages(tmp_path: Path) -> None:
