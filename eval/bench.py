@@ -190,7 +190,7 @@ def _plain(value):
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(value):
-            return OmegaConf.to_container(value, resolve=True)
+            return OmegaConf.to_container(value, resolve=True, enum_to_str=True)
     except ImportError:
         pass
     return value

@@ -4,7 +4,7 @@
     python -m eval.report results/T0-1a2b results/sweep/ --out /tmp/report
 
 Each RUN_DIR is a run directory written by `eval.run` (it holds summary.json) or a parent of run
-directories (searched one and two levels down). Runs merge into entries keyed by (model, bench,
+directories (searched up to three levels down). Runs merge into entries keyed by (model, bench,
 temperature, method):
 
 - methods of one model × bench × temperature from several run dirs (a θ sweep runs one method per
@@ -19,7 +19,8 @@ temperature, method):
   That is exact for per-question means, an approximation for corpus-level scores (BLEU, chrF) and for
   acceptance rates when shards verified different numbers of positions per question. Ratios are then
   recomputed from the combined figures.
-- the same key twice without distinct shard labels is an error.
+- the same key twice without distinct shard labels is an error, except for the same answers directory
+  (a baseline shared by the jobs of a sweep), which counts once.
 """
 
 from __future__ import annotations
@@ -59,15 +60,16 @@ class ReportError(ValueError):
 
 # --- loading ----------------------------------------------------------------------------------
 
-def find_summaries(path: Path) -> list[Path]:
-    """`path`/summary.json, or else every summary.json one or two levels below `path`."""
+def find_summaries(path: Path, depth: int = 3) -> list[Path]:
+    """`path`/summary.json, or else every summary.json up to `depth` levels below `path`
+    (<out>/<model>/<bench>/<run dir>/summary.json is three)."""
     if not path.is_dir():
         raise ReportError(f"{path}: not a directory")
     if (path / SUMMARY).exists():
         return [path / SUMMARY]
-    found = sorted({*path.glob(f"*/{SUMMARY}"), *path.glob(f"*/*/{SUMMARY}")})
+    found = sorted({f for level in range(1, depth + 1) for f in path.glob("*/" * level + SUMMARY)})
     if not found:
-        raise ReportError(f"{path}: no {SUMMARY} in it or one or two levels below")
+        raise ReportError(f"{path}: no {SUMMARY} in it or up to {depth} levels below")
     return found
 
 
@@ -219,12 +221,18 @@ def _fill_ratios(entries: list[Entry]) -> None:
 
 def merge_runs(runs: Sequence[dict]) -> list[Entry]:
     """Entries of all runs, ordered by model, temperature, bench, method (see the module docstring)."""
-    parts: dict[tuple, list[tuple[dict, dict]]] = defaultdict(list)
+    parts: dict[tuple, dict[str, tuple[dict, dict]]] = defaultdict(dict)
     for run in runs:
         s = run["settings"]
         for method, fig in run["methods"].items():
-            parts[str(s["model"]), str(s["bench"]), float(s["temperature"]), method].append((run, fig))
-    entries = [_combine(key, items) for key, items in parts.items()]
+            # Jobs of a sweep share their baselines' run directories: each answers directory counts once
+            # (from the summary that covers most of its questions).
+            answers = str(fig.get("run_dir") or f"{run['run_dir']}#{method}")
+            key = str(s["model"]), str(s["bench"]), float(s["temperature"]), method
+            seen = parts[key].get(answers)
+            if seen is None or (fig.get("questions") or 0) > (seen[1].get("questions") or 0):
+                parts[key][answers] = (run, fig)
+    entries = [_combine(key, list(items.values())) for key, items in parts.items()]
     _fill_ratios(entries)
     return sorted(entries, key=lambda e: (e.model, e.temperature, e.bench, method_order(e.method, e.theta)))
 

@@ -1,34 +1,41 @@
-"""Evaluate decoding methods on a target + draft pair: speed, acceptance, relaxation and task quality.
+"""Evaluate a decoding method on a target + draft pair: speed, acceptance, relaxation and task quality.
 
-    python -m eval.run                                    # quickstart: embedded pair, held-out stdlib prompts
-    python -m eval.run num_prompts=64 max_new_tokens=128  # the full embedded benchmark
-    python -m eval.run bench=humaneval num_prompts=null   # HumanEval pass@1 (completion prompts on the code model)
-    python -m eval.run 'methods=[vanilla,strict,mars@0.95]' sampling.temperature=1.0
+    python -m eval.run                                     # quickstart: embedded pair, held-out stdlib prompts
+    python -m eval.run num_prompts=64 max_new_tokens=128   # the full embedded benchmark
+    python -m eval.run bench=humaneval num_prompts=null    # HumanEval pass@1 (completion prompts on the code model)
+    python -m eval.run method=strict sampling=t1           # strict verification at temperature 1
+    python -m eval.run -m method.theta=0.84,0.88,0.92,0.96 bench=embedded,humaneval   # a sweep: one job each
     python -m eval.run model=llama31_8b bench=mt_bench max_new_tokens=1024 num_prompts=null   # on a GPU
 
-Methods: "generate" (transformers' `model.generate`, the fastest plain decoding a user has),
-"vanilla" (our plain decoding, same adapter and cache as speculation), "strict" (lossless
-verification) and "mars@<theta>". For every question every method runs before the next question
-starts, in an order rotated per question, so slow drift of the machine's speed affects all alike.
+A job answers its `method` (generate: transformers' `model.generate`; vanilla: our plain decoding;
+strict: lossless verification; mars: margin-aware verification) and its `baselines` (default
+generate, vanilla, strict). For every question every method still to answer runs before the next
+question starts, in an order rotated per question, so slow drift of the machine's speed affects all
+alike.
 
-Run directory: <out_dir>/T<temperature>-<id>, where <id> hashes every setting that affects the
-answers (model, draft, dtype, prompt format, tree, exact attention, benchmark, sampling, methods,
-max_new_tokens, seed; not num_prompts, so a longer rerun extends a shorter one). Rerunning the same
-settings resumes there; different settings never touch it. Answers are appended to
+Each method's answers live in a run directory of their own, <out_dir>/<method>-T<temperature>-<id>
+(+ -shard<i>of<n>), where <id> hashes every setting that affects that method's answers: vanilla's
+directory does not depend on the tree or θ, so every job of a θ sweep shares one vanilla baseline
+and the first job to need it answers it (a lock file keeps two parallel jobs from answering the same
+directory). Rerunning resumes; other settings never touch it. Answers are appended to
 answers/<method>.jsonl as each question finishes; questions that cannot fit the context are listed
-with the reason in skipped/<method>.jsonl. summary.json holds the speed figures and, for the
-public benchmarks, the task quality scored by `eval.score` (and quality recovery against strict).
+with the reason in skipped/<method>.jsonl. The job's run directory (its method's) gets summary.json
+(speed figures of every method, task quality scored by `eval.score`, recovery against strict) and
+config.yaml (the resolved config). A job whose answers and summary are complete is skipped without
+loading a model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
 import re
+import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -39,82 +46,84 @@ from tqdm import tqdm
 from eagle.config import eos_token_ids
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
-from eval.bench import PUBLIC_SETS, PromptFormat, Question, encode, load_questions, prompt_format, resolve
+from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
+from eval.config import MarsConfig, MethodConfig, RunConfig, method_spec, parse_shard, plain, sampling_of, validate
 from eval.metrics import format_table, margin_histogram, merged_stats, summarize
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
 from mars.target import context_length
 
-METHOD_FORMS = "'generate', 'vanilla', 'strict' or 'mars@<theta>' (e.g. mars@0.9)"
-WANDB_MODES = ("disabled", "offline", "online")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
 
-@dataclass(frozen=True)
-class Method:
-    name: str
-    rule: str | None  # None: plain decoding ("generate": transformers', "vanilla": ours)
-    theta: float = 0.9
+def job_methods(run: RunConfig) -> list[MethodConfig]:
+    """The baselines, then the method under test (each once)."""
+    methods: dict[str, MethodConfig] = {}
+    for method in [*(method_spec(b) for b in run.baselines), run.method]:
+        methods.setdefault(method.name, method)
+    return list(methods.values())
 
 
-def parse_method(spec: str) -> Method:
-    spec = str(spec).strip()
-    if spec in ("generate", "vanilla"):
-        return Method(spec, None)
-    if spec == "strict":
-        return Method(spec, "strict")
-    if spec.startswith("mars@"):
-        try:
-            return Method(spec, "mars", float(spec[5:]))
-        except ValueError:
-            pass
-    raise ValueError(f"unknown method {spec!r}: use {METHOD_FORMS}")
+# --- run directories ----------------------------------------------------------------------------
 
-
-def sampling_config(method: Method, cfg: DictConfig) -> SamplingConfig:
-    """The method's sampling settings; SamplingConfig raises on a bad temperature, theta, margin, ..."""
-    s = cfg.sampling
-    return SamplingConfig(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, rule=method.rule or "strict",
-                          theta=method.theta, margin=cfg.mars.margin, mars_fallback=cfg.mars.fallback)
-
-
-# --- the run's identity -------------------------------------------------------------------------
-
-def run_identity(cfg: DictConfig) -> dict:
-    """Every setting that affects the answers of a run (and nothing that only affects its timing)."""
-    m = cfg.model
-    return {
-        "target": m.target, "draft": m.draft, "tokenizer": m.tokenizer, "dtype": m.dtype,
-        "prompt": OmegaConf.to_container(m.prompt), "tree": OmegaConf.to_container(m.tree),
-        "exact_attention": bool(m.exact_attention), "bench": cfg.bench.name, "questions": cfg.bench.questions,
-        "sampling": OmegaConf.to_container(cfg.sampling), "mars": OmegaConf.to_container(cfg.mars),
-        "methods": sorted(cfg.methods), "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+def method_identity(run: RunConfig, method: MethodConfig) -> dict:
+    """Every setting that affects one method's answers (and nothing that only affects its timing)."""
+    m = run.model
+    identity = {
+        "method": method.name, "target": m.target, "tokenizer": m.tokenizer, "dtype": m.dtype.value,
+        "device": "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device,  # not the GPU's index
+        "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
+        "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
+    if method.kind != "generate":  # our decoding loop: exact attention changes its reduction order
+        identity["exact_attention"] = m.exact_attention
+    if method.kind in ("strict", "mars"):
+        identity.update(draft=m.draft, tree=plain(run.tree))
+    if isinstance(method, MarsConfig):
+        identity.update(margin=method.margin.value, fallback=method.fallback.value)
+    return identity
 
 
-def run_directory(cfg: DictConfig) -> Path:
-    return resolve(cfg.out_dir) / f"T{cfg.sampling.temperature:g}-{run_id(run_identity(cfg))}"
+def run_directory(run: RunConfig, method: MethodConfig) -> Path:
+    name = f"{method.name}-T{run.sampling.temperature:g}-{run_id(method_identity(run, method))}"
+    shard = parse_shard(run.shard)
+    if shard:
+        name += f"-shard{shard[0]}of{shard[1]}"
+    return resolve(run.out_dir) / name
 
 
-def claim_run_directory(cfg: DictConfig, directory: Path) -> None:
-    """Create the run directory, or check that an existing one holds answers to the same settings."""
-    identity = run_identity(cfg)
+def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path) -> None:
+    """Create a method's run directory, or check that an existing one holds answers to the same settings."""
+    identity = json.loads(json.dumps(method_identity(run, method)))
     path = directory / "identity.json"
     if path.exists():
         before = json.loads(path.read_text())
-        if before != json.loads(json.dumps(identity)):
+        if before != identity:
             changed = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
             raise ValueError(f"{directory} holds a run with other settings ({', '.join(changed)} differ): "
                              "move it away or choose another out_dir")
-        if not cfg.resume and any(read_answers(p) for p in (directory / "answers").glob("*.jsonl")):
-            raise ValueError(f"{directory} already holds answers for these settings and resume=false: rerun with "
-                             "resume=true (the default) to continue it, or move it away to start over")
         return
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(identity, indent=2) + "\n")
 
 
-# --- models -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def directory_lock(directory: Path, wait: bool):
+    """An exclusive lock on a run directory (held until exit); yields False if not waiting and it is taken."""
+    with open(directory / ".lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- models -------------------------------------------------------------------------------------
 
 def model_source(spec: str, what: str) -> str:
     """A local directory (absolute or relative to the repository root) or a Hugging Face hub id."""
@@ -130,32 +139,83 @@ def model_source(spec: str, what: str) -> str:
     )
 
 
-def load_tokenizer(m: DictConfig):
+def claim_gpus(count: int, total: int, lock_dir: Path = GPU_LOCK_DIR) -> tuple[list[int], list]:
+    """`count` of this node's `total` GPUs that no other job holds, locked until the returned handles close.
+
+    Jobs of a sweep on one node (hydra/launcher=gpus) start in worker processes that know nothing of
+    each other; a lock file per GPU gives each its own. Raises when fewer than `count` are free.
+    """
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    gpus, handles = [], []
+    for index in range(total):
+        handle = open(lock_dir / f"gpu{index}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        gpus.append(index)
+        handles.append(handle)
+        if len(gpus) == count:
+            return gpus, handles
+    for handle in handles:
+        handle.close()
+    raise RuntimeError(f"gpus_per_job={count} but only {len(gpus)} of this node's {total} GPUs are free (locks in "
+                       f"{lock_dir}): run fewer parallel jobs (hydra.launcher.n_jobs) or fewer GPUs per job")
+
+
+def placement(run: RunConfig, gpus: list[int] | None) -> dict:
+    """from_pretrained's device arguments: the configured device, or a device map over the job's GPUs."""
+    m = run.model
+    if m.device_map:
+        if not torch.cuda.is_available() and not m.allow_offload:
+            raise RuntimeError(f"model.device_map={m.device_map} shards the target over GPUs but none is visible: "
+                               "run on a GPU node, or set model.device_map=null model.device=cpu")
+        kwargs: dict = {"device_map": m.device_map}
+        memory = {int(k) if str(k).isdigit() else k: v for k, v in (m.max_memory or {}).items()}
+        if gpus is not None:  # only the job's own GPUs (with their configured limits, if any)
+            memory = {g: memory.get(g, f"{torch.cuda.get_device_properties(g).total_memory // 2**30}GiB")
+                      for g in gpus}
+        if memory:
+            kwargs["max_memory"] = memory
+        return kwargs
+    if gpus is not None:
+        return {"device_map": {"": gpus[0]}}
+    return {"device_map": {"": m.device}}
+
+
+def check_offload(model, allow: bool) -> None:
+    """Refuse a target that `device_map` spilled onto the CPU or disk, unless asked for (it is very slow)."""
+    spilled = sorted({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
+    if spilled and not allow:
+        raise RuntimeError(f"the target does not fit the job's GPUs: device_map placed layers on {', '.join(spilled)}. "
+                           "Give it more GPUs (gpus_per_job, model.max_memory), or set model.allow_offload=true "
+                           "to accept offloading")
+
+
+def load_tokenizer(run: RunConfig):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_source(m.tokenizer or m.target, "tokenizer"))
+    return AutoTokenizer.from_pretrained(model_source(run.model.tokenizer or run.model.target, "tokenizer"))
 
 
-def load_target(m: DictConfig):
+def load_target(run: RunConfig, gpus: list[int] | None = None):
     """The target with `AutoModelForCausalLM.from_pretrained`, on `device` or sharded by `device_map`."""
     from transformers import AutoModelForCausalLM
 
-    source = model_source(m.target, "target model")
-    dtype = m.dtype if m.dtype == "auto" else getattr(torch, m.dtype)
-    kwargs = {"device_map": m.device_map} if m.device_map else {}
-    if m.get("max_memory"):
-        kwargs["max_memory"] = OmegaConf.to_container(m.max_memory)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).eval()
-    if not m.device_map:
-        model.to(m.device)
+    m = run.model
+    dtype = "auto" if m.dtype.value == "auto" else getattr(torch, m.dtype.value)
+    model = AutoModelForCausalLM.from_pretrained(model_source(m.target, "target model"), dtype=dtype,
+                                                 **placement(run, gpus)).eval()
+    check_offload(model, m.allow_offload)
     return model
 
 
-def load_head(m: DictConfig, target):
+def load_head(run: RunConfig, target):
     """The draft head: a local EAGLE checkpoint directory, or a hub repository downloaded first."""
     from eagle.checkpoint import load_draft
 
-    source = model_source(m.draft, "draft model")
+    source = model_source(run.model.draft, "draft model")
     if not Path(source).exists():
         from huggingface_hub import snapshot_download
 
@@ -194,15 +254,15 @@ def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens:
                             stopped_by="eos" if stopped is not None else "length")
 
 
-def generate(gen: SpeculativeGenerator, method: Method, sampling: SamplingConfig, ids: list[int],
+def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
              max_new_tokens: int, eos: list[int], seed: int) -> GenerationOutput:
-    if method.name == "generate":
+    if method.kind == "generate":
         return hf_generate(gen.target.model, ids, sampling, max_new_tokens, eos, seed)
     input_ids = torch.tensor([ids], dtype=torch.long)
     rng = None
     if not sampling.greedy:
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
-    decode = gen.vanilla if method.rule is None else gen.generate
+    decode = gen.vanilla if method.kind == "vanilla" else gen.generate
     return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
 
 
@@ -213,7 +273,7 @@ class Skip(Exception):
 class Evaluator:
     """Runs one method on one question (all its turns) and builds its answer record."""
 
-    def __init__(self, cfg: DictConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat):
+    def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat):
         self.cfg, self.gen, self.tokenizer, self.fmt = cfg, gen, tokenizer, fmt
         self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
         self.context = min(context_length(gen.target.model.config), gen.target.max_length)
@@ -236,7 +296,7 @@ class Evaluator:
     def start(self, question: Question) -> None:
         self._loglik.clear()
 
-    def answer(self, method: Method, sampling: SamplingConfig, question: Question, seed: int) -> dict:
+    def answer(self, method: MethodConfig, sampling: SamplingConfig, question: Question, seed: int) -> dict:
         texts, outs, extra = [], [], {"method": method.name, "token_ids": [], "max_new_tokens": [], "parses": [],
                                       "loglik": [], "loglik_tokens": []}
         for turn, prompt in enumerate(question.turns):
@@ -265,32 +325,32 @@ class Evaluator:
                              [round(o.seconds, 6) for o in outs], extra)
 
 
-# --- quality --------------------------------------------------------------------------------------
+# --- quality ------------------------------------------------------------------------------------
 
-def score_quality(cfg: DictConfig, records: dict[str, list[dict]], figures: dict[str, dict]) -> str | None:
+def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[str, dict]) -> str | None:
     """Add each method's task quality (`quality`, `quality_recovery` vs strict and vs vanilla) to `figures`.
 
     Public benchmarks are scored by `eval.score`; the embedded stdlib prompts by their parse rate
     and token probability. Returns the headline metric's name (None when nothing is scored).
     """
-    bench, metric = cfg.bench.name, None
+    bench, metric = run.bench.name, None
     if bench in PUBLIC_SETS:
         from eval.score import score
 
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
-        plain = records.get("vanilla") or records.get("generate")
-        if plain is None and cfg.sampling.temperature == 0:
-            plain = records.get("strict")
+        plain_answers = records.get("vanilla") or records.get("generate")
+        if plain_answers is None and run.sampling.temperature == 0:
+            plain_answers = records.get("strict")
         for method, recs in records.items():
             try:
-                result = score(bench, recs, cfg.bench.data_dir, baseline=plain)
+                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers)
             except (ValueError, FileNotFoundError, RuntimeError) as e:  # RuntimeError: an unreachable judge
                 # The answers are on disk; a scoring failure must not lose the run's summary.
                 figures[method]["quality_error"] = str(e)
                 continue
             metric = result["metric"]
             figures[method]["quality"] = {k: v for k, v in result.items() if k not in ("bench", "n", "metric")}
-    elif "parse_rate" in figures.get("strict", figures.get("vanilla", {})):
+    elif any("parse_rate" in fig for fig in figures.values()):
         metric = "parse_rate"
         for fig in figures.values():
             fig["quality"] = {k: fig[k] for k in ("parse_rate", "token_prob") if k in fig}
@@ -325,138 +385,211 @@ def machine() -> str:
     return text
 
 
-def settings(cfg: DictConfig, questions: int, directory: Path) -> dict:
+def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> dict:
     import transformers
 
+    m = run.model
     return {
-        "model": cfg.model.name, "target": cfg.model.target, "draft": cfg.model.draft, "dtype": cfg.model.dtype,
-        "device": cfg.model.device_map or cfg.model.device, "bench": cfg.bench.name, "questions": questions,
-        "max_new_tokens": cfg.max_new_tokens, **OmegaConf.to_container(cfg.sampling),
-        "tree": OmegaConf.to_container(cfg.model.tree), "exact_attention": bool(cfg.model.exact_attention),
-        "prompt": OmegaConf.to_container(cfg.model.prompt),
-        "margin": cfg.mars.margin, "mars_fallback": cfg.mars.fallback, "methods": list(cfg.methods),
-        "seed": cfg.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "run_id": directory.name, "run_dir": str(directory),
-        "shard": None,
-        "order": "per question every method, order rotated by question" + ("; warm-up run first" if cfg.warmup else ""),
+        "model": m.name, "target": m.target, "draft": m.draft, "dtype": m.dtype.value,
+        "device": m.device_map or m.device, "bench": run.bench.name, "questions": questions,
+        "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
+        "exact_attention": m.exact_attention, "prompt": plain(m.prompt), "method": plain(run.method),
+        "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
+        "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "shard": run.shard,
+        "order": "per question every method still to answer, order rotated by question"
+                 + ("; warm-up run first" if run.warmup else ""),
         "speedup": "ratio of total tokens/s to vanilla's (speedup) and to model.generate's (speedup_vs_generate); "
-                   "speedup_per_question: ratio of mean per-question tokens/s (EAGLE tools)",
+                   "speedup_per_question: ratio of mean per-question tokens/s (EAGLE tools). Baselines answered by "
+                   "an earlier job of a sweep were timed then, not interleaved with this method",
     }
 
 
-def log_wandb(cfg: DictConfig, summary: dict, records: dict[str, list[dict]], out_dir: Path) -> None:
-    import wandb
+def sweep_name() -> str | None:
+    """The multirun's sweep directory name (the W&B group of its jobs), None outside a Hydra multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.wandb.name, mode=cfg.wandb.mode,
-                     dir=str(out_dir), config=summary["settings"])
-    logged = {}
-    for method, fig in summary["methods"].items():
-        logged.update({f"{method}/{k}": v for k, v in fig.items() if isinstance(v, (int, float))})
-        logged.update({f"{method}/quality/{k}": v for k, v in fig.get("quality", {}).items()})
-        logged.update({f"{method}/acceptance_depth_{d}": a for d, a in fig["acceptance_rate_by_depth"].items()})
-        margins = merged_stats(records[method]).margins
-        if margins:
-            logged[f"{method}/margin_hist"] = wandb.Histogram(margins)
-    run.log(logged)
-    run.finish()
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
 
 
-# --- the run ----------------------------------------------------------------------------------
+# --- the job ------------------------------------------------------------------------------------
 
-def check_settings(cfg: DictConfig) -> tuple[list[Method], dict[str, SamplingConfig], PromptFormat, list[Question]]:
-    """Everything that can be checked before a model loads: methods, sampling, prompt format, questions."""
-    methods = [parse_method(m) for m in cfg.methods]
-    if len({m.name for m in methods}) != len(methods) or not methods:
-        raise ValueError(f"methods must be a non-empty list without repeats, got {list(cfg.methods)}")
-    sampling = {m.name: sampling_config(m, cfg) for m in methods}
-    if cfg.wandb.mode not in WANDB_MODES:
-        raise ValueError(f"wandb.mode must be one of {WANDB_MODES}, got {cfg.wandb.mode!r}")
-    unknown = set(cfg.bench.quality) - set(quality.FIGURES)
+def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Question]]]:
+    """What can be checked before a model loads: prompt format, quality figures, questions, model paths.
+
+    Returns the questions this job answers with their index in the whole set (seeds and the method
+    order follow it, so a shard answers exactly what the unsharded run does).
+    """
+    unknown = set(run.bench.quality) - set(quality.FIGURES)
     if unknown:
         raise ValueError(f"unknown quality figures {sorted(unknown)}; known: {quality.FIGURES}")
-    if not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {cfg.max_new_tokens!r}")
-    fmt = prompt_format(cfg.model)
-    questions = load_questions(cfg.bench.questions, cfg.bench.data_dir, cfg.num_prompts)
-    model_source(cfg.model.target, "target model")  # a missing local path or malformed hub id, before any load
-    model_source(cfg.model.draft, "draft model")
-    return methods, sampling, fmt, questions
+    fmt = prompt_format({"prompt": plain(run.model.prompt)})
+    questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts)))
+    shard = parse_shard(run.shard)
+    if shard:
+        questions = questions[shard[0]::shard[1]]
+    model_source(run.model.target, "target model")  # a missing local path or malformed hub id, before any load
+    model_source(run.model.draft, "draft model")
+    return fmt, questions
 
 
-def run(cfg: DictConfig) -> dict:
-    methods, sampling, fmt, questions = check_settings(cfg)  # bad settings fail before any model loads
-    directory = run_directory(cfg)
-    claim_run_directory(cfg, directory)
-    torch.set_num_threads(cfg.threads or cores())
-    torch.manual_seed(cfg.seed)
-    tokenizer = load_tokenizer(cfg.model)
-    target = load_target(cfg.model)
-    head = load_head(cfg.model, target)
-    with SpeculativeGenerator(target, head, **OmegaConf.to_container(cfg.model.tree),
-                              exact_attention=bool(cfg.model.exact_attention)) as gen:
-        evaluator = Evaluator(cfg, gen, tokenizer, fmt)
-        records = answer_questions(cfg, evaluator, methods, sampling, questions, directory)
-    summary = {"machine": machine(), "settings": settings(cfg, len(questions), directory),
+def answered(directory: Path, method: MethodConfig, ids: set) -> bool:
+    done = {r["question_id"] for sub in ("answers", "skipped")
+            for r in read_answers(directory / sub / f"{method.name}.jsonl")}
+    return ids <= done
+
+
+def job_records(methods: list[MethodConfig], directories: dict[str, Path], ids: set) -> dict[str, list[dict]]:
+    return {m.name: [r for r in read_answers(directories[m.name] / "answers" / f"{m.name}.jsonl")
+                     if r["question_id"] in ids] for m in methods}
+
+
+def run(cfg: DictConfig | RunConfig) -> dict:
+    """One job: answer what is missing, then write the job's summary (see the module docstring)."""
+    config = validate(cfg)  # value ranges, before anything else
+    fmt, questions = check_settings(config)  # bad settings fail before any model loads
+    methods = job_methods(config)
+    directories = {m.name: run_directory(config, m) for m in methods}
+    for m in methods:
+        claim_run_directory(config, m, directories[m.name])
+    job_dir = directories[config.method.name]
+    if not config.resume and any(read_answers(directories[m.name] / "answers" / f"{m.name}.jsonl") for m in methods):
+        raise ValueError(f"{job_dir.parent} already holds answers for these settings and resume=false: rerun with "
+                         "resume=true (the default) to continue them, or move the run directories away")
+    ids = {q.question_id for _, q in questions}
+    pending = [m for m in methods if not answered(directories[m.name], m, ids)]
+    if not pending and (job_dir / "summary.json").exists():
+        summary = json.loads((job_dir / "summary.json").read_text())
+        if summary["settings"].get("methods") == list(directories) and summary["settings"]["questions"] == len(ids):
+            print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
+            return summary
+    started = time.time()
+    OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / "config.yaml",
+                   resolve=True)
+    from eval.tracking import start_tracking
+
+    tracker = start_tracking(config.logging, job_dir, plain(config), model=config.model.name, bench=config.bench.name,
+                             method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
+    answered_now = answer_pending(config, fmt, questions, pending, directories, tracker) if pending else []
+    records = job_records(methods, directories, ids)
+    summary = {"machine": machine(), "settings": settings(config, len(ids), directories),
+               "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
+                       "answered": answered_now},  # the methods this job added answers to
                "methods": summarize(records)}
-    summary["quality_metric"] = score_quality(cfg, records, summary["methods"])
-    for method, fig in summary["methods"].items():
-        fig["margin_histogram"] = margin_histogram(merged_stats(records[method]).margins, cfg.mars.margin,
-                                                   sampling[method].theta if sampling[method].rule == "mars" else None)
+    summary["quality_metric"] = score_quality(config, records, summary["methods"])
+    margins = {name: merged_stats(recs).margins for name, recs in records.items()}
+    for m in methods:
+        fig = summary["methods"][m.name]
+        fig["run_dir"] = str(directories[m.name])
+        fig["margin_histogram"] = margin_histogram(margins[m.name], sampling_of(m, config.sampling).margin,
+                                                   m.theta if isinstance(m, MarsConfig) else None)
     text = json.dumps(summary, indent=2) + "\n"
-    write_atomic(directory / "summary.json", text)
-    OmegaConf.save(cfg, directory / "config.yaml")
-    if cfg.summary_path:
-        path = resolve(cfg.summary_path)
+    write_atomic(job_dir / "summary.json", text)
+    if config.summary_path:
+        path = resolve(config.summary_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
     print(format_table(summary["methods"], summary["quality_metric"]))
-    print(f"run: {directory}")
-    if cfg.wandb.mode != "disabled":
-        log_wandb(cfg, summary, records, directory)
+    print(f"run: {job_dir}")
+    tracker.finish(summary, {m.name: directories[m.name] / "answers" / f"{m.name}.jsonl" for m in methods}, margins)
     return summary
 
 
-def answer_questions(cfg: DictConfig, evaluator: Evaluator, methods: list[Method], sampling: dict[str, SamplingConfig],
-                     questions: list[Question], directory: Path) -> dict[str, list[dict]]:
-    """Every method on every question not answered yet; returns the records of the requested questions."""
-    files = {m.name: AnswerFile(directory / "answers" / f"{m.name}.jsonl") for m in methods}
-    skipped = {m.name: AnswerFile(directory / "skipped" / f"{m.name}.jsonl") for m in methods}
-    todo = [q for q in questions if any(not (files[m.name].done(q.question_id) or skipped[m.name].done(q.question_id))
-                                        for m in methods)]
-    if cfg.warmup and todo:  # first calls pay for allocation and kernel selection
+def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[int, Question]],
+                   pending: list[MethodConfig], directories: dict[str, Path], tracker) -> list[str]:
+    """Load the models and answer the pending methods: first those no other job is answering, together
+    (interleaved), then each of the others once the job answering it has let go of its directory.
+    Returns the methods that got new answers."""
+    torch.set_num_threads(config.threads or cores())
+    torch.manual_seed(config.seed)
+    with contextlib.ExitStack() as stack:
+        gpus = None
+        if config.gpus_per_job or chosen_launcher() == "gpus":
+            gpus, handles = claim_gpus(config.gpus_per_job or 1, torch.cuda.device_count())
+            for handle in handles:
+                stack.callback(handle.close)
+            print(f"job GPUs: {gpus}")
+        tokenizer = load_tokenizer(config)
+        target = load_target(config, gpus)
+        head = load_head(config, target)
+        gen = stack.enter_context(SpeculativeGenerator(target, head, **plain(config.tree),
+                                                       exact_attention=config.model.exact_attention))
+        evaluator = Evaluator(config, gen, tokenizer, fmt)
+        held, waiting = [], []
+        for m in pending:
+            (held if stack.enter_context(directory_lock(directories[m.name], wait=False)) else waiting).append(m)
+        answered = answer_questions(config, evaluator, held, questions, directories, tracker) if held else set()
+        for m in waiting:
+            print(f"waiting for {directories[m.name]}: another job is answering {m.name}")
+            with directory_lock(directories[m.name], wait=True):
+                answered |= answer_questions(config, evaluator, [m], questions, directories, tracker)
+    return [m.name for m in pending if m.name in answered]
+
+
+def chosen_launcher() -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("hydra/launcher") if HydraConfig.initialized() else None
+
+
+def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig],
+                     questions: list[tuple[int, Question]], directories: dict[str, Path], tracker) -> set[str]:
+    """Every method on every question it has not answered yet, appending each answer as it is made.
+    Returns the methods that answered (or skipped) at least one question."""
+    files = {m.name: AnswerFile(directories[m.name] / "answers" / f"{m.name}.jsonl") for m in methods}
+    skipped = {m.name: AnswerFile(directories[m.name] / "skipped" / f"{m.name}.jsonl") for m in methods}
+    samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
+
+    def done(m: MethodConfig, qid) -> bool:
+        return files[m.name].done(qid) or skipped[m.name].done(qid)
+
+    todo = [(i, q) for i, q in questions if not all(done(m, q.question_id) for m in methods)]
+    if config.warmup and todo:  # first calls pay for allocation and kernel selection
         for m in methods:
             try:
-                ids = encode(evaluator.tokenizer, todo[0], [], evaluator.fmt)
-                generate(evaluator.gen, m, sampling[m.name], ids, min(16, evaluator.budget(ids)), evaluator.eos,
-                         cfg.seed)
+                ids = encode(evaluator.tokenizer, todo[0][1], [], evaluator.fmt)
+                generate(evaluator.gen, m, samplings[m.name], ids, min(16, evaluator.budget(ids)), evaluator.eos,
+                         config.seed)
             except Skip:
                 break
     speed = {m.name: [0, 0.0] for m in methods}
-    bar = tqdm(questions, desc=f"{cfg.bench.name} x {len(methods)} methods", unit="q", dynamic_ncols=True)
-    for i, question in enumerate(bar):
+    answered: set[str] = set()
+    names = ", ".join(m.name for m in methods)
+    bar = tqdm(todo, desc=f"{config.bench.name}: {names}", unit="q", dynamic_ncols=True, file=sys.stderr)
+    for n, (i, question) in enumerate(bar):
         evaluator.start(question)
-        for m in methods[i % len(methods):] + methods[: i % len(methods)]:
-            qid = question.question_id
-            if files[m.name].done(qid) or skipped[m.name].done(qid):
+        qid = question.question_id
+        for m in methods[i % len(methods):] + methods[: i % len(methods)]:  # i: the index in the whole set
+            if done(m, qid):
                 continue
             try:
-                record = evaluator.answer(m, sampling[m.name], question, cfg.seed * 1_000_003 + i)
+                record = evaluator.answer(m, samplings[m.name], question, config.seed * 1_000_003 + i)
             except Skip as reason:
                 skipped[m.name].append({"question_id": qid, "method": m.name, "reason": str(reason)})
+                answered.add(m.name)
                 continue
             files[m.name].append(record)
+            answered.add(m.name)
+            tracker.log_question(m.name, record, n + 1, len(todo))
             choice = record["choices"][0]
             speed[m.name][0] += sum(choice["new_tokens"])
             speed[m.name][1] += sum(choice["wall_time"])
         bar.set_postfix({name: f"{t / s:.0f}t/s" for name, (t, s) in speed.items() if s})
-    wanted = {q.question_id for q in questions}
-    return {name: [r for r in f.records.values() if r["question_id"] in wanted] for name, f in files.items()}
+    return answered
 
 
-@hydra.main(version_base=None, config_path="../configs", config_name="config")
+@hydra.main(version_base=None, config_path=str(REPO_ROOT / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    # Through the module's importable name, so that launchers running jobs in other processes
+    # (joblib, submitit) pickle the task by reference rather than this __main__ module by value.
+    from eval.run import main as entry_point
+
+    entry_point()

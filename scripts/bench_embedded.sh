@@ -16,4 +16,5 @@ if [[ $# -gt 0 && "$1" != *=* ]]; then
     out="$1"
     shift
 fi
-exec python -m eval.run model=embedded bench=embedded out_dir=results/bench_embedded summary_path="$out" "$@"
+exec python -m eval.run model=embedded bench=embedded "baselines=[generate,vanilla,strict,mars@0.8]" \
+    out_dir=results/bench_embedded summary_path="$out" "$@"

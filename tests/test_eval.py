@@ -23,9 +23,9 @@ from eval.bench import (
     encode,
     load_questions,
 )
+from eval.config import method_spec, sampling_of, validate
 from eval.metrics import format_table
 from eval.prompts import build_prompts, extract_prompts
-from eval.run import parse_method, sampling_config
 
 SOURCE = '''"""A module."""
 
@@ -260,11 +260,11 @@ def test_a_malformed_question_line_names_the_file_and_line(tmp_path):
 
 def test_unknown_methods_and_bad_theta_fail_clearly():
     with pytest.raises(ValueError, match="unknown method 'fast'"):
-        parse_method("fast")
+        method_spec("fast")
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        cfg = compose("config")
+        run = validate(compose("config"))
     with pytest.raises(ValueError, match="theta=1.5"):
-        sampling_config(parse_method("mars@1.5"), cfg)
+        sampling_of(method_spec("mars@1.5"), run.sampling)
 
 
 def test_format_table_handles_missing_figures():

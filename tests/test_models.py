@@ -33,13 +33,17 @@ FIXTURES = Path(__file__).parent / "fixtures" / "public_drafts"
 PAPER_MODELS = {"vicuna13b", "llama31_8b", "llama33_70b", "qwen3_8b", "qwen3_32b", "qwen3_235b", "dsr1_llama8b"}
 MODEL_CONFIGS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 DRAFTS = sorted(p.stem for p in FIXTURES.glob("*.json"))
-TOP_KEYS = {"name", "target", "draft", "tokenizer", "dtype", "device", "device_map", "max_memory", "prompt", "tree",
-            "exact_attention"}
+TOP_KEYS = {"name", "target", "draft", "tokenizer", "dtype", "device", "device_map", "max_memory", "allow_offload",
+            "prompt", "exact_attention"}
+
+
+def compose_run(name: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=[f"model={name}"])
 
 
 def compose_model(name: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="config", overrides=[f"model={name}"]).model
+    return compose_run(name).model
 
 
 def fixture(name: str) -> dict:
@@ -55,16 +59,17 @@ def test_every_paper_model_has_a_config_and_a_draft_layout():
 
 @pytest.mark.parametrize("name", MODEL_CONFIGS)
 def test_model_config_composes_with_every_field(name):
-    model = compose_model(name)
+    cfg = compose_run(name)
+    model = cfg.model
     assert set(model) == TOP_KEYS, f"{name}.yaml fields differ: {set(model) ^ TOP_KEYS}"
     assert model.name == name
-    assert model.dtype in ("bfloat16", "float16", "float32", "auto")
-    assert model.max_memory is None
+    assert model.dtype.value in ("bfloat16", "float16", "float32", "auto")
+    assert model.max_memory is None and model.allow_offload is False
     assert set(model.prompt) == {"format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs"}
     fmt = prompt_format(model)  # validates the block (fastchat template names, kinds)
     assert isinstance(fmt, PromptFormat)
-    # the tree block is passed to SpeculativeGenerator as keyword arguments (eval/run.py)
-    tree = OmegaConf.to_container(model.tree)
+    # the model's tree preset is passed to SpeculativeGenerator as keyword arguments (eval/run.py)
+    tree = OmegaConf.to_container(cfg.tree)
     accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
     assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)
     assert all(isinstance(tree[k], int) and tree[k] > 0 for k in ("total_tokens", "depth", "branching"))
@@ -72,30 +77,32 @@ def test_model_config_composes_with_every_field(name):
 
 
 def test_embedded_config_keeps_its_cpu_settings():
-    model = compose_model("embedded")
+    cfg = compose_run("embedded")
+    model = cfg.model
     assert prompt_format(model) == PromptFormat(kind="completion")
-    assert (model.tree.total_tokens, model.tree.depth, model.tree.branching) == (20, 4, 5)
+    assert (cfg.tree.total_tokens, cfg.tree.depth, cfg.tree.branching) == (20, 4, 5)
     assert model.exact_attention is True and model.device == "cpu"
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_MODELS))
 def test_paper_model_settings_follow_the_reference(name):
-    model, layout = compose_model(name), fixture(name)
+    cfg, layout = compose_run(name), fixture(name)
+    model = cfg.model
     assert (model.target, model.draft) == (layout["target"], layout["draft"])
     # The MARS runs' tree, --total-token 50 --depth 6 --top-k 10, in this engine's terms (the reference
     # counts the root in total_token and drafts depth + 1 levels).
-    assert (model.tree.total_tokens, model.tree.depth, model.tree.branching) == (49, 7, 10)
+    assert (cfg.tree.total_tokens, cfg.tree.depth, cfg.tree.branching) == (49, 7, 10)
     assert model.device_map == "auto" and model.exact_attention is False
     fmt = prompt_format(model)
     if name == "vicuna13b":
         assert fmt == PromptFormat(kind="fastchat", fastchat_template="vicuna_v1.1")
-        assert model.dtype == "float16"
+        assert model.dtype.value == "float16"
     else:
         assert fmt.kind == "chat" and fmt.system_prompt.startswith("You are a helpful, respectful and honest")
         assert "being safe.  Your answers" in fmt.system_prompt  # verbatim, double space included
         qwen = name.startswith("qwen3")
         assert fmt.thinking is (False if qwen else None)
-        assert model.dtype == ("bfloat16" if qwen else "float16")
+        assert model.dtype.value == ("bfloat16" if qwen else "float16")
 
 
 def test_chat_models_share_one_system_prompt():

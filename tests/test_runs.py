@@ -1,5 +1,7 @@
-"""Runs never lose or mix work: run directories named by their settings, resume after SIGKILL,
-context budgets, errors before any model loads. On a tiny stand-in pair built from configs."""
+"""Runs never lose or mix work: run directories named by their settings, baselines shared by the
+jobs of a sweep, finished jobs skipped, shards that merge to the unsharded run, parallel jobs,
+resume after SIGKILL, context budgets, errors before any model loads. On a tiny stand-in pair
+built from configs."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import save_standin_pair
 from hydra import compose, initialize_config_dir
 
 from eval.answers import AnswerFile, read_answers
 from eval.bench import REPO_ROOT
-from eval.run import run, run_directory
+from eval.config import validate
+from eval.report import load_runs, merge_runs
+from eval.run import check_offload, claim_gpus, job_methods, run, run_directory
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 METHODS = ["generate", "vanilla", "strict", "mars@0.9"]
@@ -32,7 +37,7 @@ def standin(tmp_path_factory) -> Path:
 def overrides(standin: Path, out: Path, *more: str) -> list[str]:
     return [f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
             "model.exact_attention=false", "num_prompts=2", "max_new_tokens=8", "threads=1", "warmup=false",
-            f"out_dir={out}", f"methods=[{','.join(METHODS)}]", *more]
+            f"out_dir={out}", *more]
 
 
 def config(standin: Path, out: Path, *more: str):
@@ -40,20 +45,34 @@ def config(standin: Path, out: Path, *more: str):
         return compose("config", overrides=overrides(standin, out, *more))
 
 
+def directories(cfg) -> dict[str, Path]:
+    """Each method's run directory for a composed job config."""
+    config = validate(cfg)
+    return {m.name: run_directory(config, m) for m in job_methods(config)}
+
+
+def answers(directory: Path, method: str) -> list[dict]:
+    return read_answers(directory / "answers" / f"{method}.jsonl")
+
+
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_a_run_lives_in_a_directory_named_by_its_settings_and_resumes_there(standin, tmp_path, capsys):
+def test_each_method_lives_in_a_directory_named_by_its_settings_and_resumes_there(standin, tmp_path, capsys):
     out = tmp_path / "out"
     cfg = config(standin, out)
     summary = run(cfg)
-    directory = run_directory(cfg)
-    assert directory.parent == out and directory.name.startswith("T0-")
-    assert json.loads((directory / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    dirs = directories(cfg)
+    assert list(dirs) == METHODS and all(d.parent == out for d in dirs.values())
+    assert dirs["mars@0.9"].name.startswith("mars@0.9-T0-") and dirs["vanilla"].name.startswith("vanilla-T0-")
+    job = dirs["mars@0.9"]  # the job's own method holds its summary and resolved config
+    assert json.loads((job / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    assert (job / "config.yaml").exists() and "theta: 0.9" in (job / "config.yaml").read_text()
     methods = summary["methods"]
     assert list(methods) == METHODS
+    assert all(methods[m]["run_dir"] == str(dirs[m]) for m in METHODS)
     # transformers' own greedy decoding and ours emit the same tokens (fp32); speedups against both.
     assert methods["generate"]["identical_to_vanilla"] == 1.0 and methods["strict"]["identical_to_vanilla"] == 1.0
     assert methods["strict"]["speedup_vs_generate"] > 0 and methods["strict"]["speedup"] > 0
@@ -61,39 +80,99 @@ def test_a_run_lives_in_a_directory_named_by_its_settings_and_resumes_there(stan
     assert sum(methods["strict"]["margin_histogram"]["counts"]) > 0
     assert summary["quality_metric"] == "parse_rate" and "quality" in methods["strict"]
     assert "run:" in capsys.readouterr().out
-    first = {m: read_answers(directory / "answers" / f"{m}.jsonl") for m in METHODS}
+    first = {m: answers(dirs[m], m) for m in METHODS}
     assert all([r["question_id"] for r in recs] == [0, 1] for recs in first.values())
 
-    # The same settings with more questions: the same directory, the finished answers kept as they were.
+    # A rerun of a finished job loads no model and writes nothing.
+    before = {m: snapshot(d) for m, d in dirs.items()}
+    run(config(standin, out))
+    assert "done already" in capsys.readouterr().out
+    assert {m: snapshot(d) for m, d in dirs.items()} == before
+
+    # The same settings with more questions: the same directories, the finished answers kept as they were.
     again = run(config(standin, out, "num_prompts=3"))
-    assert run_directory(config(standin, out, "num_prompts=3")) == directory
+    assert directories(config(standin, out, "num_prompts=3")) == dirs
     for m in METHODS:
-        resumed = read_answers(directory / "answers" / f"{m}.jsonl")
+        resumed = answers(dirs[m], m)
         assert [r["answer_id"] for r in resumed[:2]] == [r["answer_id"] for r in first[m]]
         assert [r["question_id"] for r in resumed] == [0, 1, 2]
     assert again["methods"]["vanilla"]["questions"] == 3
 
-    # Another setting: another directory; the first one is not touched.
-    before = snapshot(directory)
+    # Another setting: other directories; the first ones are not touched.
+    before = {m: snapshot(d) for m, d in dirs.items()}
     run(config(standin, out, "max_new_tokens=4"))
-    assert run_directory(config(standin, out, "max_new_tokens=4")) != directory
-    assert snapshot(directory) == before
+    assert set(directories(config(standin, out, "max_new_tokens=4")).values()).isdisjoint(dirs.values())
     with pytest.raises(ValueError, match="resume=false"):
         run(config(standin, out, "resume=false"))
-    assert snapshot(directory) == before
+    assert {m: snapshot(d) for m, d in dirs.items()} == before
+
+
+def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin, tmp_path, capsys):
+    out = tmp_path / "out"
+    first = run(config(standin, out, "method.theta=0.8"))
+    dirs = directories(config(standin, out, "method.theta=0.8"))
+    baselines = {m: snapshot(dirs[m]) for m in ("generate", "vanilla", "strict")}
+    second = run(config(standin, out, "method.theta=0.95"))
+    assert second["job"]["answered"] == ["mars@0.95"]  # the baselines were already answered
+    assert {m: snapshot(dirs[m]) for m in baselines} == baselines
+    assert second["methods"]["vanilla"] == {**first["methods"]["vanilla"]}
+    assert second["methods"]["mars@0.95"]["speedup"] > 0 and "quality" in second["methods"]["mars@0.95"]
+    # A method under test that is also a baseline shares its directory.
+    strict = run(config(standin, out, "method=strict"))
+    assert strict["job"]["answered"] == [] and strict["methods"]["strict"]["run_dir"] == str(dirs["strict"])
+    # The report counts each shared baseline once and shows both thresholds.
+    entries = merge_runs(load_runs([out]))
+    assert sorted(e.method for e in entries) == sorted(["generate", "vanilla", "strict", "mars@0.8", "mars@0.95"])
+
+
+def test_shards_answer_exactly_what_the_unsharded_run_does(standin, tmp_path):
+    whole = run(config(standin, tmp_path / "whole", "num_prompts=5", "sampling=t1"))
+    for i in range(2):
+        run(config(standin, tmp_path / "shards", "num_prompts=5", "sampling=t1", f"shard={i}/2"))
+    unsharded = directories(config(standin, tmp_path / "whole", "num_prompts=5", "sampling=t1"))
+    for m in METHODS:
+        merged = [r for i in range(2) for r in answers(directories(config(
+            standin, tmp_path / "shards", "num_prompts=5", "sampling=t1", f"shard={i}/2"))[m], m)]
+        assert sorted(r["question_id"] for r in merged) == list(range(5))
+        tokens = {r["question_id"]: r["eval"]["token_ids"] for r in merged}
+        assert tokens == {r["question_id"]: r["eval"]["token_ids"] for r in answers(unsharded[m], m)}, m
+    entries = {e.method: e for e in merge_runs(load_runs([tmp_path / "shards"]))}
+    for m in METHODS:
+        fig, ref = entries[m].fig, whole["methods"][m]
+        assert fig["questions"] == ref["questions"] == 5 and fig["tokens"] == ref["tokens"]
+        assert fig["tau"] == pytest.approx(ref["tau"])
+
+
+def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, tmp_path):
+    out = tmp_path / "out"
+    args = [*overrides(standin, out, "num_prompts=3"), "method.theta=0.8,0.95", "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "eval.run", "-m", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = [json.loads(p.read_text())["job"] for p in sorted(out.glob("mars@*/summary.json"))]
+    assert len(jobs) == 2 and jobs[0]["pid"] != jobs[1]["pid"] and os.getpid() not in {j["pid"] for j in jobs}
+    assert max(j["started"] for j in jobs) < min(j["finished"] for j in jobs)  # they overlapped in time
+    # Both needed the baselines; one answered them while the other waited: one answer per question.
+    for m in ("generate", "vanilla", "strict"):
+        (directory,) = out.glob(f"{m}-T0-*")
+        assert sorted(r["question_id"] for r in answers(directory, m)) == [0, 1, 2]
+    assert sorted(sum((j["answered"] for j in jobs), [])) == sorted(["generate", "vanilla", "strict", "mars@0.8",
+                                                                     "mars@0.95"])
 
 
 def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):
     missing = f"model.target={tmp_path / 'missing'}"  # would fail only when loading
     with pytest.raises(ValueError, match="unknown method 'mars@x'"):
-        run(config(standin, tmp_path, missing, "methods=[vanilla,mars@x]"))
+        run(config(standin, tmp_path, missing, "baselines=[vanilla,mars@x]"))
     with pytest.raises(ValueError, match="theta=1.5"):
-        run(config(standin, tmp_path, missing, "methods=[mars@1.5]"))
+        run(config(standin, tmp_path, missing, "method.theta=1.5"))
     with pytest.raises(ValueError, match="max_new_tokens"):
         run(config(standin, tmp_path, missing, "max_new_tokens=0"))
     with pytest.raises(FileNotFoundError, match="no_such_set"):
         run(config(standin, tmp_path, missing, "bench.questions=no_such_set"))
-    assert not (tmp_path / "T0").exists() and not list(tmp_path.glob("T*"))  # nothing created
+    assert not list(tmp_path.iterdir())  # nothing created
     with pytest.raises(FileNotFoundError, match="target model not found"):
         run(config(standin, tmp_path, missing))
 
@@ -107,10 +186,9 @@ def test_long_prompts_get_the_budget_that_fits_or_are_skipped_with_the_reason(st
     questions.write_text("".join(json.dumps({"question_id": i, "prompt": p}) + "\n"
                                  for i, p in enumerate([fits, tight, too_long])))
     cfg = config(standin, tmp_path / "out", f"bench.questions={questions}", "bench.name=long", "num_prompts=null",
-                 "methods=[vanilla,strict]", "max_new_tokens=16")
+                 "method=strict", "baselines=[vanilla]", "max_new_tokens=16")
     summary = run(cfg)
-    directory = run_directory(cfg)
-    for method in ("vanilla", "strict"):
+    for method, directory in directories(cfg).items():
         answers = {r["question_id"]: r for r in read_answers(directory / "answers" / f"{method}.jsonl")}
         assert answers[0]["eval"]["max_new_tokens"] == [16]
         budget = answers[1]["eval"]["max_new_tokens"][0]
@@ -133,8 +211,7 @@ def test_a_malformed_answer_line_names_the_file_and_line(tmp_path):
 def test_runs_killed_at_random_moments_resume_to_one_answer_per_question(standin, tmp_path):
     out = tmp_path / "out"
     args = overrides(standin, out, "num_prompts=6", "max_new_tokens=12")
-    cfg = config(standin, out, "num_prompts=6", "max_new_tokens=12")
-    directory = run_directory(cfg)
+    dirs = directories(config(standin, out, "num_prompts=6", "max_new_tokens=12"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rng = random.Random(0)
     kills = 0
@@ -144,8 +221,7 @@ def test_runs_killed_at_random_moments_resume_to_one_answer_per_question(standin
         # Kill once answering has started (some answer lines exist) plus a random moment, or at a random time.
         start, wait = time.time(), rng.uniform(0.0, 1.5)
         while proc.poll() is None and time.time() - start < 60:
-            lines = sum(len(read_answers(p)) for p in (directory / "answers").glob("*.jsonl")) \
-                if (directory / "answers").exists() else 0
+            lines = sum(len(read_answers(p)) for p in out.glob("*/answers/*.jsonl"))
             if lines >= 1 + kills * 3:
                 time.sleep(wait)
                 break
@@ -158,6 +234,48 @@ def test_runs_killed_at_random_moments_resume_to_one_answer_per_question(standin
     subprocess.run([sys.executable, "-m", "eval.run", *args], cwd=REPO_ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for m in METHODS:
-        ids = [r["question_id"] for r in read_answers(directory / "answers" / f"{m}.jsonl")]
+        ids = [r["question_id"] for r in answers(dirs[m], m)]
         assert sorted(ids) == list(range(6)), (m, ids)  # exactly one answer per question
-    assert json.loads((directory / "summary.json").read_text())["methods"]["strict"]["questions"] == 6
+    assert json.loads((dirs["mars@0.9"] / "summary.json").read_text())["methods"]["strict"]["questions"] == 6
+
+
+def test_jobs_on_one_node_claim_distinct_gpus_by_lock_file(tmp_path):
+    first, held = claim_gpus(2, total=3, lock_dir=tmp_path)
+    assert first == [0, 1]
+    with pytest.raises(RuntimeError, match="only 1 of this node's 3 GPUs are free"):
+        claim_gpus(2, total=3, lock_dir=tmp_path)
+    second, other = claim_gpus(1, total=3, lock_dir=tmp_path)
+    assert second == [2]
+    for handle in held + other:
+        handle.close()  # a finished job frees its GPUs
+    again, handles = claim_gpus(3, total=3, lock_dir=tmp_path)
+    assert again == [0, 1, 2]
+    for handle in handles:
+        handle.close()
+
+
+def test_sharding_refuses_offload_unless_asked(standin, tmp_path):
+    class Sharded:
+        hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "disk"}
+
+    with pytest.raises(RuntimeError, match="placed layers on cpu, disk.*allow_offload=true"):
+        check_offload(Sharded(), allow=False)
+    check_offload(Sharded(), allow=True)
+    Sharded.hf_device_map = {"model": 0, "lm_head": 1}
+    check_offload(Sharded(), allow=False)
+    # device_map needs GPUs; without one the job stops before loading, naming the fix.
+    with pytest.raises(RuntimeError, match="none is visible"):
+        run(config(standin, tmp_path, "model.device_map=auto", "model.max_memory={0: 70GiB}"))
+    assert not torch.cuda.is_available()
+
+
+def test_the_submitit_launcher_runs_jobs_with_its_local_executor(standin, tmp_path):
+    out = tmp_path / "out"
+    args = [*overrides(standin, out, "num_prompts=1", "max_new_tokens=4"), "method.theta=0.8,0.95",
+            "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    done = subprocess.run([sys.executable, "-m", "eval.run", "-m", *args], cwd=REPO_ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = [json.loads(p.read_text())["job"] for p in sorted(out.glob("mars@*/summary.json"))]
+    assert len(jobs) == 2 and os.getpid() not in {j["pid"] for j in jobs}
+    assert len(list((tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))) == 2

@@ -1,0 +1,274 @@
+"""The typed configuration of `python -m eval.run`: Hydra structured configs and the named presets.
+
+Every group is a dataclass registered in Hydra's ConfigStore, so a value of the wrong type or an
+unknown key fails when Hydra composes the config, with Hydra's own message; value ranges (θ, depth,
+temperature, shard, ...) are checked by `validate`, which `eval.run` calls on the composed config
+before anything else runs. Groups and their options:
+
+    model/     the YAML files in configs/model/ (target, draft, dtype, devices, prompt format)
+    bench/     the YAML files in configs/bench/ (question set, quality figures)
+    method/    generate | vanilla | strict | mars (theta, margin, fallback)     -- the method under test
+    tree/      cpu (20/4/5) | paper (49/7/10) | eagle (60/6/10) | adaptive       -- each model picks its default
+    sampling/  t0 (greedy) | t1 (T=1, the paper's main table) | t02 (T=0.2, the paper's Qwen3 runs)
+    logging/   disabled | offline | online                                       -- Weights & Biases
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, is_dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from mars.sampling import SamplingConfig
+
+SHARD = re.compile(r"^(\d+)/(\d+)$")
+
+
+class Dtype(Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+    auto = "auto"
+
+
+class PromptKind(Enum):
+    chat = "chat"
+    fastchat = "fastchat"
+    completion = "completion"
+
+
+class Margin(Enum):
+    logit_ratio = "logit_ratio"
+    prob_ratio = "prob_ratio"
+    logprob_gap = "logprob_gap"
+
+
+class Fallback(Enum):
+    strict = "strict"
+    reference = "reference"
+
+
+class WandbMode(Enum):
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class PromptConfig:
+    """How questions become prompts (eval.bench.PromptFormat)."""
+
+    format: PromptKind = PromptKind.chat
+    fastchat_template: str | None = None
+    system_prompt: str | None = None
+    thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    target: str = MISSING  # a directory (absolute or relative to the repository) or a hub id
+    draft: str = MISSING
+    tokenizer: str | None = None  # default: the target's
+    dtype: Dtype = Dtype.bfloat16
+    device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
+    device_map: str | None = None  # auto: shard the target over the job's GPUs
+    max_memory: Any = None  # a dict per GPU index, e.g. {0: 70GiB, 1: 70GiB}
+    allow_offload: bool = False  # with device_map: accept layers placed on the CPU or disk (slow)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    # Verification attention computed row by row over exactly the visible keys (mars/target.py), so
+    # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
+    exact_attention: bool = False
+
+
+@dataclass
+class BenchConfig:
+    name: str = MISSING
+    questions: str = MISSING  # a set's name in data_dir, or a .jsonl path
+    data_dir: str | None = None
+    quality: list[str] = field(default_factory=list)  # extra figures of eval/quality.py: parses, loglik
+
+
+@dataclass
+class MethodConfig:
+    """The method under test. `kind`: generate (transformers' model.generate), vanilla (our plain
+    decoding), strict (lossless verification), mars (margin-aware verification)."""
+
+    kind: str = MISSING
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+
+@dataclass
+class MarsConfig(MethodConfig):
+    kind: str = "mars"
+    theta: float = 0.9  # relax where top-2 logit / top-1 logit > theta (logprob_gap: where the gap < theta)
+    margin: Margin = Margin.logit_ratio
+    fallback: Fallback = Fallback.strict  # sampling only: strict | reference (what the MARS code does)
+
+    @property
+    def name(self) -> str:
+        return f"mars@{self.theta:g}"
+
+
+@dataclass
+class TreeConfig:
+    total_tokens: int = 20  # drafted nodes verified per cycle (the reference's total_token counts the root too)
+    depth: int = 4  # draft levels
+    branching: int = 5  # children expanded per level (EAGLE's top_k)
+    adaptive: bool = False  # size each cycle's tree from measured costs (mars/adaptive.py); the sizes are caps
+
+
+@dataclass
+class SamplingSchema:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (a sampling filter; the tree's branching factor is tree.branching)
+
+
+@dataclass
+class LoggingConfig:
+    mode: WandbMode = WandbMode.disabled
+    project: str = "mars-spec"
+    entity: str | None = None
+    group: str | None = None  # default: the sweep's directory name in a multirun, else none
+    name: str | None = None  # default: <model>-<bench>-<method>-T<temperature>
+    tags: list[str] = field(default_factory=list)  # added to model:/bench:/method: tags
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = MISSING
+    bench: BenchConfig = MISSING
+    method: MethodConfig = MISSING
+    tree: TreeConfig = MISSING
+    sampling: SamplingSchema = MISSING
+    logging: LoggingConfig = MISSING
+    # Methods answered alongside `method`, question by question in rotated order; each keeps its own
+    # run directory, shared by every job with the same settings (a θ sweep times vanilla once).
+    baselines: list[str] = field(default_factory=lambda: ["generate", "vanilla", "strict"])
+    max_new_tokens: int = 64  # per turn
+    num_prompts: int | None = 12  # the first N questions of the set; null = all
+    shard: str | None = None  # "i/n": this job answers questions i, i+n, i+2n, ... (eval.report merges)
+    seed: int = 0
+    threads: int | None = None  # torch threads; null = all cores
+    warmup: bool = True  # one short untimed run of every method first
+    resume: bool = True  # a rerun continues its run directories (false: refuse to reuse one with answers)
+    out_dir: str = MISSING  # run directories go under it (eval/run.py)
+    summary_path: str | None = None  # an extra copy of the job's summary.json
+    gpus_per_job: int | None = None  # claim this many free GPUs of the node by lock file (joblib launcher)
+
+
+def method_spec(spec: str) -> MethodConfig:
+    """A method from its short form: generate, vanilla, strict or mars@<theta> (default margin, fallback)."""
+    spec = str(spec).strip()
+    if spec in ("generate", "vanilla", "strict"):
+        return MethodConfig(kind=spec)
+    if spec.startswith("mars@"):
+        try:
+            return MarsConfig(theta=float(spec[5:]))
+        except ValueError:
+            pass
+    raise ValueError(f"unknown method {spec!r}: use 'generate', 'vanilla', 'strict' or 'mars@<theta>' (e.g. mars@0.9)")
+
+
+def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
+    """The engine's sampling settings for a method; raises on a bad temperature, theta, margin, ..."""
+    from mars.sampling import SamplingConfig  # here: composing a config must not import the engine (torch)
+
+    mars = isinstance(method, MarsConfig)
+    return SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          rule="mars" if mars else "strict", theta=method.theta if mars else 0.9,
+                          margin=method.margin.value if mars else "logit_ratio",
+                          mars_fallback=method.fallback.value if mars else "strict")
+
+
+def plain(value: Any) -> Any:
+    """A config dataclass (or any nesting of them) as JSON-ready Python: dicts, lists, enum values."""
+    if is_dataclass(value):
+        return plain(asdict(value))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value
+
+
+def parse_shard(shard: str | None) -> tuple[int, int] | None:
+    if shard is None:
+        return None
+    match = SHARD.match(str(shard))
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise ValueError(f"shard must be 'i/n' with 0 <= i < n (e.g. shard=0/4), got {shard!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def validate(cfg: DictConfig | RunConfig) -> RunConfig:
+    """The composed config as dataclasses, with every value range checked (raises ValueError naming it)."""
+    run = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+    if run.method.kind not in ("generate", "vanilla", "strict", "mars"):
+        raise ValueError(f"method.kind must be generate, vanilla, strict or mars, got {run.method.kind!r}")
+    methods = [run.method, *(method_spec(b) for b in run.baselines)]
+    for method in methods:
+        sampling_of(method, run.sampling)
+    tree = run.tree
+    for name in ("total_tokens", "depth", "branching"):
+        _positive(f"tree.{name}", getattr(tree, name))
+    _positive("max_new_tokens", run.max_new_tokens)
+    if run.num_prompts is not None:
+        _positive("num_prompts", run.num_prompts)
+    if run.threads is not None:
+        _positive("threads", run.threads)
+    if run.gpus_per_job is not None:
+        _positive("gpus_per_job", run.gpus_per_job)
+    parse_shard(run.shard)
+    memory = run.model.max_memory
+    sizes = isinstance(memory, dict) and all(isinstance(v, (str, int)) for v in memory.values())
+    if memory is not None and not sizes:
+        raise ValueError("model.max_memory must map GPU indices to sizes, e.g. model.max_memory={0: 70GiB, 1: 70GiB}, "
+                         f"got {memory!r}")
+    if memory and not run.model.device_map:
+        raise ValueError("model.max_memory needs model.device_map (e.g. model.device_map=auto)")
+    return run
+
+
+# --- presets ------------------------------------------------------------------------------------
+
+TREES = {
+    "cpu": TreeConfig(20, 4, 5),  # the embedded pair on 2 cores (configs/model/embedded.yaml has the sweep)
+    "paper": TreeConfig(49, 7, 10),  # MARS / EAGLE-3 runs: depth K=7, top-k 10, total_token 50 with the root
+    "eagle": TreeConfig(60, 6, 10),  # EAGLE-2's default dynamic tree
+    "adaptive": TreeConfig(20, 6, 5, adaptive=True),  # sized per cycle from measured costs, at most 20 nodes / 6 levels
+}
+SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
+
+
+def register() -> None:
+    """Put the schemas and presets into Hydra's ConfigStore (done on import of this module)."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for kind in ("generate", "vanilla", "strict"):
+        cs.store(group="method", name=kind, node=MethodConfig(kind=kind))
+    cs.store(group="method", name="mars", node=MarsConfig)
+    for name, tree in TREES.items():
+        cs.store(group="tree", name=name, node=tree)
+    for name, sampling in SAMPLINGS.items():
+        cs.store(group="sampling", name=name, node=sampling)
+    for mode in WandbMode:
+        cs.store(group="logging", name=mode.value, node=LoggingConfig(mode=mode))
+
+
+register()

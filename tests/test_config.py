@@ -1,0 +1,119 @@
+"""The Hydra structured configs: every option of every group composes into a valid job config, and
+bad values fail when the config is composed (types, unknown options and keys) or validated (ranges)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from eval.bench import REPO_ROOT
+from eval.config import SAMPLINGS, TREES, MarsConfig, RunConfig, WandbMode, method_spec, parse_shard, validate
+
+CONFIGS = REPO_ROOT / "configs"
+GROUPS = {
+    "model": sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")),
+    "bench": sorted(p.stem for p in (CONFIGS / "bench").glob("*.yaml")),
+    "method": ["generate", "vanilla", "strict", "mars"],
+    "tree": sorted(TREES),
+    "sampling": sorted(SAMPLINGS),
+    "logging": [m.value for m in WandbMode],
+    "hydra/launcher": ["basic", "joblib", "gpus", "slurm", "submitit_local"],
+}
+
+
+def composed(*overrides: str, hydra: bool = False):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
+def test_every_option_of_every_group_composes_and_validates(group, option):
+    if group.startswith("hydra/"):  # launcher presets configure Hydra, not the job
+        cfg = composed(f"{group}={option}", hydra=True)
+        assert cfg.hydra.runtime.choices["hydra/launcher"] == option
+        assert cfg.hydra.launcher._target_.startswith("hydra")
+        return
+    run = validate(composed(f"{group}={option}"))
+    assert isinstance(run, RunConfig)
+    if group == "method":
+        assert run.method.kind == option and isinstance(run.method, MarsConfig) == (option == "mars")
+    elif group == "tree":
+        assert run.tree == TREES[option]
+    elif group == "sampling":
+        assert run.sampling == SAMPLINGS[option]
+    elif group == "logging":
+        assert run.logging.mode.value == option
+    else:
+        assert getattr(run, group).name
+
+
+def test_the_gpus_launcher_runs_one_job_per_gpu(monkeypatch):
+    monkeypatch.setenv("MARS_GPUS", "4")
+    assert composed("hydra/launcher=gpus", hydra=True).hydra.launcher.n_jobs == 4
+
+
+def test_the_default_is_the_cpu_quickstart():
+    run = validate(composed())
+    assert (run.model.name, run.bench.name, run.method.name) == ("embedded", "stdlib_heldout", "mars@0.9")
+    assert run.tree == TREES["cpu"] and run.sampling.temperature == 0 and run.logging.mode is WandbMode.disabled
+    assert run.baselines == ["generate", "vanilla", "strict"]
+
+
+def test_each_model_brings_its_tree_preset_and_the_command_line_overrides_it():
+    assert validate(composed("model=qwen3_8b")).tree == TREES["paper"]
+    assert validate(composed("model=qwen3_8b", "tree=eagle")).tree == TREES["eagle"]
+    assert validate(composed("model=qwen3_32b", "tree.depth=12")).tree.depth == 12
+
+
+@pytest.mark.parametrize("override,error", [
+    ("method.theta=abc", ConfigCompositionException),  # a string where a float belongs
+    ("tree.depth=two", ConfigCompositionException),
+    ("model=no_such_model", MissingConfigException),
+    ("bench=no_such_bench", MissingConfigException),
+    ("tree=no_such_tree", MissingConfigException),
+    ("model.dtype=int8", ConfigCompositionException),  # not one of the enum's values
+    ("method.margin=cosine", ConfigCompositionException),
+    ("logging.mode=loud", ConfigCompositionException),
+    ("model.no_such_key=1", ConfigCompositionException),  # unknown keys are refused
+    ("num_prompts=some", ConfigCompositionException),
+])
+def test_bad_types_and_names_fail_at_compose_time(override, error):
+    with pytest.raises(error):
+        composed(override)
+
+
+def test_theta_only_belongs_to_mars():
+    with pytest.raises(ConfigCompositionException):
+        composed("method=strict", "method.theta=0.9")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["method.theta=1.5"], r"theta=1.5 is outside \[0.0, 1.0\]"),
+    (["method.theta=-0.1"], "theta=-0.1"),
+    (["method.margin=logprob_gap", "method.theta=-1"], "theta=-1"),
+    (["tree.depth=-1"], "tree.depth must be an integer >= 1"),
+    (["tree.total_tokens=0"], "tree.total_tokens"),
+    (["sampling.temperature=-1"], "temperature"),
+    (["sampling.top_p=0"], "top_p"),
+    (["max_new_tokens=0"], "max_new_tokens"),
+    (["num_prompts=0"], "num_prompts"),
+    (["shard=2/2"], "shard must be 'i/n'"),
+    (["shard=a/b"], "shard must be 'i/n'"),
+    (["baselines=[vanilla,fast]"], "unknown method 'fast'"),
+    (["baselines=[mars@1.2]"], "theta=1.2"),
+    (["model.max_memory={0: 70GiB}"], "needs model.device_map"),
+    (["model=qwen3_8b", "model.max_memory=5"], "must map GPU indices"),
+    (["gpus_per_job=0"], "gpus_per_job"),
+])
+def test_bad_values_fail_when_the_composed_config_is_validated(overrides, message):
+    cfg = composed(*overrides)  # types are right: Hydra composes it
+    with pytest.raises(ValueError, match=message):
+        validate(cfg)
+
+
+def test_method_short_forms_and_shards():
+    assert method_spec("mars@0.95").name == "mars@0.95" and method_spec("strict").kind == "strict"
+    with pytest.raises(ValueError, match="unknown method"):
+        method_spec("mars@high")
+    assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None
