@@ -14,7 +14,8 @@ as an exponential moving average over the cycles that drafted that deep (prior: 
 so that speculation is tried first). Before a cycle it picks the depth with the best expected rate
 (1 + sum_{l<=d} s_l) / cost(d), where depth 0 is a plain decoding step (the tree is the root alone,
 which `score_tree` + `accept` turn into exactly plain decoding). After `probe_every` plain steps in
-a row it drafts once at full depth, so that the estimates follow the text. While drafting, a level
+a row it drafts once at full depth with a narrow tree (the draft's best nodes, about one chain), so
+that the estimates follow the text at little cost. While drafting, a level
 is only grown when the draft's own confidence in it (the summed probability of the level's best
 nodes, scaled by how well that confidence has predicted acceptance so far) pays for its cost.
 
@@ -129,9 +130,11 @@ class AdaptiveTree:
         """(depth, total_tokens) for the next cycle; (0, 0) is a plain decoding step."""
         limit = min(self.max_depth, remaining_depth)
         if self.plain_streak >= self.probe_every and limit > 0:
-            depth = limit  # probe: refresh the acceptance estimates
-        else:
-            depth = max(range(limit + 1), key=self.rate)
+            # Probe: refresh the acceptance estimates with the draft's best `limit` nodes (about its
+            # best chain), which costs little more than a decode even where full trees do not pay.
+            self.plain_streak = 0
+            return limit, min(limit, self.max_tokens)
+        depth = max(range(limit + 1), key=self.rate)
         self.plain_streak = self.plain_streak + 1 if depth == 0 else 0
         return depth, self.nodes(depth)
 

@@ -197,8 +197,11 @@ class SpeculativeGenerator:
         root = next_token(process_logits(logits, cfg), cfg, generator)
         self._emit(out, [root], eos, max_new_tokens)
         head.reset()
-        follow = torch.cat([prompt[1:].cpu(), torch.tensor([root])]).to(head.device)
-        hidden, logprobs = head.extend(features, follow)
+        # The draft head catches up on committed tokens (their target features and the tokens that
+        # follow them) only before a cycle that drafts: a run of plain decoding steps (adaptive
+        # tree) then costs one head forward at its end instead of one per step.
+        behind = [(features, torch.cat([prompt[1:].cpu(), torch.tensor([root])]))]
+        hidden = logprobs = None
         clock.lap("prefill")
         while not self._done(out, max_new_tokens):
             remaining = max_new_tokens - len(out.tokens)
@@ -207,6 +210,11 @@ class SpeculativeGenerator:
             if policy is not None:
                 depth, total = policy.plan(remaining - 1)
                 grow = lambda level, scores, d=depth: policy.grow_level(level, scores, d)  # noqa: E731
+            if depth > 0 and behind:
+                hidden, logprobs = head.extend(torch.cat([f for f, _ in behind]),
+                                               torch.cat([t for _, t in behind]).to(head.device))
+                behind.clear()
+                clock.lap("catch_up")
             tree = grow_tree(head, root, hidden, logprobs, depth, self.branching, total, grow)
             clock.lap("draft")
             logits, features = target.score_tree(tree)
@@ -227,8 +235,7 @@ class SpeculativeGenerator:
             clock.lap("cache_update")
             root = verdict.next_token
             path = torch.tensor(verdict.path, device=features.device)
-            hidden, logprobs = head.extend(features[path], torch.tensor(drafted + [root], device=head.device))
-            clock.lap("catch_up")
+            behind.append((features[path], torch.tensor(drafted + [root])))
         out.seconds = time.perf_counter() - start
         return out
 

@@ -30,107 +30,69 @@ PLAN_KWARG = "mars_exact_plan"  # the forward keyword that carries an exact-atte
 # In a tree forward, a node's visible keys are interleaved with masked siblings, so the kernel
 # reduces over a longer, differently laid out row than plain decoding does for the same token.
 # In fp32 that changes the last bits; in bf16 it flips roundings that grow into different greedy
-# tokens. `exact_attention_forward` gives every query row the same computation as plain decoding
-# of its token: the row's visible keys in cache order (the committed prefix, then its ancestors),
-# its scores softmaxed over exactly that row (padded to a multiple of EXACT_BLOCK with -inf), and
-# the value sum taken block by block, EXACT_BLOCK keys a block, blocks added in order. The result
-# depends only on the row's own keys, never on the other rows of the tree or where the committed
-# prefix ends, so strict greedy verification reproduces plain decoding bit for bit (where matmuls
-# are batch-invariant: bf16 and fp32 on CPU for the shapes we test).
-#
-# It is cheap because nothing of the shared prefix is copied per row: the scores come from one
-# matmul over the cache as it lies, the blocks of the prefix that every row sees whole are summed
-# in place for all rows at once, and only each row's last block or two (the end of the prefix and
-# the row's ancestors) are gathered.
+# tokens. `exact_attention_forward` computes every query row over exactly its visible keys,
+# gathered in cache order, with no mask, through the same few ops in verification and in plain
+# decoding. Where matmuls are batch-invariant (bf16 on CPU for the shapes we tested), strict greedy
+# verification then reproduces plain decoding bit for bit.
 
-EXACT_BLOCK = 64
+ExactPlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # [(query rows [n], entries [n, L], pad [n, 1, L])]
+EXACT_BUCKET = 64  # key rows are padded to a multiple of this, so rows of one tree share a few shapes
 
 
-@dataclass(frozen=True)
-class ExactGroup:
-    """Tree rows whose visible keys span the same number of blocks."""
-
-    rows: torch.Tensor  # [g] query rows
-    columns: torch.Tensor  # [g, L - prefix] the row's tree keys (cache entries - prefix) in cache order, padded with 0
-    tail: torch.Tensor  # [g, L - shared] cache entries of the row's keys from `shared` on, padded with entry 0
-    pad: torch.Tensor  # [g, L] 0 on the row's visible keys, -inf on the padding
-
-
-@dataclass(frozen=True)
-class ExactPlan:
-    """Where every row of a tree forward finds its keys; built once per forward, used by every layer."""
-
-    prefix: int  # committed cache entries: every row sees all of them
-    shared: int  # the prefix's whole blocks (a multiple of EXACT_BLOCK): summed in place for all rows
-    groups: tuple[ExactGroup, ...]
-
-    def to(self, device: torch.device | str) -> ExactPlan:
-        moved = (ExactGroup(*(t.to(device) for t in (g.rows, g.columns, g.tail, g.pad))) for g in self.groups)
-        return ExactPlan(self.prefix, self.shared, tuple(moved))
-
-
-def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> ExactPlan:
-    """The plan for tree nodes at `depths` with visibility `ancestors` [n, n] (a node sees itself and
-    its ancestors, all earlier in cache order) after `prefix` committed entries."""
-    block = EXACT_BLOCK
-    shared = prefix // block * block
-    visible = prefix + depths + 1
-    padded = (visible + block - 1) // block * block
-    # Each row's tree keys in cache order first: a stable sort puts the visible columns ahead.
-    order = torch.sort((~ancestors).to(torch.int8), dim=1, stable=True).indices
-    groups = []
-    for width in sorted(set(padded.tolist())):
-        rows = (padded == width).nonzero()[:, 0]
-        count = visible[rows]  # [g]
-        position = torch.arange(width)
-        valid = position[None] < count[:, None]  # [g, width]
-        tree_part = position[prefix:] - prefix  # logical positions after the prefix, as ancestor ranks
-        columns = order[rows][:, tree_part.clamp(max=order.shape[1] - 1)]  # [g, width - prefix]
-        columns = torch.where(valid[:, prefix:], columns, 0)
-        tail = torch.cat([position[shared:prefix].expand(len(rows), prefix - shared), prefix + columns], dim=1)
-        tail = torch.where(valid[:, shared:], tail, 0)
-        pad = torch.zeros(len(rows), width).masked_fill_(~valid, -torch.inf)
-        groups.append(ExactGroup(rows, columns, tail, pad))
-    return ExactPlan(prefix, shared, tuple(groups))
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [n, heads, d], k/v [kv_heads, n, L, d] (contiguous), pad [n, 1, L] (0 or -inf) -> [n, heads, d]."""
+    n, heads, d = q.shape
+    kv_heads = k.shape[0]
+    # In float32: CPUs without bf16 matrix instructions run bf16 matmuls of these shapes several times
+    # slower. Each row is its own batch entry of the same shape as in plain decoding (matmuls are
+    # batch-invariant on CPU; they are not invariant to the number of rows of one product).
+    grouped = q.float().view(n, kv_heads, heads // kv_heads, d).transpose(0, 1)  # query head j reads kv head j // group
+    scores = torch.matmul(grouped, k.float().transpose(-1, -2)) * scaling + pad
+    probs = scores.softmax(dim=-1)  # padded keys get exactly 0
+    return torch.matmul(probs, v.float()).to(q.dtype).transpose(0, 1).reshape(n, heads, v.shape[-1])
 
 
 def exact_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                             mars_exact_plan: ExactPlan | None = None, **kwargs):
     """`attn_implementation="mars_exact"`: plain SDPA unless the forward call carries a plan (the
-    prefill and any other use of the model); with a plan, each row as plain decoding computes it
-    (see the comment above)."""
+    prefill and any other use of the model); with a plan every query row attends to its own gathered
+    keys, padded at the end to a multiple of EXACT_BUCKET. A row's result depends only on its visible
+    keys and their count, never on the other rows of the tree."""
     if mars_exact_plan is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    plan = mars_exact_plan
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    # In float32: CPUs without bf16 matrix instructions run bf16 matmuls of these small shapes ~10x
-    # slower, and the cache of a model small enough to need a CPU is cheap to convert.
-    q, k, v = query[0].float(), key[0].float(), value[0].float()  # [H, n, d], [KV, T, d], [KV, T, dv]
-    heads, n, _ = q.shape
-    kv_heads, dv = k.shape[0], v.shape[-1]
-    group = heads // kv_heads  # query head h reads kv head h // group
-    scores = torch.matmul(q.reshape(kv_heads, group * n, -1), k.transpose(-1, -2)).view(kv_heads, group, n, -1)
-    out = query.new_empty(n, heads, dv)
-    prefix, shared, block = plan.prefix, plan.shared, EXACT_BLOCK
-    whole = shared // block
-    for g in plan.groups:
-        rows, m = g.rows.to(k.device), len(g.rows)
-        s = scores[:, :, rows]  # [KV, G, m, T]
-        tree = s[..., prefix:].gather(-1, g.columns.to(k.device).expand(kv_heads, group, m, -1))
-        logits = torch.cat([s[..., :prefix], tree], dim=-1) * scaling + g.pad.to(k.device)
-        probs = logits.softmax(dim=-1)  # padding gets exactly 0
-        # Block sums: the prefix's whole blocks straight from the cache for all rows, then each row's tail.
-        head = probs[..., :shared].reshape(kv_heads, group * m, whole, block).transpose(1, 2)  # [KV, nb, G*m, B]
-        inplace = torch.matmul(head, v[:, :shared].view(kv_heads, whole, block, dv))  # [KV, nb, G*m, dv]
-        inplace = inplace.view(kv_heads, whole, group, m, dv).permute(0, 2, 3, 1, 4)  # [KV, G, m, nb, dv]
-        rest = g.tail.shape[1] // block
-        tail_v = v.index_select(1, g.tail.to(k.device).reshape(-1)).view(kv_heads, m, rest, block, dv)
-        tail_p = probs[..., shared:].reshape(kv_heads, group, m, rest, block).permute(0, 2, 3, 1, 4)  # [KV,m,nt,G,B]
-        gathered = torch.matmul(tail_p, tail_v).permute(0, 3, 1, 2, 4)  # [KV, G, m, nt, dv]
-        total = torch.cat([inplace, gathered], dim=3).sum(dim=3)  # blocks added in order
-        out[rows] = total.to(query.dtype).reshape(heads, m, dv).transpose(0, 1)
+    out = query.new_empty(query.shape[2], query.shape[1], value.shape[-1])  # [q, heads, d]
+    kv_heads = key.shape[1]
+    for rows, entries, pad in mars_exact_plan:
+        # A no-op on one device; on a model sharded over devices, the layer's own device.
+        rows, entries, pad = rows.to(key.device), entries.to(key.device), pad.to(key.device)
+        n, length = entries.shape
+        flat = entries.reshape(-1)
+        k = key[0].index_select(1, flat).view(kv_heads, n, length, -1)
+        v = value[0].index_select(1, flat).view(kv_heads, n, length, -1)
+        out[rows] = _attend_rows(query[0][:, rows].transpose(0, 1), k, v, pad, scaling)
     return out[None], None
+
+
+def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> ExactPlan:
+    """Tree nodes grouped by padded key count, each with its visible cache entries (the prefix, then
+    its ancestors, then padding that points at entry 0 and is masked out)."""
+    visible = prefix + depths + 1
+    padded = (visible + EXACT_BUCKET - 1) // EXACT_BUCKET * EXACT_BUCKET
+    groups = []
+    for width in sorted(set(padded.tolist())):
+        rows = (padded == width).nonzero()[:, 0]
+        entries = torch.zeros(len(rows), width, dtype=torch.long)
+        entries[:, :prefix] = torch.arange(prefix)
+        pad = torch.full((len(rows), 1, width), -torch.inf)
+        for r, node in enumerate(rows.tolist()):
+            tree_part = ancestors[node].nonzero()[:, 0] + prefix
+            count = prefix + len(tree_part)
+            entries[r, prefix:count] = tree_part
+            pad[r, ..., :count] = 0.0
+        groups.append((rows, entries, pad))
+    return groups
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -382,7 +344,7 @@ class TargetModel:
         self.cache.truncate(self.committed)
         plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
         if plan is not None:
-            plan = plan.to(self.devices.inputs)
+            plan = [tuple(t.to(self.devices.inputs) for t in group) for group in plan]
         return self._forward(tree.tokens, self.committed + tree.depths, tree.ancestors, True, plan)
 
     def keep_path(self, path: list[int]) -> None:

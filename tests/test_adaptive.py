@@ -36,7 +36,8 @@ def test_policy_decodes_plainly_when_speculation_cannot_pay_and_probes_now_and_t
     policy = AdaptiveTree(DEAR_VERIFY, depth=4, branching=5, total_tokens=20, probe_every=4)
     policy.survival = [0.3, 0.1, 0.05, 0.01]
     plans = [policy.plan(100) for _ in range(10)]
-    assert plans[:4] == [(0, 0)] * 4 and plans[4] == (4, 20) and plans[5:9] == [(0, 0)] * 4 and plans[9] == (4, 20)
+    # a probe drafts full depth but verifies only the draft's best `depth` nodes: cheap where trees do not pay
+    assert plans[:4] == [(0, 0)] * 4 and plans[4] == (4, 4) and plans[5:9] == [(0, 0)] * 4 and plans[9] == (4, 4)
 
 
 def test_observed_acceptance_moves_the_plan():

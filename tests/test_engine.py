@@ -11,7 +11,6 @@ from transformers import DynamicCache
 
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
-from mars.target import EXACT_BLOCK, exact_attention_forward, exact_plan
 
 
 def test_greedy_equals_hf_generate_on_every_architecture(arch):
@@ -150,54 +149,29 @@ def test_bf16_target_runs_and_matches_its_own_vanilla():
     assert out.tokens[0] == gen.vanilla(prompt, max_new_tokens=20).tokens[0]  # same prefill
 
 
-@pytest.mark.parametrize("prefix", [EXACT_BLOCK - 2, 2 * EXACT_BLOCK + 5, 3])
-def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order(prefix):
+def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order():
+    from mars.target import EXACT_BUCKET, exact_plan
+
     parents = [-1, 0, 0, 1, 1, 2, 3]
     depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
     ancestors = torch.eye(7, dtype=torch.bool)
     for i in range(1, 7):
         ancestors[i] |= ancestors[parents[i]]
-    plan = exact_plan(prefix, depths, ancestors)  # EXACT_BLOCK - 2: the deeper nodes spill into a second block
-    assert plan.prefix == prefix and plan.shared == prefix // EXACT_BLOCK * EXACT_BLOCK
+    prefix = EXACT_BUCKET - 2  # the deeper nodes spill into a second bucket
     seen = set()
-    for g in plan.groups:
-        width = g.pad.shape[1]
-        assert width % EXACT_BLOCK == 0 and g.columns.shape == (len(g.rows), width - prefix)
-        assert g.tail.shape == (len(g.rows), width - plan.shared)
-        for r, node in enumerate(g.rows.tolist()):
+    for rows, entries, pad in exact_plan(prefix, depths, ancestors):
+        assert entries.shape[1] % EXACT_BUCKET == 0 and pad.shape == (len(rows), 1, entries.shape[1])
+        for r, node in enumerate(rows.tolist()):
             seen.add(node)
             chain = []
             while node >= 0:
-                chain.append(node)
+                chain.append(prefix + node)
                 node = parents[node]
-            visible = list(range(prefix)) + [prefix + c for c in chain[::-1]]
+            visible = list(range(prefix)) + chain[::-1]
             count = len(visible)
-            assert count <= width < count + EXACT_BLOCK
-            assert g.columns[r, : len(chain)].tolist() == chain[::-1]
-            assert g.tail[r, : count - plan.shared].tolist() == visible[plan.shared:]
-            assert bool((g.pad[r, :count] == 0).all()) and bool(torch.isinf(g.pad[r, count:]).all())
+            assert entries[r, :count].tolist() == visible
+            assert bool((pad[r, 0, :count] == 0).all()) and bool(torch.isinf(pad[r, 0, count:]).all())
     assert seen == set(range(7))
-
-
-def test_exact_attention_computes_attention():
-    """Against plain masked softmax attention in float64: the blocked computation is attention."""
-    torch.manual_seed(0)
-    heads, kv_heads, d, prefix = 4, 2, 8, 150
-    parents = [-1, 0, 0, 1, 2]
-    depths = torch.tensor([0, 1, 1, 2, 2])
-    ancestors = torch.eye(5, dtype=torch.bool)
-    for i in range(1, 5):
-        ancestors[i] |= ancestors[parents[i]]
-    q = torch.randn(1, heads, 5, d, dtype=torch.float64)
-    k = torch.randn(1, kv_heads, prefix + 5, d, dtype=torch.float64)
-    v = torch.randn(1, kv_heads, prefix + 5, d, dtype=torch.float64)
-    out, _ = exact_attention_forward(None, q, k, v, None, scaling=0.3,
-                                     mars_exact_plan=exact_plan(prefix, depths, ancestors))
-    allowed = torch.cat([torch.ones(5, prefix, dtype=torch.bool), ancestors], dim=1)
-    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    scores = (q @ kk.transpose(-1, -2) * 0.3).masked_fill(~allowed, -torch.inf)
-    expected = (scores.softmax(-1) @ vv).transpose(1, 2)
-    assert torch.allclose(out, expected, atol=1e-10)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
