@@ -40,16 +40,17 @@ EXACT_BUCKET = 64  # key rows are padded to a multiple of this, so rows of one t
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q [n, heads, d], k/v [kv_heads, n, L, d] (contiguous), pad [n, 1, L] (0 or -inf) -> [n, heads, d]."""
+    """q [n, heads, d], k/v float32 [kv_heads, n, L, d] (contiguous), pad [n, 1, L] (0 or -inf) -> [n, heads, d].
+
+    In float32: CPUs without bf16 matrix instructions run bf16 matmuls of these shapes several times
+    slower. Each row is its own batch entry of the same shape as in plain decoding (matmuls are
+    batch-invariant on CPU; they are not invariant to the number of rows of one product)."""
     n, heads, d = q.shape
     kv_heads = k.shape[0]
-    # In float32: CPUs without bf16 matrix instructions run bf16 matmuls of these shapes several times
-    # slower. Each row is its own batch entry of the same shape as in plain decoding (matmuls are
-    # batch-invariant on CPU; they are not invariant to the number of rows of one product).
     grouped = q.float().view(n, kv_heads, heads // kv_heads, d).transpose(0, 1)  # query head j reads kv head j // group
-    scores = torch.matmul(grouped, k.float().transpose(-1, -2)) * scaling + pad
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * scaling + pad
     probs = scores.softmax(dim=-1)  # padded keys get exactly 0
-    return torch.matmul(probs, v.float()).to(q.dtype).transpose(0, 1).reshape(n, heads, v.shape[-1])
+    return torch.matmul(probs, v).to(q.dtype).transpose(0, 1).reshape(n, heads, v.shape[-1])
 
 
 def exact_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -64,13 +65,16 @@ def exact_attention_forward(module, query, key, value, attention_mask, dropout=0
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = query.new_empty(query.shape[2], query.shape[1], value.shape[-1])  # [q, heads, d]
     kv_heads = key.shape[1]
+    # Cast the cache once, then gather: the same float32 values as gathering then casting per row
+    # (a cast is elementwise), without casting the shared prefix once per tree row.
+    keys, values = key[0].float(), value[0].float()
     for rows, entries, pad in mars_exact_plan:
         # A no-op on one device; on a model sharded over devices, the layer's own device.
         rows, entries, pad = rows.to(key.device), entries.to(key.device), pad.to(key.device)
         n, length = entries.shape
         flat = entries.reshape(-1)
-        k = key[0].index_select(1, flat).view(kv_heads, n, length, -1)
-        v = value[0].index_select(1, flat).view(kv_heads, n, length, -1)
+        k = keys.index_select(1, flat).view(kv_heads, n, length, -1)
+        v = values.index_select(1, flat).view(kv_heads, n, length, -1)
         out[rows] = _attend_rows(query[0][:, rows].transpose(0, 1), k, v, pad, scaling)
     return out[None], None
 
