@@ -42,9 +42,15 @@ def resolve(path: str | Path) -> Path:
     return path if path.is_absolute() else REPO_ROOT / path
 
 
+def bench_path(data_dir: str | Path | None = None) -> Path:
+    """Where the public sets are looked for: `data_dir`, else $MARS_BENCH_DIR, else ../shared/data/bench
+    (which may not exist; `bench_dir` checks)."""
+    return resolve(data_dir or os.environ.get(BENCH_DIR_ENV) or DEFAULT_BENCH_DIR)
+
+
 def bench_dir(data_dir: str | Path | None = None) -> Path:
-    """The directory of the public sets: `data_dir`, else $MARS_BENCH_DIR, else ../shared/data/bench."""
-    directory = resolve(data_dir or os.environ.get(BENCH_DIR_ENV) or DEFAULT_BENCH_DIR)
+    """The directory of the public sets (`bench_path`), or a FileNotFoundError saying how to get them."""
+    directory = bench_path(data_dir)
     if not directory.is_dir():
         raise FileNotFoundError(
             f"benchmark data directory {directory} does not exist. Point bench.data_dir (or ${BENCH_DIR_ENV}) at a "

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mars.sampling import SamplingConfig
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a model given as a Hugging Face hub id (owner/name)
 
 
 class Dtype(Enum):

@@ -40,19 +40,36 @@ def merged_stats(records: list[dict]) -> VerifyStats:
     return total
 
 
-def _speed(record: dict) -> tuple[int, float]:
+def speed_counts(record: dict) -> tuple[int, float]:
+    """(new tokens, generation wall time) of one answer record, over all its turns."""
     choice = record["choices"][0]
     return sum(choice["new_tokens"]), sum(choice["wall_time"])
 
 
+def cycle_counts(record: dict) -> tuple[int, int]:
+    """(tokens emitted by draft-verify cycles, cycles) of one answer record: each turn's first token
+    comes from the prefill, in no cycle."""
+    choice = record["choices"][0]
+    return sum(n - 1 for n in choice["new_tokens"] if n > 0), sum(choice["idxs"])
+
+
+def tokens_per_s(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds else 0.0
+
+
+def tau(cycle_tokens: int, cycles: int) -> float:
+    """Tokens per draft-verify cycle; 1.0 before any cycle."""
+    return cycle_tokens / cycles if cycles else 1.0
+
+
 def method_figures(records: list[dict]) -> dict:
     """Figures of one method that need no other method."""
-    tokens = sum(_speed(r)[0] for r in records)
-    seconds = sum(_speed(r)[1] for r in records)
-    cycles = sum(sum(r["choices"][0]["idxs"]) for r in records)
-    cycle_tokens = sum(n - 1 for r in records for n in r["choices"][0]["new_tokens"] if n > 0)
+    tokens = sum(speed_counts(r)[0] for r in records)
+    seconds = sum(speed_counts(r)[1] for r in records)
+    counts = [cycle_counts(r) for r in records]
+    cycle_tokens, cycles = sum(t for t, _ in counts), sum(c for _, c in counts)
     relaxed = sum(sum(r["eval"]["relaxed"]) for r in records)
-    per_question = [t / s for t, s in map(_speed, records) if s > 0]
+    per_question = [t / s for t, s in map(speed_counts, records) if s > 0]
     parses = [p for r in records for p in r["eval"]["parses"] if p is not None]
     loglik = sum(x for r in records for x in r["eval"]["loglik"] if x is not None)
     loglik_tokens = sum(r["eval"]["loglik_tokens"][i] for r in records
@@ -65,10 +82,10 @@ def method_figures(records: list[dict]) -> dict:
         "questions": len(records),
         "tokens": tokens,
         "seconds": round(seconds, 3),
-        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "tokens_per_s": tokens_per_s(tokens, seconds),
         "mean_question_tokens_per_s": sum(per_question) / len(per_question) if per_question else 0.0,
         "cycles": cycles,
-        "tau": cycle_tokens / cycles if cycles else 1.0,
+        "tau": tau(cycle_tokens, cycles),
         "relaxed_tokens": relaxed,
         "relaxed_frac": relaxed / tokens if tokens else 0.0,
         "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),

@@ -57,18 +57,12 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = REPO_ROOT / "configs"
-BENCH_DIR_ENV = "MARS_BENCH_DIR"
-DEFAULT_BENCH_DIR = "../shared/data/bench"  # relative to the repository root, as configs/bench/*.yaml
-HUMANEVAL_TESTS = "HumanEval.jsonl.gz"  # HumanEval's unit tests, needed to score pass@1
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-EXIT_NOT_RUNNABLE = 2
+from eval.bench import BENCH_DIR_ENV, REPO_ROOT, bench_path, resolve
+from eval.config import HUB_ID, SAMPLINGS, TREES
 
-# Mirrors of eval.config's presets (tests/test_paper.py checks they agree), so that --dry-run does
-# not import the engine (torch, transformers) just to print a table.
-TREE_DEPTH = {"cpu": 4, "paper": 7, "eagle": 6, "adaptive": 6}
-SAMPLING_TEMPERATURE = {"t0": 0.0, "t1": 1.0, "t02": 0.2}
+CONFIGS = REPO_ROOT / "configs"
+HUMANEVAL_TESTS = "HumanEval.jsonl.gz"  # HumanEval's unit tests, needed to score pass@1
+EXIT_NOT_RUNNABLE = 2
 
 MAIN_MODELS = ("vicuna13b", "llama31_8b", "llama33_70b", "dsr1_llama8b")
 MAIN_BENCHES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum")
@@ -207,18 +201,12 @@ def model_path_problem(path: str) -> str | None:
 
 # --- benchmark files ----------------------------------------------------------------------------
 
-def bench_dir(data_dir: str | None = None) -> Path:
-    path = Path(data_dir or os.environ.get(BENCH_DIR_ENV) or DEFAULT_BENCH_DIR).expanduser()
-    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
-
-
 def bench_files(bench: str, data_dir: str | None = None) -> list[Path]:
     """The files a benchmark needs: its questions (and HumanEval's unit tests, to score pass@1)."""
     questions = bench_questions(bench)
     if questions.endswith(".jsonl"):
-        path = Path(questions)
-        return [path if path.is_absolute() else REPO_ROOT / path]
-    directory = bench_dir(data_dir)
+        return [resolve(questions)]
+    directory = bench_path(data_dir)
     files = [directory / f"{questions}.jsonl"]
     if questions == "humaneval":
         files.append(directory / HUMANEVAL_TESTS)
@@ -326,12 +314,12 @@ def expand(command: Command) -> list[Job]:
         kind = values.get("method", "mars")
         theta = values.get("method.theta", "0.9") if kind == "mars" else "-"
         tree = values.get("tree", "paper")
-        depth = values.get("tree.depth", str(TREE_DEPTH.get(tree, "?")))
+        depth = values.get("tree.depth", str(TREES[tree].depth) if tree in TREES else "?")
         preset = values.get("sampling", "t0")
         if "sampling.temperature" in values:
             sampling = f"T={float(values['sampling.temperature']):g}"
         else:
-            sampling = f"{preset} (T={SAMPLING_TEMPERATURE[preset]:g})" if preset in SAMPLING_TEMPERATURE else preset
+            sampling = f"{preset} (T={SAMPLINGS[preset].temperature:g})" if preset in SAMPLINGS else preset
         jobs.append(Job(values.get("model", command.model), values.get("bench", "?"),
                         f"mars@{float(theta):g}" if kind == "mars" else kind, theta, depth,
                         sampling, list(overrides)))

@@ -32,7 +32,6 @@ import fcntl
 import json
 import os
 import platform
-import re
 import sys
 import time
 from collections import Counter
@@ -47,13 +46,22 @@ from eagle.config import eos_token_ids
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
 from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
-from eval.config import MarsConfig, MethodConfig, RunConfig, method_spec, parse_shard, plain, sampling_of, validate
+from eval.config import (
+    HUB_ID,
+    MarsConfig,
+    MethodConfig,
+    RunConfig,
+    method_spec,
+    parse_shard,
+    plain,
+    sampling_of,
+    validate,
+)
 from eval.metrics import format_table, margin_histogram, merged_stats, summarize
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
 from mars.target import context_length
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
 
@@ -83,6 +91,11 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
     if isinstance(method, MarsConfig):
         identity.update(margin=method.margin.value, fallback=method.fallback.value)
     return identity
+
+
+def answer_path(directory: Path, method: MethodConfig, kind: str = "answers") -> Path:
+    """A method's answers file in its run directory (kind="skipped": the questions it could not answer)."""
+    return directory / kind / f"{method.name}.jsonl"
 
 
 def run_directory(run: RunConfig, method: MethodConfig) -> Path:
@@ -439,12 +452,12 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
 
 def answered(directory: Path, method: MethodConfig, ids: set) -> bool:
     done = {r["question_id"] for sub in ("answers", "skipped")
-            for r in read_answers(directory / sub / f"{method.name}.jsonl")}
+            for r in read_answers(answer_path(directory, method, sub))}
     return ids <= done
 
 
 def job_records(methods: list[MethodConfig], directories: dict[str, Path], ids: set) -> dict[str, list[dict]]:
-    return {m.name: [r for r in read_answers(directories[m.name] / "answers" / f"{m.name}.jsonl")
+    return {m.name: [r for r in read_answers(answer_path(directories[m.name], m))
                      if r["question_id"] in ids] for m in methods}
 
 
@@ -457,7 +470,7 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     for m in methods:
         claim_run_directory(config, m, directories[m.name])
     job_dir = directories[config.method.name]
-    if not config.resume and any(read_answers(directories[m.name] / "answers" / f"{m.name}.jsonl") for m in methods):
+    if not config.resume and any(read_answers(answer_path(directories[m.name], m)) for m in methods):
         raise ValueError(f"{job_dir.parent} already holds answers for these settings and resume=false: rerun with "
                          "resume=true (the default) to continue them, or move the run directories away")
     ids = {q.question_id for _, q in questions}
@@ -495,7 +508,7 @@ def run(cfg: DictConfig | RunConfig) -> dict:
         write_atomic(path, text)
     print(format_table(summary["methods"], summary["quality_metric"]))
     print(f"run: {job_dir}")
-    tracker.finish(summary, {m.name: directories[m.name] / "answers" / f"{m.name}.jsonl" for m in methods}, margins)
+    tracker.finish(summary, {m.name: answer_path(directories[m.name], m) for m in methods}, margins)
     return summary
 
 
@@ -540,8 +553,8 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
                      questions: list[tuple[int, Question]], directories: dict[str, Path], tracker) -> set[str]:
     """Every method on every question it has not answered yet, appending each answer as it is made.
     Returns the methods that answered (or skipped) at least one question."""
-    files = {m.name: AnswerFile(directories[m.name] / "answers" / f"{m.name}.jsonl") for m in methods}
-    skipped = {m.name: AnswerFile(directories[m.name] / "skipped" / f"{m.name}.jsonl") for m in methods}
+    files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
+    skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, "skipped")) for m in methods}
     samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
 
     def done(m: MethodConfig, qid) -> bool:

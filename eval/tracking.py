@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval import metrics
 from eval.answers import write_atomic
 
 if TYPE_CHECKING:
@@ -60,12 +61,9 @@ def _number(value: Any) -> bool:
 
 @dataclass
 class RunningTotals:
-    """Pooled figures of one method over the questions answered so far by this process.
-
-    They use `eval.metrics.method_figures`' definitions (tokens/s = total tokens / total seconds;
-    tau = sum over turns of (new_tokens - 1) / total cycles, 1.0 before any cycle), so the last
-    logged values of a run answered in one go equal the job's summary.
-    """
+    """Pooled figures of one method over the questions answered so far by this process, by the same
+    functions as the job's summary (`eval.metrics`), so the last logged values of a run answered in
+    one go equal the summary's."""
 
     questions: int = 0
     tokens: int = 0
@@ -74,20 +72,21 @@ class RunningTotals:
     cycles: int = 0
 
     def add(self, record: dict) -> None:
-        choice = record["choices"][0]
+        tokens, seconds = metrics.speed_counts(record)
+        cycle_tokens, cycles = metrics.cycle_counts(record)
         self.questions += 1
-        self.tokens += sum(choice["new_tokens"])
-        self.seconds += sum(choice["wall_time"])
-        self.cycle_tokens += sum(n - 1 for n in choice["new_tokens"] if n > 0)
-        self.cycles += sum(choice["idxs"])
+        self.tokens += tokens
+        self.seconds += seconds
+        self.cycle_tokens += cycle_tokens
+        self.cycles += cycles
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+        return metrics.tokens_per_s(self.tokens, self.seconds)
 
     @property
     def tau(self) -> float:
-        return self.cycle_tokens / self.cycles if self.cycles else 1.0
+        return metrics.tau(self.cycle_tokens, self.cycles)
 
 
 class Tracker:

@@ -61,9 +61,7 @@ def is_hydra(override: str) -> bool:
     return override.startswith(("hydra.", "hydra/"))
 
 
-def test_presets_mirror_eval_config():
-    assert paper.TREE_DEPTH == {name: tree.depth for name, tree in TREES.items()}
-    assert paper.SAMPLING_TEMPERATURE == {name: s.temperature for name, s in SAMPLINGS.items()}
+def test_experiments_name_known_configs():
     for exp in paper.EXPERIMENTS.values():
         assert set(exp.models) <= set(paper.model_names()) and exp.num_jobs() == JOBS[exp.name]
         assert all((CONFIGS / "bench" / f"{b}.yaml").exists() for b in exp.benches)
@@ -96,8 +94,8 @@ def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
     assert len(seen) == JOBS[name]  # no job twice
     assert {m for m, *_ in seen} == set(exp.models) and {b for _, b, *_ in seen} == set(exp.benches)
     assert {float(t) for _, _, t, *_ in seen} == set(exp.thetas)
-    assert {int(d) for *_, d, _ in seen} == set(exp.depths or [paper.TREE_DEPTH[exp.tree]])
-    assert {t for *_, t in seen} == set(exp.temperatures or [paper.SAMPLING_TEMPERATURE[exp.sampling]])
+    assert {int(d) for *_, d, _ in seen} == set(exp.depths or [TREES[exp.tree].depth])
+    assert {t for *_, t in seen} == set(exp.temperatures or [SAMPLINGS[exp.sampling].temperature])
 
 
 def test_the_experiments_are_the_papers(capsys):
