@@ -8,7 +8,7 @@ before anything else runs. Groups and their options:
     model/     the YAML files in configs/model/ (target, draft, dtype, devices, prompt format)
     bench/     the YAML files in configs/bench/ (question set, quality figures)
     method/    generate | vanilla | strict | mars (theta, margin, fallback)     -- the method under test
-    tree/      cpu (20/4/5) | paper (49/7/10) | eagle (60/6/10) | adaptive       -- each model picks its default
+    tree/      cpu (20/4/5) | paper (49/7/10) | eagle (60/6/10) | adaptive | calibrated  -- each model picks its default
     sampling/  t0 (greedy) | t1 (T=1, the paper's main table) | t02 (T=0.2, the paper's Qwen3 runs)
     logging/   disabled | offline | online                                       -- Weights & Biases
 """
@@ -82,7 +82,7 @@ class ModelConfig:
     target: str = MISSING  # a directory (absolute or relative to the repository) or a hub id
     draft: str = MISSING
     tokenizer: str | None = None  # default: the target's
-    dtype: Dtype = Dtype.bfloat16
+    dtype: Dtype = Dtype.auto  # auto: bf16 on GPUs and CPUs with native bf16 matmuls, else float32 (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
     device_map: str | None = None  # auto: shard the target over the job's GPUs
     max_memory: Any = None  # a dict per GPU index, e.g. {0: 70GiB, 1: 70GiB}
@@ -90,7 +90,8 @@ class ModelConfig:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     # Verification attention computed row by row over exactly the visible keys (mars/target.py), so
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
-    exact_attention: bool = False
+    # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
+    exact_attention: bool | None = None
 
 
 @dataclass
@@ -114,6 +115,20 @@ class MethodConfig:
 
 
 @dataclass
+class GenerateConfig(MethodConfig):
+    """transformers' `model.generate`, in the model's precision or in `dtype` (the target loaded a second
+    time in it): on a CPU without bf16 matrix instructions the run verifies in float32 but plain decoding
+    is fastest in bf16, and speedups are quoted against the fastest plain decoding timed."""
+
+    kind: str = "generate"
+    dtype: Dtype | None = None  # null: the model's (model.dtype as resolved)
+
+    @property
+    def name(self) -> str:
+        return "generate" if self.dtype is None else f"generate@{self.dtype.value}"
+
+
+@dataclass
 class MarsConfig(MethodConfig):
     kind: str = "mars"
     theta: float = 0.9  # relax where top-2 logit / top-1 logit > theta (logprob_gap: where the gap < theta)
@@ -131,6 +146,10 @@ class TreeConfig:
     depth: int = 4  # draft levels
     branching: int = 5  # children expanded per level (EAGLE's top_k)
     adaptive: bool = False  # size each cycle's tree from measured costs (mars/adaptive.py); the sizes are caps
+    # Time mars.calibrate's candidate trees on these prompts (never the benchmark's) and use the fastest;
+    # cached per machine, model and kind of decoding, so it runs once (~1 min for the embedded pair).
+    calibrate: bool = False
+    calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"  # train-split functions of the stdlib
 
 
 @dataclass
@@ -174,16 +193,25 @@ class RunConfig:
 
 
 def method_spec(spec: str) -> MethodConfig:
-    """A method from its short form: generate, vanilla, strict or mars@<theta> (default margin, fallback)."""
+    """A method from its short form: generate, generate@<dtype>, vanilla, strict or mars@<theta>
+    (default margin, fallback)."""
     spec = str(spec).strip()
-    if spec in ("generate", "vanilla", "strict"):
+    if spec == "generate":
+        return GenerateConfig()
+    if spec in ("vanilla", "strict"):
         return MethodConfig(kind=spec)
+    if spec.startswith("generate@"):
+        try:
+            return GenerateConfig(dtype=Dtype(spec[9:]))
+        except ValueError:
+            pass
     if spec.startswith("mars@"):
         try:
             return MarsConfig(theta=float(spec[5:]))
         except ValueError:
             pass
-    raise ValueError(f"unknown method {spec!r}: use 'generate', 'vanilla', 'strict' or 'mars@<theta>' (e.g. mars@0.9)")
+    raise ValueError(f"unknown method {spec!r}: use 'generate', 'generate@<dtype>' (bfloat16, float16, float32), "
+                     "'vanilla', 'strict' or 'mars@<theta>' (e.g. mars@0.9)")
 
 
 def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
@@ -225,6 +253,9 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
     methods = [run.method, *(method_spec(b) for b in run.baselines)]
     for method in methods:
         sampling_of(method, run.sampling)
+        if isinstance(method, GenerateConfig) and method.dtype == Dtype.auto:
+            raise ValueError("a model.generate baseline's dtype must be bfloat16, float16 or float32 (generate@auto "
+                             "is the run's own precision: use generate)")
     tree = run.tree
     for name in ("total_tokens", "depth", "branching"):
         _positive(f"tree.{name}", getattr(tree, name))
@@ -253,6 +284,7 @@ TREES = {
     "paper": TreeConfig(49, 7, 10),  # MARS / EAGLE-3 runs: depth K=7, top-k 10, total_token 50 with the root
     "eagle": TreeConfig(60, 6, 10),  # EAGLE-2's default dynamic tree
     "adaptive": TreeConfig(20, 6, 5, adaptive=True),  # sized per cycle from measured costs, at most 20 nodes / 6 levels
+    "calibrated": TreeConfig(calibrate=True),  # the fastest candidate on this machine (mars/calibrate.py), cached
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 
@@ -261,7 +293,8 @@ def register() -> None:
     """Put the schemas and presets into Hydra's ConfigStore (done on import of this module)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    for kind in ("generate", "vanilla", "strict"):
+    cs.store(group="method", name="generate", node=GenerateConfig)
+    for kind in ("vanilla", "strict"):
         cs.store(group="method", name=kind, node=MethodConfig(kind=kind))
     cs.store(group="method", name="mars", node=MarsConfig)
     for name, tree in TREES.items():

@@ -3,7 +3,11 @@
 Definitions (all pooled over the questions every method answered):
   tokens_per_s             total new tokens / total generation wall time
   speedup                  tokens_per_s / our plain decoding's (vanilla) tokens_per_s
-  speedup_vs_generate      tokens_per_s / transformers' model.generate's tokens_per_s (method "generate")
+  speedup_vs_generate      tokens_per_s / transformers' model.generate's tokens_per_s (method "generate",
+                           in the run's precision)
+  speedup_vs_fastest       tokens_per_s / the fastest plain decoding's tokens_per_s among those timed in
+                           the run (model.generate in each precision timed, e.g. "generate@bfloat16", and
+                           vanilla); `fastest_plain` names it
   speedup_per_question     mean per-question tokens/s / vanilla's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools
   tau                      tokens emitted by draft-verify cycles / cycles: every turn's first token
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 from eval.quality import token_prob
 from mars.stats import VerifyStats
@@ -111,8 +116,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generate: str = "generate") -> dict[str, dict]:
-    """Per-method figures over the questions all methods answered, with speedups over both baselines."""
+def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generate: str = "generate",
+              plain: Sequence[str] = ()) -> dict[str, dict]:
+    """Per-method figures over the questions all methods answered, with speedups over the baselines;
+    `plain` names the plain-decoding methods (the candidates for the fastest plain decoding)."""
     common = set.intersection(*(set(r["question_id"] for r in recs) for recs in records.values()))
     kept = {m: sorted((r for r in recs if r["question_id"] in common), key=lambda r: str(r["question_id"]))
             for m, recs in records.items()}
@@ -126,6 +133,12 @@ def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generat
             fig["identical_to_vanilla"] = _mean(same)
         if generate in figures and method != generate:
             fig["speedup_vs_generate"] = _ratio(fig["tokens_per_s"], figures[generate]["tokens_per_s"])
+    timed = [m for m in plain if m in figures]
+    if timed:
+        fastest = max(timed, key=lambda m: figures[m]["tokens_per_s"])
+        for fig in figures.values():
+            fig["speedup_vs_fastest"] = _ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
+            fig["fastest_plain"] = fastest
     return figures
 
 
@@ -149,7 +162,8 @@ def format_table(figures: dict[str, dict], quality_metric: str | None = None) ->
     """A plain-text table of the headline figures, one row per method (quality: `quality_metric`'s value)."""
     columns = [
         ("method", None, "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
-        ("vs generate", "speedup_vs_generate", "{:.2f}x"), ("tau", "tau", "{:.2f}"),
+        ("vs generate", "speedup_vs_generate", "{:.2f}x"), ("vs fastest", "speedup_vs_fastest", "{:.2f}x"),
+        ("tau", "tau", "{:.2f}"),
         ("relaxed", "relaxed_frac", "{:.1%}"),
         (quality_metric or "quality", "quality", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
         ("=vanilla", "identical_to_vanilla", "{:.0%}"),

@@ -15,6 +15,7 @@ spaced from the candidates. The set depends only on the standard library's sourc
 same on every machine with the same Python version; the committed file was written with 3.11.
 
     python -m eval.prompts --out data/prompts/stdlib_heldout.jsonl
+    python -m eval.prompts --split train --count 6000 --per-file 100 --out runs/draft_prompts.jsonl   # draft training
 """
 
 from __future__ import annotations
@@ -115,12 +116,14 @@ def write_jsonl(prompts: list[Prompt], out: str | Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                    help="train: prompts for draft training (eagle.train.draft --generate); never the benchmark's")
     ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--per-file", type=int, default=3)
     ap.add_argument("--max-chars", type=int, default=1000, help="skip longer prompts (all kept are < 200 tokens)")
     ap.add_argument("--tokenizer", help="optional: print the prompts' token lengths under this tokenizer")
     args = ap.parse_args(argv)
-    prompts = build_prompts(stdlib_files("heldout"), stdlib_root(), args.count, args.per_file, args.max_chars)
+    prompts = build_prompts(stdlib_files(args.split), stdlib_root(), args.count, args.per_file, args.max_chars)
     write_jsonl(prompts, args.out)
     print(f"wrote {len(prompts)} prompts from {len({p.file for p in prompts})} files to {args.out}")
     if args.tokenizer:

@@ -39,17 +39,19 @@ from pathlib import Path
 SUMMARY = "summary.json"
 DASH = "–"
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
+FASTEST_PLAIN = "<fastest plain>"  # the plain-decoding method (generate in any precision, vanilla) with most tokens/s
 RATIOS = {  # figure: (the method it is relative to, the figure divided)
     "speedup": ("vanilla", "tokens_per_s"),
     "speedup_vs_generate": ("generate", "tokens_per_s"),
+    "speedup_vs_fastest": (FASTEST_PLAIN, "tokens_per_s"),
     "quality_recovery": ("strict", "quality"),
     "quality_recovery_vs_vanilla": ("vanilla", "quality"),
 }
 CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
-               "speedup_vs_generate", "tau", "relaxed_frac", "quality_metric", "quality", "quality_recovery",
-               "quality_recovery_vs_vanilla", "run_dirs", "derived"]
-NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "tau", "relaxed_frac", "quality",
-                   "quality_recovery", "quality_recovery_vs_vanilla")
+               "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
+               "quality_recovery", "quality_recovery_vs_vanilla", "run_dirs", "derived"]
+NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac",
+                   "quality", "quality_recovery", "quality_recovery_vs_vanilla")
 SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
                 "questions", "methods", "shard")
 
@@ -137,9 +139,16 @@ class Entry:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def is_plain(method: str) -> bool:
+    """Plain decoding: transformers' model.generate (in the run's precision or `generate@<dtype>`) or vanilla."""
+    return method == "vanilla" or method.partition("@")[0] == "generate"
+
+
 def method_order(method: str, theta: float | None = None) -> tuple:
-    """generate, vanilla, strict, then MARS from the strictest θ down, then anything else by name."""
+    """generate (each precision), vanilla, strict, then MARS from the strictest θ down, then anything else by name."""
     fixed = {"generate": 0, "vanilla": 1, "strict": 2}
+    if method.partition("@")[0] == "generate":
+        return 0, 0.0, method
     if method in fixed:
         return fixed[method], 0.0, method
     return (3, -theta, method) if theta is not None else (4, 0.0, method)
@@ -205,8 +214,12 @@ def _fill_ratios(entries: list[Entry]) -> None:
     for e in entries:
         groups[e.model, e.bench, e.temperature][e.method] = e
     for e in entries:
+        group = groups[e.model, e.bench, e.temperature]
         for name, (reference, figure) in RATIOS.items():
-            ref = groups[e.model, e.bench, e.temperature].get(reference)
+            if reference == FASTEST_PLAIN:
+                timed = [p for p in group.values() if is_plain(p.method) and p.value(figure) is not None]
+                reference = max(timed, key=lambda p: p.value(figure)).method if timed else reference
+            ref = group.get(reference)
             num, den = e.value(figure), ref.value(figure) if ref else None
             if e.method == reference:
                 if num is not None:
@@ -265,6 +278,10 @@ def generate_cell(e: Entry | None) -> str:
     return DASH if e is None else _fmt(e, "speedup_vs_generate", "×")
 
 
+def fastest_cell(e: Entry | None) -> str:
+    return DASH if e is None else _fmt(e, "speedup_vs_fastest", "×")
+
+
 def table(entries: Sequence[Entry], temperature: float,
           render: Callable[[Entry | None], str] = cell) -> tuple[list[str], list[list[str]]]:
     """Header and rows of one temperature's table: rows model × method, one column per benchmark."""
@@ -304,14 +321,17 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
     for t in sorted({e.temperature for e in entries}):
         parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
                   markdown_table(*table(entries, t))]
-        header, rows = table(entries, t, generate_cell)
-        rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran model.generate
-        if rows:
-            parts += ["", f"Speedup over transformers' model.generate, temperature {t:g}:", "",
-                      markdown_table(header, rows)]
+        for render, title in ((generate_cell, "transformers' model.generate in the run's precision"),
+                              (fastest_cell, "the fastest plain decoding timed in the run")):
+            header, rows = table(entries, t, render)
+            rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
+            if rows:
+                parts += ["", f"Speedup over {title}, temperature {t:g}:", "", markdown_table(header, rows)]
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
-              "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run.",
+              "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",
+              "- **speedup vs fastest**: tokens/s over the fastest plain decoding timed in the same run "
+              "(`model.generate` in every precision timed, e.g. `generate@bfloat16`, and vanilla).",
               "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
               "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
               "and exact match in percent, BLEU / chrF / ROUGE raw.",

@@ -35,6 +35,7 @@ import platform
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -43,14 +44,18 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from eagle.config import eos_token_ids
+from eagle.precision import DTYPES, Precision, needs_exact_attention, resolve_dtype
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
 from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
 from eval.config import (
     HUB_ID,
+    Dtype,
+    GenerateConfig,
     MarsConfig,
     MethodConfig,
     RunConfig,
+    TreeConfig,
     method_spec,
     parse_shard,
     plain,
@@ -65,12 +70,42 @@ from mars.target import context_length
 GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
 
-def job_methods(run: RunConfig) -> list[MethodConfig]:
-    """The baselines, then the method under test (each once)."""
+def run_precision(run: RunConfig) -> Precision:
+    """The precision the target runs in: model.dtype, "auto" resolved for the run's device (eagle.precision)."""
+    m = run.model
+    return resolve_dtype(m.dtype.value, "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device)
+
+
+def exact_attention_choice(run: RunConfig, precision: Precision) -> tuple[bool, str]:
+    """Whether verification uses exact attention, and why (model.exact_attention null = auto)."""
+    if run.model.exact_attention is not None:
+        return run.model.exact_attention, "set explicitly"
+    if needs_exact_attention(precision.dtype):
+        return True, f"auto: {precision.name} tree verification differs from plain decoding without it"
+    return False, f"auto: {precision.name} tree verification already reproduces plain decoding"
+
+
+def job_methods(run: RunConfig, precision: Precision | None = None) -> list[MethodConfig]:
+    """The baselines, then the method under test (each once).
+
+    With `model.generate` among them on a CPU running float32 (no native bf16 matrix instructions),
+    `model.generate` in bf16 joins them: such CPUs still decode one token at a time fastest in bf16,
+    and speedups are quoted against the fastest plain decoding timed (`speedup_vs_fastest`)."""
     methods: dict[str, MethodConfig] = {}
     for method in [*(method_spec(b) for b in run.baselines), run.method]:
         methods.setdefault(method.name, method)
-    return list(methods.values())
+    precision = precision or run_precision(run)
+    on_cpu = not run.model.device_map and run.model.device == "cpu"
+    ordered = list(methods.values())
+    bf16 = GenerateConfig(dtype=Dtype.bfloat16)
+    if on_cpu and precision.dtype == torch.float32 and "generate" in methods and bf16.name not in methods:
+        ordered.insert(list(methods).index("generate") + 1, bf16)
+    return ordered
+
+
+def method_dtype(method: MethodConfig, precision: Precision) -> str:
+    """The precision a method decodes in: the run's, or a `generate@<dtype>` baseline's own."""
+    return method.dtype.value if isinstance(method, GenerateConfig) and method.dtype else precision.name
 
 
 # --- run directories ----------------------------------------------------------------------------
@@ -79,13 +114,14 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
     """Every setting that affects one method's answers (and nothing that only affects its timing)."""
     m = run.model
     identity = {
-        "method": method.name, "target": m.target, "tokenizer": m.tokenizer, "dtype": m.dtype.value,
+        "method": method.name, "target": m.target, "tokenizer": m.tokenizer,
+        "dtype": method_dtype(method, run_precision(run)),  # as resolved: auto decodes differently per machine
         "device": "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device,  # not the GPU's index
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
     if method.kind != "generate":  # our decoding loop: exact attention changes its reduction order
-        identity["exact_attention"] = m.exact_attention
+        identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
     if method.kind in ("strict", "mars"):
         identity.update(draft=m.draft, tree=plain(run.tree))
     if isinstance(method, MarsConfig):
@@ -212,16 +248,42 @@ def load_tokenizer(run: RunConfig):
     return AutoTokenizer.from_pretrained(model_source(run.model.tokenizer or run.model.target, "tokenizer"))
 
 
-def load_target(run: RunConfig, gpus: list[int] | None = None):
-    """The target with `AutoModelForCausalLM.from_pretrained`, on `device` or sharded by `device_map`."""
+def load_target(run: RunConfig, dtype: torch.dtype, gpus: list[int] | None = None):
+    """The target with `AutoModelForCausalLM.from_pretrained` in `dtype`, on `device` or sharded by `device_map`."""
     from transformers import AutoModelForCausalLM
 
     m = run.model
-    dtype = "auto" if m.dtype.value == "auto" else getattr(torch, m.dtype.value)
     model = AutoModelForCausalLM.from_pretrained(model_source(m.target, "target model"), dtype=dtype,
                                                  **placement(run, gpus)).eval()
     check_offload(model, m.allow_offload)
     return model
+
+
+def tree_shape(tree: TreeConfig) -> dict:
+    """SpeculativeGenerator's tree arguments."""
+    return {"total_tokens": tree.total_tokens, "depth": tree.depth, "branching": tree.branching,
+            "adaptive": tree.adaptive}
+
+
+def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict]:
+    """`tree=calibrated`: the candidate tree that decodes fastest here (mars.calibrate; timed once per
+    machine, model and greedy/sampled decoding, then read from the cache), and the calibration's record."""
+    from mars.calibrate import calibrate_tree
+
+    precision = run_precision(run)
+    tokenizer = load_tokenizer(run)
+    target = load_target(run, precision.dtype)
+    prompts = [torch.tensor([encode(tokenizer, q, [], fmt)])
+               for q in load_questions(run.tree.calibration_prompts)]
+    with SpeculativeGenerator(target, load_head(run, target), **tree_shape(run.tree),
+                              exact_attention=exact_attention_choice(run, precision)[0]) as gen:
+        record = calibrate_tree(gen, prompts, sampling_of(method_spec("strict"), run.sampling))
+    shape = record["tree"]
+    print(f"tree: {shape['total_tokens']}/{shape['depth']}/{shape['branching']}"
+          f"{' adaptive' if shape['adaptive'] else ''}, the fastest here "
+          f"({record['speedup_over_plain']:.2f}x plain decoding in calibration; "
+          f"{'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
+    return replace(run.tree, **shape, calibrate=False), record
 
 
 def load_head(run: RunConfig, target):
@@ -268,9 +330,10 @@ def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens:
 
 
 def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
-             max_new_tokens: int, eos: list[int], seed: int) -> GenerationOutput:
+             max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> GenerationOutput:
+    """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target)."""
     if method.kind == "generate":
-        return hf_generate(gen.target.model, ids, sampling, max_new_tokens, eos, seed)
+        return hf_generate(plain_model or gen.target.model, ids, sampling, max_new_tokens, eos, seed)
     input_ids = torch.tensor([ids], dtype=torch.long)
     rng = None
     if not sampling.greedy:
@@ -286,8 +349,10 @@ class Skip(Exception):
 class Evaluator:
     """Runs one method on one question (all its turns) and builds its answer record."""
 
-    def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat):
+    def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
+                 plain_models: dict[str, object] | None = None):
         self.cfg, self.gen, self.tokenizer, self.fmt = cfg, gen, tokenizer, fmt
+        self.plain_models = plain_models or {}  # generate@<dtype> baselines: the target loaded in that dtype
         self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
         self.context = min(context_length(gen.target.model.config), gen.target.max_length)
         self.figures = set(cfg.bench.quality)
@@ -315,7 +380,8 @@ class Evaluator:
         for turn, prompt in enumerate(question.turns):
             ids = encode(self.tokenizer, question, texts, self.fmt)
             budget = self.budget(ids)
-            out = generate(self.gen, method, sampling, ids, budget, self.eos, seed + turn)
+            out = generate(self.gen, method, sampling, ids, budget, self.eos, seed + turn,
+                           self.plain_models.get(method.name))
             text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
             texts.append(text)
             outs.append(out)
@@ -402,19 +468,25 @@ def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> di
     import transformers
 
     m = run.model
+    precision = run_precision(run)
+    exact, exact_reason = exact_attention_choice(run, precision)
     return {
-        "model": m.name, "target": m.target, "draft": m.draft, "dtype": m.dtype.value,
+        "model": m.name, "target": m.target, "draft": m.draft, "dtype": precision.name,
+        "dtype_requested": m.dtype.value, "dtype_reason": precision.reason,
         "device": m.device_map or m.device, "bench": run.bench.name, "questions": questions,
         "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
-        "exact_attention": m.exact_attention, "prompt": plain(m.prompt), "method": plain(run.method),
+        "exact_attention": exact, "exact_attention_reason": exact_reason,
+        "prompt": plain(m.prompt), "method": plain(run.method),
         "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
         "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "shard": run.shard,
         "order": "per question every method still to answer, order rotated by question"
                  + ("; warm-up run first" if run.warmup else ""),
-        "speedup": "ratio of total tokens/s to vanilla's (speedup) and to model.generate's (speedup_vs_generate); "
-                   "speedup_per_question: ratio of mean per-question tokens/s (EAGLE tools). Baselines answered by "
-                   "an earlier job of a sweep were timed then, not interleaved with this method",
+        "speedup": "ratio of total tokens/s to vanilla's (speedup), to model.generate's in the run's precision "
+                   "(speedup_vs_generate) and to the fastest plain decoding timed in the run, model.generate in "
+                   "any precision or vanilla (speedup_vs_fastest); speedup_per_question: ratio of mean "
+                   "per-question tokens/s (EAGLE tools). Baselines answered by an earlier job of a sweep were "
+                   "timed then, not interleaved with this method",
     }
 
 
@@ -465,7 +537,15 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     """One job: answer what is missing, then write the job's summary (see the module docstring)."""
     config = validate(cfg)  # value ranges, before anything else
     fmt, questions = check_settings(config)  # bad settings fail before any model loads
-    methods = job_methods(config)
+    precision = run_precision(config)
+    exact, exact_reason = exact_attention_choice(config, precision)
+    print(f"precision: {precision.name} ({precision.reason}); exact attention {'on' if exact else 'off'} "
+          f"({exact_reason})")
+    calibration = None
+    if config.tree.calibrate:  # before the run directories: their names include the tree
+        config = replace(config, tree=(tree := calibrated_tree(config, fmt))[0])
+        calibration = tree[1]
+    methods = job_methods(config, precision)
     directories = {m.name: run_directory(config, m) for m in methods}
     for m in methods:
         claim_run_directory(config, m, directories[m.name])
@@ -489,10 +569,11 @@ def run(cfg: DictConfig | RunConfig) -> dict:
                              method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
     answered_now = answer_pending(config, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
-    summary = {"machine": machine(), "settings": settings(config, len(ids), directories),
+    summary = {"machine": machine(), "settings": {**settings(config, len(ids), directories),
+                                                  "tree_calibration": calibration},
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
-               "methods": summarize(records)}
+               "methods": summarize(records, plain=[m.name for m in methods if m.kind in ("generate", "vanilla")])}
     summary["quality_metric"] = score_quality(config, records, summary["methods"])
     margins = {name: merged_stats(recs).margins for name, recs in records.items()}
     for m in methods:
@@ -527,11 +608,14 @@ def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[i
                 stack.callback(handle.close)
             print(f"job GPUs: {gpus}")
         tokenizer = load_tokenizer(config)
-        target = load_target(config, gpus)
+        precision = run_precision(config)
+        target = load_target(config, precision.dtype, gpus)
         head = load_head(config, target)
-        gen = stack.enter_context(SpeculativeGenerator(target, head, **plain(config.tree),
-                                                       exact_attention=config.model.exact_attention))
-        evaluator = Evaluator(config, gen, tokenizer, fmt)
+        gen = stack.enter_context(SpeculativeGenerator(target, head, **tree_shape(config.tree),
+                                                       exact_attention=exact_attention_choice(config, precision)[0]))
+        plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
+                        if method_dtype(m, precision) != precision.name}
+        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
         held, waiting = [], []
         for m in pending:
             (held if stack.enter_context(directory_lock(directories[m.name], wait=False)) else waiting).append(m)
@@ -566,7 +650,7 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
             try:
                 ids = encode(evaluator.tokenizer, todo[0][1], [], evaluator.fmt)
                 generate(evaluator.gen, m, samplings[m.name], ids, min(16, evaluator.budget(ids)), evaluator.eos,
-                         config.seed)
+                         config.seed, evaluator.plain_models.get(m.name))
             except Skip:
                 break
     speed = {m.name: [0, 0.0] for m in methods}

@@ -38,8 +38,8 @@ TAG_LIMIT = 64  # W&B rejects longer tags
 ARTIFACT_NAME_LIMIT = 128
 # Summary figures of the job's own method also written without the method prefix: one key per
 # figure across every run of a sweep, which is what W&B's run table and parallel plots compare.
-HEADLINE = ("speedup", "speedup_vs_generate", "tau", "tokens_per_s", "relaxed_frac", "quality", "quality_recovery",
-            "quality_recovery_vs_vanilla")
+HEADLINE = ("speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "tokens_per_s", "relaxed_frac", "quality",
+            "quality_recovery", "quality_recovery_vs_vanilla")
 MARGIN_BINS = 64
 
 

@@ -86,13 +86,16 @@ class SpeculativeGenerator:
     (`mars.target.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
     decoding bit for bit instead of up to rounding. It switches the model's attention
     implementation to "mars_exact" until `close()` (or the end of a `with` block) restores it.
+    "auto" (default): on for a bf16/fp16 full-attention target, off in float32, where verification
+    already reproduces plain decoding (`eagle.precision.needs_exact_attention`); `gen.target.exact_attention`
+    tells what was chosen.
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
     """
 
     def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
-                 branching: int | None = None, exact_attention: bool = False, adaptive: bool = False, *,
+                 branching: int | None = None, exact_attention: bool | str = "auto", adaptive: bool = False, *,
                  top_k: int | None = None):
         if top_k is not None:
             if branching is not None:
@@ -112,7 +115,10 @@ class SpeculativeGenerator:
         self.policy: AdaptiveTree | None = None  # measured on first use
 
     def _policy(self) -> AdaptiveTree | None:
-        if self.adaptive and self.policy is None:
+        if not self.adaptive:
+            return None
+        if self.policy is None or (self.policy.max_depth, self.policy.branching, self.policy.max_tokens) != (
+                self.depth, self.branching, self.total_tokens):  # first use, or the tree's maxima were changed
             costs = measure_costs(self.target, self.head, self.branching, self.total_tokens)
             self.policy = AdaptiveTree(costs, self.depth, self.branching, self.total_tokens)
         return self.policy

@@ -19,6 +19,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from eagle.config import text_config
+from eagle.precision import needs_exact_attention
 from eagle.tree import DraftTree
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -237,10 +238,12 @@ class TargetModel:
     `feature_layers` are indices into the model's `hidden_states` (the input of that decoder
     layer; the last index is the final, post-norm hidden state). Features are their concatenation,
     gathered to `feature_device` (the draft head's). With `exact_attention` the model's attention
-    implementation is switched to "mars_exact" until `close()` restores the previous one.
+    implementation is switched to "mars_exact" until `close()` restores the previous one; "auto"
+    turns it on where plain verification would not reproduce plain decoding (a bf16/fp16
+    full-attention model; `eagle.precision.needs_exact_attention`).
     """
 
-    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool = False,
+    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool | str = False,
                  feature_device: torch.device | str | None = None):
         self.model = model
         self.config = text_config(model.config)
@@ -267,7 +270,11 @@ class TargetModel:
         self.cache: TreeCache | None = None
         self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
         self.max_length = context_length(model.config)
-        self.exact_attention = exact_attention
+        if exact_attention == "auto":
+            exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None
+        elif not isinstance(exact_attention, bool):
+            raise ValueError(f"exact_attention must be True, False or 'auto', got {exact_attention!r}")
+        self.exact_attention: bool = exact_attention
         self._restore_attention: str | None = None
         if exact_attention:
             if self.sliding_window is not None:

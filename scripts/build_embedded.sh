@@ -2,14 +2,16 @@
 # Rebuild the embedded default pair from scratch on this machine (CPU, no downloads):
 #   1. tokenizer + target: a 14-layer Llama trained on the stdlib train split   (~80 min on 2 cores)
 #   2. EAGLE-3 draft head trained against it with training-time test            (~30 min)
-#   3. export both to data/models/{target,draft} and check the pair loads        (seconds)
-#   4. the held-out prompt set data/prompts/stdlib_heldout.jsonl
+#   3. the head fine-tuned on the target's own continuations, greedy and sampled,
+#      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
+#   4. export both to data/models/{target,draft} and check the pair loads        (seconds)
+#   5. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
 # Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little.
 #
 #   scripts/build_embedded.sh [RUNS_DIR]        (default: runs/)
 # Smoke test of the whole chain in ~10 minutes, without touching the shipped pair:
-#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 EXPORT_DIR=/tmp/pair PROMPTS_OUT=/tmp/p.jsonl \
-#       scripts/build_embedded.sh /tmp/runs
+#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 EXPORT_DIR=/tmp/pair \
+#       PROMPTS_OUT=/tmp/p.jsonl CALIBRATION_OUT=/tmp/c.jsonl scripts/build_embedded.sh /tmp/runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-runs}"
@@ -18,6 +20,9 @@ draft_minutes="${DRAFT_MINUTES:-24}"
 draft_max_tokens="${DRAFT_MAX_TOKENS:-1000000}"
 export_dir="${EXPORT_DIR:-data/models}"
 prompts_out="${PROMPTS_OUT:-data/prompts/stdlib_heldout.jsonl}"
+calibration_out="${CALIBRATION_OUT:-data/prompts/stdlib_calibration.jsonl}"
+self_prompts="${SELF_PROMPTS:-3600}"     # train-split function prompts the target continues (half greedy, half T=1)
+self_minutes="${SELF_MINUTES:-45}"
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
@@ -31,8 +36,19 @@ python -m eagle.train.draft --target "$runs/target/final" --out "$runs/draft" --
     --warmup 30 --save-every 100 --minutes "$draft_minutes" --eval-sequences 32 \
     --wandb "${WANDB_MODE_DRAFT:-offline}"
 
-python -m eval.tau --target "$runs/target/final" --draft "$runs/draft/final" --prompts 8 \
-    --update "$runs/draft/final/eval.json"
+# Stage 3: the target writes bodies for functions of the *train* split (never the held-out prompts),
+# greedily and at temperature 1, and the head continues training on those continuations with 5 TTT steps.
+python -m eval.prompts --split train --count "$self_prompts" --per-file 100 --out "$runs/draft_prompts.jsonl"
+python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft/final" --out "$runs/draft_self" \
+    --data-jsonl "$runs/draft_prompts.jsonl" --generate --gen-temperature 0 1 --gen-batch 64 --seq-len 256 \
+    --max-tokens $((self_prompts * 256)) --batch 8 --epochs 3 --ttt-steps 5 --lr 5e-4 --warmup 20 --save-every 50 \
+    --minutes "$self_minutes" --wandb "${WANDB_MODE_DRAFT:-offline}"
 
-python -m eagle.train.export --target "$runs/target/final" --draft "$runs/draft/final" --out "$export_dir"
+python -m eagle.train.evaluate --target "$runs/target/final" --draft "$runs/draft_self/final" \
+    --cache-dir "$runs/draft/data" --out "$runs/draft_self/final/eval.json"
+python -m eval.tau --target "$runs/target/final" --draft "$runs/draft_self/final" --prompts 8 \
+    --update "$runs/draft_self/final/eval.json"
+
+python -m eagle.train.export --target "$runs/target/final" --draft "$runs/draft_self/final" --out "$export_dir"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"
+python -m eval.prompts --split train --count 8 --per-file 1 --out "$calibration_out"

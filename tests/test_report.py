@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import DASH, ReportError, generate_cell, load_runs, main, merge_runs, table
+from eval.report import DASH, ReportError, generate_cell, is_plain, load_runs, main, merge_runs, table
 
 # --- synthetic fixtures ---------------------------------------------------------------------------
 
@@ -23,7 +23,8 @@ MODELS = ("model-a", "model-b")
 BENCHES = {"humaneval": ("pass@1",), "wmt19": ("bleu", "chrf")}
 MARS = ["mars@0.8", "mars@0.9", "mars@0.95"]
 METHODS = ["vanilla", "strict", *MARS]
-SPEED = {"generate": 1.05, "vanilla": 1.0, "strict": 1.8, "mars@0.95": 1.9, "mars@0.9": 2.0, "mars@0.8": 2.1}
+SPEED = {"generate": 1.05, "generate@bfloat16": 1.3, "vanilla": 1.0, "strict": 1.8, "mars@0.95": 1.9, "mars@0.9": 2.0,
+         "mars@0.8": 2.1}
 DEPTHS, POSITIONS = 4, 10  # every question verifies POSITIONS drafts per depth: pooled rates = question means
 EDGES = [round(-0.5 + i * 0.05, 6) for i in range(41)]
 
@@ -31,7 +32,7 @@ EDGES = [round(-0.5 + i * 0.05, 6) for i in range(41)]
 def fake_questions(model: str, bench: str, temperature: float, method: str, n: int = 12) -> list[dict]:
     """Invented per-question results, the same for a method whichever run dir it is written into."""
     rng = random.Random(f"{model}|{bench}|{temperature}|{method}")
-    speculative = method not in ("generate", "vanilla")
+    speculative = not is_plain(method)
     out = []
     for _ in range(n):
         tokens = rng.randint(100, 128)
@@ -54,7 +55,7 @@ def fake_figures(qs: list[dict], method: str) -> dict:
     counts = [0] * (len(EDGES) - 1)
     for m in (m for q in qs for m in q["margins"]):
         counts[min(int((m + 0.5) / 0.05), len(counts) - 1)] += 1
-    theta = float(method.split("@")[1]) if "@" in method else None
+    theta = float(method.split("@")[1]) if method.startswith("mars@") else None
     return {
         "questions": len(qs), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
         "cycles": cycles, "tau": sum(q["tokens"] - 1 for q in qs) / cycles if cycles else 1.0,
@@ -79,6 +80,11 @@ def fake_summary(model: str, bench: str, temperature: float, methods: list[str],
         for key, ref in (("quality_recovery", "strict"), ("quality_recovery_vs_vanilla", "vanilla")):
             if ref in figs and m != ref:
                 fig[key] = fig["quality"][metric] / figs[ref]["quality"][metric]
+    plain = [m for m in figs if is_plain(m)]
+    if plain:
+        fastest = max(figs[m]["tokens_per_s"] for m in plain)
+        for fig in figs.values():
+            fig["speedup_vs_fastest"] = fig["tokens_per_s"] / fastest
     settings = {"model": model, "bench": bench, "temperature": temperature, "top_p": 1.0, "top_k": 0,
                 "tree": {"total_tokens": 20, "depth": 4, "branching": 5}, "max_new_tokens": 128, "seed": 0,
                 "methods": methods, "run_id": "synthetic", "shard": f"{shard[0]}/{shard[1]}" if shard else None}
@@ -197,8 +203,8 @@ def test_csv_round_trip(report):
     with (report[1] / "report.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(entries) == 2 * 2 * 5 + 1 + 3
-    numbers = ("tokens_per_s", "speedup", "speedup_vs_generate", "tau", "relaxed_frac", "quality", "quality_recovery",
-               "quality_recovery_vs_vanilla")
+    numbers = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality",
+               "quality_recovery", "quality_recovery_vs_vanilla")
     for row, e in zip(rows, entries, strict=True):
         assert (row["model"], row["bench"], float(row["temperature"]), row["method"]) == (
             e.model, e.bench, e.temperature, e.method)
@@ -210,7 +216,23 @@ def test_csv_round_trip(report):
     sharded = [r for r in rows if r["bench"] == "wmt19" and r["model"] == "model-a"]
     assert all(len(r["run_dirs"].split(";")) == 2 for r in sharded)
     swept = {r["derived"] for r in rows if (r["model"], r["bench"]) == ("model-b", "humaneval") and r["method"] in MARS}
-    assert swept == {"quality_recovery;quality_recovery_vs_vanilla;speedup"}
+    assert swept == {"quality_recovery;quality_recovery_vs_vanilla;speedup;speedup_vs_fastest"}
+
+
+def test_speedup_vs_fastest_is_against_the_fastest_plain_decoding(tmp_path):
+    """A float32 run that also timed model.generate in bf16 (faster here) quotes every method against it,
+    in the run and, marked derived, for a method swept in another run dir."""
+    write_run(tmp_path / "base", fake_summary("model-a", "humaneval", 0.0,
+                                              ["generate", "generate@bfloat16", "vanilla", "strict"]))
+    write_run(tmp_path / "sweep", fake_summary("model-a", "humaneval", 0.0, ["mars@0.9"]))
+    entries = {e.method: e for e in merge_runs(load_runs([tmp_path]))}
+    fastest = entries["generate@bfloat16"].value("tokens_per_s")
+    assert fastest > max(entries[m].value("tokens_per_s") for m in ("generate", "vanilla"))
+    for method, e in entries.items():
+        assert e.value("speedup_vs_fastest") == pytest.approx(e.value("tokens_per_s") / fastest), method
+    assert entries["generate@bfloat16"].value("speedup_vs_fastest") == 1.0
+    assert "speedup_vs_fastest" in entries["mars@0.9"].derived and not entries["strict"].derived
+    assert [e.method for e in merge_runs(load_runs([tmp_path]))][:3] == ["generate", "generate@bfloat16", "vanilla"]
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -233,7 +255,8 @@ def test_plots_exist_and_are_linked(report, capsys):
         assert 300 <= width <= 3000 and 200 <= height <= 3000, (name, width, height)
         assert f"]({name})" in md
     assert (out / "keep.txt").read_text() == "not ours"
-    assert MACHINE in md and "Legend" in md and "model.generate, temperature 0:" in md
+    assert MACHINE in md and "Legend" in md and "model.generate in the run's precision, temperature 0:" in md
+    assert "Speedup over the fastest plain decoding timed in the run, temperature 0:" in md
 
 
 def test_duplicate_runs_are_an_error(tmp_path):

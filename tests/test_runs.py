@@ -24,9 +24,11 @@ from eval.bench import REPO_ROOT
 from eval.config import validate
 from eval.report import load_runs, merge_runs
 from eval.run import check_offload, claim_gpus, job_methods, run, run_directory
+from mars.calibrate import CANDIDATES, TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-METHODS = ["generate", "vanilla", "strict", "mars@0.9"]
+# float32 on a CPU: model.generate is also timed in bf16 (eval.run.job_methods)
+METHODS = ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,13 @@ def test_each_method_lives_in_a_directory_named_by_its_settings_and_resumes_ther
     # transformers' own greedy decoding and ours emit the same tokens (fp32); speedups against both.
     assert methods["generate"]["identical_to_vanilla"] == 1.0 and methods["strict"]["identical_to_vanilla"] == 1.0
     assert methods["strict"]["speedup_vs_generate"] > 0 and methods["strict"]["speedup"] > 0
+    # against the fastest plain decoding timed: model.generate in either precision or vanilla
+    fastest = max(methods[m]["tokens_per_s"] for m in ("generate", "generate@bfloat16", "vanilla"))
+    assert methods["strict"]["fastest_plain"] in ("generate", "generate@bfloat16", "vanilla")
+    assert methods["strict"]["speedup_vs_fastest"] == pytest.approx(methods["strict"]["tokens_per_s"] / fastest)
+    assert json.loads((dirs["generate@bfloat16"] / "identity.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((dirs["generate"] / "identity.json").read_text())["dtype"] == "float32"
+    assert summary["settings"]["dtype"] == "float32" and summary["settings"]["exact_attention"] is False
     assert methods["mars@0.9"]["margin_histogram"]["theta"] == 0.9
     assert sum(methods["strict"]["margin_histogram"]["counts"]) > 0
     assert summary["quality_metric"] == "parse_rate" and "quality" in methods["strict"]
@@ -111,7 +120,7 @@ def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin,
     out = tmp_path / "out"
     first = run(config(standin, out, "method.theta=0.8"))
     dirs = directories(config(standin, out, "method.theta=0.8"))
-    baselines = {m: snapshot(dirs[m]) for m in ("generate", "vanilla", "strict")}
+    baselines = {m: snapshot(dirs[m]) for m in ("generate", "generate@bfloat16", "vanilla", "strict")}
     second = run(config(standin, out, "method.theta=0.95"))
     assert second["job"]["answered"] == ["mars@0.95"]  # the baselines were already answered
     assert {m: snapshot(dirs[m]) for m in baselines} == baselines
@@ -122,7 +131,29 @@ def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin,
     assert strict["job"]["answered"] == [] and strict["methods"]["strict"]["run_dir"] == str(dirs["strict"])
     # The report counts each shared baseline once and shows both thresholds.
     entries = merge_runs(load_runs([out]))
-    assert sorted(e.method for e in entries) == sorted(["generate", "vanilla", "strict", "mars@0.8", "mars@0.95"])
+    assert sorted(e.method for e in entries) == sorted(["generate", "generate@bfloat16", "vanilla", "strict",
+                                                        "mars@0.8", "mars@0.95"])
+
+
+def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(standin, tmp_path, monkeypatch):
+    monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = tmp_path / "calibration.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def f{i}(x):\n    "}) + "\n"
+                               for i in range(2)))
+    more = ("tree=calibrated", f"tree.calibration_prompts={prompts}", "method=strict", "baselines=[vanilla]")
+    first = run(config(standin, tmp_path / "out", *more))
+    record = first["settings"]["tree_calibration"]
+    assert not record["cached"] and record["cache"].startswith(str(tmp_path / "cache"))
+    chosen = first["settings"]["tree"]
+    assert {k: chosen[k] for k in record["tree"]} == record["tree"] and chosen["calibrate"] is False
+    assert TreeShape(**record["tree"]) in CANDIDATES and record["tokens_per_s"]["plain"] > 0
+    # the directory is named by the tree chosen: the same as a run that asks for that tree explicitly
+    explicit = [f"tree.{k}={v}" for k, v in record["tree"].items()]
+    assert first["methods"]["strict"]["run_dir"] == str(directories(config(
+        standin, tmp_path / "out", *more[1:], *explicit))["strict"])
+    # the second run reads the calibration from the cache (and finds its answers done)
+    again = run(config(standin, tmp_path / "out", *more, "num_prompts=3"))
+    assert again["settings"]["tree_calibration"]["cached"] and again["settings"]["tree"] == chosen
 
 
 def test_shards_answer_exactly_what_the_unsharded_run_does(standin, tmp_path):
@@ -155,11 +186,11 @@ def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, t
     assert len(jobs) == 2 and jobs[0]["pid"] != jobs[1]["pid"] and os.getpid() not in {j["pid"] for j in jobs}
     assert max(j["started"] for j in jobs) < min(j["finished"] for j in jobs)  # they overlapped in time
     # Both needed the baselines; one answered them while the other waited: one answer per question.
-    for m in ("generate", "vanilla", "strict"):
+    for m in ("generate", "generate@bfloat16", "vanilla", "strict"):
         (directory,) = out.glob(f"{m}-T0-*")
         assert sorted(r["question_id"] for r in answers(directory, m)) == [0, 1, 2]
-    assert sorted(sum((j["answered"] for j in jobs), [])) == sorted(["generate", "vanilla", "strict", "mars@0.8",
-                                                                     "mars@0.95"])
+    assert sorted(sum((j["answered"] for j in jobs), [])) == sorted(["generate", "generate@bfloat16", "vanilla",
+                                                                     "strict", "mars@0.8", "mars@0.95"])
 
 
 def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):

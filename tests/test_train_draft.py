@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from eagle import Eagle1Head, Eagle3Head, load_draft
+from eagle.precision import resolve_dtype
 from eagle.train.data import (
     FeatureBatch,
     FeatureStore,
@@ -197,8 +198,7 @@ def test_generated_sequences_mask_the_prompt(target_dir):
         length = int(seqs.lengths[n])
         assert seqs.input_ids[n, : len(prompt)].tolist() == prompt
         assert seqs.loss_mask[n].nonzero().flatten().tolist() == list(range(len(prompt) - 1, length - 1))
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # the response is the target's greedy continuation
-            logits = model(seqs.input_ids[n : n + 1, : length - 1]).logits[0]
+        logits = model(seqs.input_ids[n : n + 1, : length - 1]).logits[0]  # greedy, in the model's own precision
         assert logits[len(prompt) - 1 :].argmax(-1).tolist() == seqs.input_ids[n, len(prompt) : length].tolist()
 
 
@@ -221,7 +221,8 @@ def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_pa
     out = tmp_path / "run"
     head = train(cli(target_dir, out, "--steps", "6", "--eval-sequences", "2",
                      "--eval-jsonl", str(target_dir / "heldout.jsonl")))
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.bfloat16)
+    # the precision training loaded the target in (eagle.precision's choice for this CPU)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
     loaded = load_draft(out / "final", target, dtype=torch.float32)
     assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
     for name, value in head.state_dict().items():
@@ -266,8 +267,38 @@ def test_resume_continues_to_the_same_result(target_dir, tmp_path):
 def test_cli_eagle1_head_round_trip(target_dir, tmp_path):
     out = tmp_path / "e1"
     head = train(cli(target_dir, out, "--kind", "eagle1", "--steps", "3", "--ttt-steps", "2"))
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.bfloat16)
+    # the precision training loaded the target in (eagle.precision's choice for this CPU)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
     loaded = load_draft(out / "final", target, dtype=torch.float32)
     assert isinstance(loaded, Eagle1Head)
     for name, value in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value), name
+
+
+def test_self_distillation_continues_a_head_on_greedy_and_sampled_continuations(target_dir, tmp_path):
+    """EAGLE-3's recipe for a real target: --init a trained head, --generate the target's own continuations
+    of prompts, greedily and at T=1 (--gen-temperature 0 1 splits the prompts between them)."""
+    base = train(cli(target_dir, tmp_path / "base", "--steps", "4"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return"}) + "\n" for i in range(8)))
+    out = tmp_path / "self"
+    args = ["--target", str(target_dir / "model"), "--out", str(out), "--init", str(tmp_path / "base" / "final"),
+            "--data-jsonl", str(prompts), "--generate", "--gen-temperature", "0", "1", "--gen-batch", "4",
+            "--seq-len", "24", "--batch", "2", "--ttt-steps", "4", "--steps", "2", "--lr", "1e-3", "--warmup", "1",
+            "--wandb", "off", "--eval-sequences", "0", "--log-every", "1"]
+    head = train(args)
+    # the head kept the initial head's shape and draft vocabulary, and trained on from its weights
+    assert torch.equal(head.d2t, base.d2t) and head.config.to_json() == base.config.to_json()
+    assert any(not torch.equal(head.state_dict()[k], v) for k, v in base.state_dict().items())
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["init"] == str(tmp_path / "base" / "final") and summary["gen_temperature"] == [0.0, 1.0]
+    seqs = Sequences.load(out / "data" / "sequences.pt")
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    greedy = generate_sequences(model, tokenizer, [tokenizer(json.loads(line)["prompt"])["input_ids"]
+                                                   for line in prompts.read_text().splitlines()[0::2]],
+                                seq_len=24, batch_size=4, log=lambda _: None)
+    assert len(seqs) == 8 and torch.equal(seqs.input_ids[:4], greedy.input_ids)  # the greedy half, then sampled
+    assert not torch.equal(seqs.input_ids[4:], greedy.input_ids)
+    with pytest.raises(ValueError, match="eagle3 head but --kind is eagle1"):
+        train([*args[:2], "--out", str(tmp_path / "other"), *args[4:], "--kind", "eagle1"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from eagle.config import eos_token_ids
+from eagle.precision import HALF
 from eagle.train.corpus import read_source, stdlib_files
 
 
@@ -177,6 +178,12 @@ def corpus_prompts(tokens: torch.Tensor, count: int, prompt_len: int, seed: int)
 
 # --- target-generated sequences ---------------------------------------------------------------
 
+def _autocast(model) -> torch.autocast:
+    """Autocast in the model's own half precision (as it decodes); off for a float32 model."""
+    dtype = next(model.parameters()).dtype
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype, enabled=dtype in HALF)
+
+
 def _pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -221,7 +228,7 @@ def generate_sequences(
         torch.manual_seed(seed + b)
         sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
             dict(do_sample=False)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with _autocast(model):
             out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=seq_len - ids.shape[1],
                                  pad_token_id=pad_id, **sampling).cpu()
         for row, i in enumerate(group):
@@ -280,14 +287,14 @@ FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs")
 
 @torch.no_grad()  # not inference_mode: the draft's backward must be able to save these tensors
 def collect_features(model, seqs: Sequences, feature_layers: list[int], top_k: int = 32) -> FeatureBatch:
-    """Run the target once over `seqs` (bf16 autocast) and keep the feature taps and the top-k distribution.
+    """Run the target once over `seqs` (in its own precision) and keep the feature taps and the top-k distribution.
 
     `hidden_states[i]` is the input of decoder layer i; the last one is the final post-norm state.
     """
     device = next(model.parameters()).device
     ids = seqs.input_ids.to(device)
     attention = (torch.arange(seqs.seq_len) < seqs.lengths[:, None]).long().to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16):
+    with _autocast(model):
         out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
     features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).to(torch.bfloat16)
     values, topk_ids = out.logits.topk(top_k, dim=-1)

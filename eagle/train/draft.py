@@ -7,11 +7,14 @@ Usage:
 Pipeline (each stage is kept in --out and skipped when rerun, so an interrupted run resumes):
   1. training sequences -> <data-dir>/sequences.pt: the stdlib train split (default) or a JSONL of
      texts/conversations, tokenised with the target's tokenizer and cut to --seq-len; with
-     --generate, the target's own continuations of prompts taken from them (EAGLE-3's recipe).
+     --generate, the target's own continuations of prompts taken from them (EAGLE-3's recipe),
+     greedy and/or sampled (--gen-temperature 0 1: the prompts split between the temperatures).
   2. draft vocabulary: the --draft-vocab-size most frequent next tokens of those sequences.
   3. target features, precomputed to <data-dir>/shard_*.pt (bf16 features, top-k distribution);
      --online computes them every step instead (see eagle.train.data for the trade-off).
-  4. training-time-test training (eagle.train.ttt), AdamW + warmup/cosine, bf16 autocast;
+  4. training-time-test training (eagle.train.ttt), AdamW + warmup/cosine, from a fresh head or from
+     an existing draft (--init: fine-tune, e.g. a head trained on human text, on the target's own
+     outputs); bf16 autocast where the hardware has native bf16 (--precision auto), else float32;
      <out>/checkpoint.pt every --save-every steps (atomic); rerunning with the same --out resumes.
   5. <out>/final: `eagle.checkpoint.save_draft` (public EAGLE layout, loads with `eagle.load_draft`),
      plus eval.json (held-out agreement, eagle.train.evaluate) and training_summary.json.
@@ -36,6 +39,7 @@ from torch import nn
 
 from eagle.config import text_config
 from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
+from eagle.precision import resolve_dtype
 from eagle.train.data import (
     FIELDS,
     FeatureBatch,
@@ -65,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True)
     ap.add_argument("--kind", choices=("eagle3", "eagle1"), default="eagle3")
     ap.add_argument("--draft-vocab-size", type=int, default=32000, help="EAGLE-3 only; capped at the target's")
+    ap.add_argument("--init", help="start from this draft checkpoint (its shape and draft vocabulary are kept)")
     ap.add_argument("--draft-shape", type=json.loads, default={},
                     help='JSON overrides of the head config, e.g. \'{"intermediate_size": 1024}\'')
     data = ap.add_argument_group("data")
@@ -74,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--max-tokens", type=int, help="use at most this many training tokens (default: all)")
     data.add_argument("--generate", action="store_true", help="train on the target's continuations of prompts")
     data.add_argument("--prompt-len", type=int, default=64, help="--generate from the corpus: prompt length")
-    data.add_argument("--gen-temperature", type=float, default=0.0, help="--generate: 0 = greedy")
+    data.add_argument("--gen-temperature", type=float, nargs="+", default=[0.0],
+                      help="--generate: 0 = greedy; several values split the prompts between them")
     data.add_argument("--gen-batch", type=int, default=16)
     data.add_argument("--top-k", type=int, default=32, help="target distribution kept as its top-k")
     data.add_argument("--online", action="store_true", help="compute target features every step, store nothing")
@@ -91,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--ttt-steps", type=int, default=7)
     train.add_argument("--decay", type=float, default=0.8, help="loss weight of TTT step j is decay**j")
     train.add_argument("--grad-clip", type=float, default=0.5)
-    train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="draft compute (autocast)")
+    train.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                       help="draft compute (bf16 autocast or float32); auto: eagle.precision's choice for the device")
     train.add_argument("--save-every", type=int, default=200)
     train.add_argument("--log-every", type=int, default=10)
     train.add_argument("--seed", type=int, default=0)
@@ -107,16 +114,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- model setup ------------------------------------------------------------------------------
 
 def load_target(path: str, device: torch.device):
-    """The target in bf16 (features are stored in bf16 anyway), frozen, in eval mode."""
+    """The target in the precision that runs fastest on `device` (features are stored in bf16 anyway),
+    frozen, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    dtype = resolve_dtype("auto", device).dtype
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     return model
 
 
-def build_head(kind: str, target, draft_vocab_size: int, shape: dict) -> DraftHead:
-    """A fresh head for `target`. EAGLE-3: the token embedding is the target's, copied and frozen."""
+def build_head(kind: str, target, draft_vocab_size: int, shape: dict, init: str | None = None) -> DraftHead:
+    """A fresh head for `target`, or the checkpoint `init` to continue from. EAGLE-3: the token
+    embedding is the target's, copied and frozen."""
+    if init is not None:
+        from eagle.checkpoint import load_draft
+
+        head = load_draft(init, target).float()
+        if head.config.kind != kind:
+            raise ValueError(f"--init {init} is an {head.config.kind} head but --kind is {kind}")
+        if isinstance(head, Eagle3Head):
+            head.embed_tokens.weight.requires_grad_(False)
+        return head
     if kind == "eagle1":
         return Eagle1Head.for_target(target, **shape)
     tc = text_config(target.config)
@@ -134,11 +153,11 @@ def build_head(kind: str, target, draft_vocab_size: int, shape: dict) -> DraftHe
 class TTTObjective(nn.Module):
     """The head plus its TTT loss as one module, so that data-parallel wrappers see one forward."""
 
-    def __init__(self, head: DraftHead, steps: int, decay: float, precision: str):
+    def __init__(self, head: DraftHead, steps: int, decay: float, bf16: bool):
         super().__init__()
         self.head = head
         self.steps, self.decay = steps, decay
-        self.autocast = precision == "bf16"
+        self.autocast = bf16
 
     def forward(self, input_ids, loss_mask, features, topk_ids, topk_probs):
         batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs)
@@ -184,9 +203,12 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
     if not path.exists():
         if args.generate:
             rank, world = accelerator.process_index, accelerator.num_processes
-            prompts = generation_prompts(args, tokenizer, data_dir)
-            part = generate_sequences(target, tokenizer, prompts[rank::world], args.seq_len, args.gen_batch,
-                                      args.gen_temperature, args.seed + rank, log)
+            prompts = generation_prompts(args, tokenizer, data_dir)[rank::world]
+            temperatures = args.gen_temperature
+            part = Sequences.concat([
+                generate_sequences(target, tokenizer, prompts[i :: len(temperatures)], args.seq_len, args.gen_batch,
+                                   t, args.seed + rank * len(temperatures) + i, log)
+                for i, t in enumerate(temperatures)])
             part.save(data_dir / f"sequences.rank{rank}.pt")
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
@@ -295,8 +317,8 @@ def train(argv: list[str] | None = None) -> DraftHead:
     seqs = prepare_sequences(args, target, tokenizer, data_dir, accelerator, log)
     log(f"{len(seqs)} training sequences, {seqs.num_tokens():,} trained positions")
 
-    head = build_head(args.kind, target, args.draft_vocab_size, args.draft_shape)
-    if isinstance(head, Eagle3Head) and head.config.draft_vocab_size < head.config.vocab_size:
+    head = build_head(args.kind, target, args.draft_vocab_size, args.draft_shape, args.init)
+    if args.init is None and isinstance(head, Eagle3Head) and head.config.draft_vocab_size < head.config.vocab_size:
         counts = token_counts(seqs, head.config.vocab_size)
         head.set_draft_vocab(most_frequent_ids(counts, head.config.draft_vocab_size))
         coverage = counts[head.t2d].sum() / counts.sum().clamp_min(1)
@@ -321,7 +343,10 @@ def train(argv: list[str] | None = None) -> DraftHead:
     if step:
         log(f"resumed from step {step}")
 
-    model, optimizer = accelerator.prepare(TTTObjective(head, args.ttt_steps, args.decay, args.precision), optimizer)
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and
+                                        resolve_dtype("auto", accelerator.device).dtype == torch.bfloat16)
+    log(f"draft compute: {'bf16 autocast' if bf16 else 'float32'}")
+    model, optimizer = accelerator.prepare(TTTObjective(head, args.ttt_steps, args.decay, bf16), optimizer)
     run = init_wandb(args, out, accelerator.is_main_process)
     history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
     rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
@@ -387,7 +412,8 @@ def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, 
     save_draft(head, final)
     summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
                "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
-               "lr": args.lr, "target": args.target}
+               "lr": args.lr, "target": args.target, "init": args.init, "generate": args.generate,
+               "gen_temperature": args.gen_temperature if args.generate else None}
     (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
     if args.eval_sequences and (args.eval_jsonl or not args.data_jsonl):
         report = run_evaluation(target, load_draft(final, target), tokenizer, args.eval_jsonl, args.seq_len,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from eagle.heads import DraftHead
+from eagle.precision import resolve_dtype
 from eagle.train.data import Sequences, chunk_tokens, collect_features, corpus_tokens
 from eagle.train.ttt import StepStats, ttt_loss
 
@@ -76,14 +77,14 @@ def pair_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def load_pair(args: argparse.Namespace):
-    """(target, tokenizer, head, held-out cache dir) from `pair_arguments`: bf16 on CPU, the checkpoint's
-    dtype on a GPU."""
+    """(target, tokenizer, head, held-out cache dir) from `pair_arguments`, in the precision the device runs
+    fastest (`eagle.precision`: bf16 on GPUs and CPUs with native bf16 matmuls, else float32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle.checkpoint import load_draft
 
-    dtype = torch.bfloat16 if not torch.cuda.is_available() else "auto"
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = resolve_dtype("auto", device).dtype
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
     head = load_draft(args.draft, target)
@@ -96,10 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=5, help="draft steps to score")
+    ap.add_argument("--out", help="also write the report to this JSON file")
     args = ap.parse_args(argv)
     target, tokenizer, head, cache_dir = load_pair(args)
     report = run_evaluation(target, head, tokenizer, args.jsonl, args.seq_len, args.sequences, args.steps, cache_dir)
     print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
