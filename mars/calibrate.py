@@ -107,7 +107,7 @@ def time_trees(gen: SpeculativeGenerator, prompts: list[torch.Tensor], sampling:
 
 
 def calibrate_tree(gen: SpeculativeGenerator, prompts: list[torch.Tensor], sampling: SamplingConfig,
-                   candidates: tuple[TreeShape, ...] = CANDIDATES, max_new_tokens: int = 64, rounds: int = 2,
+                   candidates: tuple[TreeShape, ...] = CANDIDATES, max_new_tokens: int = 64, rounds: int = 1,
                    cache_dir: Path | None = None, log=print) -> dict:
     """The fastest of `candidates` for `gen` on this machine: {"tree": TreeShape fields, "tokens_per_s":
     every candidate's and plain decoding's, "cache": path, "cached": bool}. A warm-up run precedes timing.

@@ -5,10 +5,15 @@
 #   scripts/bench_embedded.sh [OUT.json] [eval.run overrides...]
 #   scripts/bench_embedded.sh results/bench_embedded.json num_prompts=64 max_new_tokens=128
 #
-# Writes {"machine", "settings", "methods": {method: {tokens_per_s, speedup, tau, relaxed_frac,
-# quality_recovery, ...}}} to OUT.json (default results/bench_embedded.json); answers go to
-# results/bench_embedded/answers/. speedup is the ratio of total tokens/s; speedup_per_question is
-# the EAGLE tools' ratio of mean per-question tokens/s. Threads: all cores.
+# Writes {"machine", "settings", "methods": {method: {tokens_per_s, speedup, speedup_vs_generate,
+# speedup_vs_fastest, tau, relaxed_frac, quality_recovery, ...}}} to OUT.json (default
+# results/bench_embedded.json); each method's answers go to its run directory under
+# results/bench_embedded/ (out_dir=... to change). speedup is the ratio of total tokens/s to vanilla's;
+# speedup_vs_fastest to the fastest plain decoding timed (model.generate in the run's precision and,
+# in a float32 run on a CPU, in bf16; vanilla); speedup_per_question is the EAGLE tools' ratio of mean
+# per-question tokens/s. Precision, exact attention and the tree are the embedded config's: chosen
+# for this machine (eagle.precision, tree=calibrated). Threads: all cores.
+#   scripts/bench_embedded.sh /tmp/t1.json num_prompts=32 max_new_tokens=128 sampling=t1   # temperature 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="results/bench_embedded.json"

@@ -30,3 +30,15 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def calibration_cache(tmp_path_factory) -> Iterator[None]:
+    """Tree calibrations (mars.calibrate) made by tests go to a temporary directory, not ~/.cache."""
+    previous = os.environ.get("MARS_CACHE_DIR")
+    os.environ["MARS_CACHE_DIR"] = str(tmp_path_factory.mktemp("mars-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("MARS_CACHE_DIR", None)
+    else:
+        os.environ["MARS_CACHE_DIR"] = previous

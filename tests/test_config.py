@@ -56,7 +56,7 @@ def test_the_gpus_launcher_runs_one_job_per_gpu(monkeypatch):
 def test_the_default_is_the_cpu_quickstart():
     run = validate(composed())
     assert (run.model.name, run.bench.name, run.method.name) == ("embedded", "stdlib_heldout", "mars@0.9")
-    assert run.tree == TREES["cpu"] and run.sampling.temperature == 0 and run.logging.mode is WandbMode.disabled
+    assert run.tree == TREES["calibrated"] and run.sampling.temperature == 0 and run.logging.mode is WandbMode.disabled
     assert run.baselines == ["generate", "vanilla", "strict"]
 
 

@@ -37,9 +37,11 @@ def standin(tmp_path_factory) -> Path:
 
 
 def overrides(standin: Path, out: Path, *more: str) -> list[str]:
+    # a fixed tree unless a test asks for another (the embedded default, tree=calibrated, times candidates)
+    tree = [] if any(m.startswith("tree=") for m in more) else ["tree=cpu"]
     return [f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
             "model.exact_attention=false", "num_prompts=2", "max_new_tokens=8", "threads=1", "warmup=false",
-            f"out_dir={out}", *more]
+            f"out_dir={out}", *tree, *more]
 
 
 def config(standin: Path, out: Path, *more: str):
