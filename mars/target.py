@@ -278,7 +278,8 @@ class TargetModel:
         self._restore_attention: str | None = None
         if exact_attention:
             if self.sliding_window is not None:
-                raise NotImplementedError("exact_attention supports full-attention models only (no sliding window)")
+                raise NotImplementedError("exact_attention supports full-attention models only (no sliding window): "
+                                          "pass exact_attention=False or 'auto' (model.exact_attention=false)")
             if EXACT_ATTENTION not in AttentionInterface._global_mapping:
                 AttentionInterface.register(EXACT_ATTENTION, exact_attention_forward)
                 # Masks as for SDPA: transformers builds none for an attention name it does not know, which
