@@ -2,7 +2,7 @@
 
     texts (stdlib corpus | JSONL)  --tokenise, join with EOS, chunk-->  Sequences [N, T]
     prompts (corpus | JSONL)       --the target continues them-->      Sequences [N, T]   (--generate)
-    Sequences  --target forward, no grad, bf16-->  FeatureBatch: the feature taps concatenated [N, T, F]
+    Sequences  --target forward, no grad-->        FeatureBatch: the feature taps concatenated [N, T, F]
                                                    and the top-k of the target's next-token distribution
 
 Precomputed by default, online on request. On the 2-core CPU a forward of the embedded 35M-param,
