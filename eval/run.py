@@ -123,7 +123,7 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
     if method.kind != "generate":  # our decoding loop: exact attention changes its reduction order
         identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
     if method.kind in ("strict", "mars"):
-        identity.update(draft=m.draft, tree=plain(run.tree))
+        identity.update(draft=m.draft, tree=tree_shape(run.tree))  # the tree used, however it was chosen
     if isinstance(method, MarsConfig):
         identity.update(margin=method.margin.value, fallback=method.fallback.value)
     return identity
