@@ -37,11 +37,13 @@ def standin(tmp_path_factory) -> Path:
 
 
 def overrides(standin: Path, out: Path, *more: str) -> list[str]:
-    # a fixed tree unless a test asks for another (the embedded default, tree=calibrated, times candidates)
-    tree = [] if any(m.startswith("tree=") for m in more) else ["tree=cpu"]
-    return [f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
+    """The tests' settings; `more` adds to or replaces them (a fixed tree unless a test asks for another:
+    the embedded default, tree=calibrated, times candidates)."""
+    base = [f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
             "model.exact_attention=false", "num_prompts=2", "max_new_tokens=8", "threads=1", "warmup=false",
-            f"out_dir={out}", *tree, *more]
+            f"out_dir={out}", "tree=cpu"]
+    given = {m.split("=", 1)[0] for m in more}
+    return [b for b in base if b.split("=", 1)[0] not in given] + list(more)
 
 
 def config(standin: Path, out: Path, *more: str):
@@ -178,8 +180,9 @@ def test_shards_answer_exactly_what_the_unsharded_run_does(standin, tmp_path):
 
 def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, tmp_path):
     out = tmp_path / "out"
-    args = [*overrides(standin, out, "num_prompts=3"), "method.theta=0.8,0.95", "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    # long enough jobs (48 tokens) that both are still running once the slower worker has imported torch
+    args = [*overrides(standin, out, "num_prompts=3", "max_new_tokens=48"), "method.theta=0.8,0.95",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "eval.run", "-m", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
