@@ -39,15 +39,27 @@ class Precision:
         return str(self.dtype).removeprefix("torch.")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line starting with one of `keys` (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") or line.startswith("Features"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(keys):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    return set((_cpuinfo("flags", "Features") or "").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    import platform
+
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cpu_bf16_matmul() -> tuple[bool, str]:

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from eagle.config import eos_token_ids
-from eagle.precision import DTYPES, Precision, needs_exact_attention, resolve_dtype
+from eagle.precision import DTYPES, Precision, cpu_name, needs_exact_attention, resolve_dtype
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
 from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
@@ -451,14 +451,7 @@ def cores() -> int:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    text = f"{cpu}, {cores()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+    text = f"{cpu_name()}, {cores()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
     if torch.cuda.is_available():
         text += f", {torch.cuda.get_device_name(0)}"
     return text

@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from eagle.precision import cpu_name
 from mars.generate import SpeculativeGenerator
 from mars.sampling import SamplingConfig
 
@@ -54,12 +54,7 @@ CANDIDATES = (
 
 def fingerprint(gen: SpeculativeGenerator) -> dict:
     """What the fastest tree depends on: the machine, torch, the models and how verification runs."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_name()
     device = gen.target.devices.logits
     model = gen.target.model
     with torch.no_grad():  # a cheap checksum of the weights: a retrained model gets a new calibration
