@@ -85,6 +85,17 @@ def exact_attention_choice(run: RunConfig, precision: Precision) -> tuple[bool, 
     return False, f"auto: {precision.name} tree verification already reproduces plain decoding"
 
 
+def prepack_choice(run: RunConfig, precision: Precision) -> tuple[bool, str]:
+    """Whether our loop multiplies float32 CPU linears by prepacked weights, and why (model.prepack null = auto)."""
+    if run.model.prepack is not None:
+        return run.model.prepack, "set explicitly"
+    on_cpu = not run.model.device_map and run.model.device == "cpu"
+    if on_cpu and precision.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        return True, "auto: float32 on CPU, where oneDNN's prepacked products beat MKL's over a few rows"
+    where = run.model.device_map or run.model.device
+    return False, f"auto: only for float32 on CPU with oneDNN (here {precision.name} on {where})"
+
+
 def job_methods(run: RunConfig, precision: Precision | None = None) -> list[MethodConfig]:
     """The baselines, then the method under test (each once).
 
@@ -276,7 +287,8 @@ def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict
     prompts = [torch.tensor([encode(tokenizer, q, [], fmt)])
                for q in load_questions(run.tree.calibration_prompts)]
     with SpeculativeGenerator(target, load_head(run, target), **tree_shape(run.tree),
-                              exact_attention=exact_attention_choice(run, precision)[0]) as gen:
+                              exact_attention=exact_attention_choice(run, precision)[0],
+                              prepack=prepack_choice(run, precision)[0]) as gen:
         record = calibrate_tree(gen, prompts, sampling_of(method_spec("strict"), run.sampling))
     shape = record["tree"]
     print(f"tree: {shape['total_tokens']}/{shape['depth']}/{shape['branching']}"
@@ -463,12 +475,14 @@ def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> di
     m = run.model
     precision = run_precision(run)
     exact, exact_reason = exact_attention_choice(run, precision)
+    prepack, prepack_reason = prepack_choice(run, precision)
     return {
         "model": m.name, "target": m.target, "draft": m.draft, "dtype": precision.name,
         "dtype_requested": m.dtype.value, "dtype_reason": precision.reason,
         "device": m.device_map or m.device, "bench": run.bench.name, "questions": questions,
         "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
         "exact_attention": exact, "exact_attention_reason": exact_reason,
+        "prepack": prepack, "prepack_reason": prepack_reason,
         "prompt": plain(m.prompt), "method": plain(run.method),
         "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
         "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -532,8 +546,9 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     fmt, questions = check_settings(config)  # bad settings fail before any model loads
     precision = run_precision(config)
     exact, exact_reason = exact_attention_choice(config, precision)
+    prepack, prepack_reason = prepack_choice(config, precision)
     print(f"precision: {precision.name} ({precision.reason}); exact attention {'on' if exact else 'off'} "
-          f"({exact_reason})")
+          f"({exact_reason}); prepacked linears {'on' if prepack else 'off'} ({prepack_reason})")
     calibration = None
     if config.tree.calibrate:  # before the run directories: their names include the tree
         config = replace(config, tree=(tree := calibrated_tree(config, fmt))[0])
@@ -605,7 +620,8 @@ def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[i
         target = load_target(config, precision.dtype, gpus)
         head = load_head(config, target)
         gen = stack.enter_context(SpeculativeGenerator(target, head, **tree_shape(config.tree),
-                                                       exact_attention=exact_attention_choice(config, precision)[0]))
+                                                       exact_attention=exact_attention_choice(config, precision)[0],
+                                                       prepack=prepack_choice(config, precision)[0]))
         plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
                         if method_dtype(m, precision) != precision.name}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)

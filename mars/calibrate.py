@@ -65,7 +65,7 @@ def fingerprint(gen: SpeculativeGenerator) -> dict:
         "torch": torch.__version__, "target": getattr(model.config, "_name_or_path", ""),
         "target_config": model.config.to_json_string(use_diff=False), "draft_config": gen.head.config.to_json(),
         "weights": [round(w, 3) for w in weights], "dtype": str(gen.target.dtype),
-        "exact_attention": gen.target.exact_attention,
+        "exact_attention": gen.target.exact_attention, "prepack": gen.prepack,
     }
 
 
