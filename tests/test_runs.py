@@ -89,6 +89,7 @@ def test_each_method_lives_in_a_directory_named_by_its_settings_and_resumes_ther
     assert json.loads((dirs["generate@bfloat16"] / "identity.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((dirs["generate"] / "identity.json").read_text())["dtype"] == "float32"
     assert summary["settings"]["dtype"] == "float32" and summary["settings"]["exact_attention"] is False
+    assert summary["settings"]["prepack"] is True and "auto" in summary["settings"]["prepack_reason"]
     assert methods["mars@0.9"]["margin_histogram"]["theta"] == 0.9
     assert sum(methods["strict"]["margin_histogram"]["counts"]) > 0
     assert summary["quality_metric"] == "parse_rate" and "quality" in methods["strict"]
