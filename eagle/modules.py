@@ -60,20 +60,26 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq, self.linear_factor = rope_inverse_frequencies(head_dim, theta, scaling)
         self.inv_freq = inv_freq  # a plain attribute: module.to(bfloat16) must not round it
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {}  # copies per device, made once
         self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
         self.dynamic_factor = float(scaling["factor"]) if kind == "dynamic" else None
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [len(positions), head_dim] for integer positions."""
-        inv_freq = self.inv_freq
-        seq_len = int(positions.max()) + 1 if positions.numel() else 0
-        if self.dynamic_factor is not None and seq_len > self.max_positions:
-            f = self.dynamic_factor
-            base = self.theta * ((f * seq_len / self.max_positions) - (f - 1)) ** (self.head_dim / (self.head_dim - 2))
-            exponents = torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim
-            inv_freq = 1.0 / (base**exponents)
-        angles = (positions.float() / self.linear_factor)[:, None] * inv_freq.to(positions.device)[None]
+        device = positions.device
+        if device not in self._inv_freq_on:
+            self._inv_freq_on[device] = self.inv_freq.to(device)
+        inv_freq = self._inv_freq_on[device]
+        if self.dynamic_factor is not None:  # dynamic NTK scaling reads the sequence length on the host
+            seq_len = int(positions.max()) + 1 if positions.numel() else 0
+            if seq_len > self.max_positions:
+                f = self.dynamic_factor
+                base = self.theta * ((f * seq_len / self.max_positions) - (f - 1)) ** (
+                    self.head_dim / (self.head_dim - 2))
+                exponents = torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim
+                inv_freq = 1.0 / (base**exponents)
+        angles = (positions.float() / self.linear_factor)[:, None] * inv_freq[None]
         emb = torch.cat([angles, angles], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

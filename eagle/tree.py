@@ -19,39 +19,55 @@ import torch
 from eagle.heads import DraftHead
 
 
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """parents [n] (parents[0] = -1, parents before children) -> [n, n] bool, True where j is i or one
+    of its ancestors. Computed on the parents' device by squaring the one-step relation (no host read):
+    after m squarings every ancestor up to 2**m levels up is marked."""
+    n = parents.shape[0]
+    rows = torch.arange(n, device=parents.device)
+    reach = torch.eye(n, device=parents.device)
+    reach[rows[1:], parents[1:]] = 1.0
+    for _ in range(max(n - 1, 1).bit_length()):
+        reach = ((reach @ reach) > 0).float()
+    return reach > 0
+
+
 @dataclass
 class DraftTree:
     """A token tree, nodes in breadth-first order (parents before children, siblings in draft order).
 
-    Node 0 is the root: the last token already decided but not yet seen by the target.
+    Node 0 is the root: the last token already decided but not yet seen by the target. Tensors live
+    on the draft's device; building a tree reads nothing back to the host.
     `ancestors[i, j]` is True when j is i or one of its ancestors; it is the tree attention mask.
+    `levels`: how many draft levels were grown for it (its depth is at most that).
     """
 
     tokens: torch.Tensor  # [n] target token ids
     parents: torch.Tensor  # [n], parents[0] = -1
     depths: torch.Tensor  # [n], depths[0] = 0
     scores: torch.Tensor  # [n] cumulative draft log-probability, root 0
+    levels: int | None = None  # None: the deepest node's depth (read from `depths`)
     ancestors: torch.Tensor = field(init=False)  # [n, n] bool
-    children: list[list[int]] = field(init=False)  # per node, in draft order
 
     def __post_init__(self):
-        n = self.tokens.shape[0]
-        parents = self.parents.tolist()
-        if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
-            raise ValueError("tree nodes must come after their parents (node 0 is the root)")
-        anc = torch.eye(n, dtype=torch.bool)
-        self.children = [[] for _ in range(n)]
-        for i in range(1, n):
-            anc[i] |= anc[parents[i]]
-            self.children[parents[i]].append(i)
-        self.ancestors = anc
+        if self.levels is None:
+            self.levels = int(self.depths.max())
+        self.ancestors = ancestor_matrix(self.parents)
 
     @property
     def size(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def children(self) -> list[list[int]]:
+        """Per node, its children in draft order (read on the host: for tests and analysis)."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents.tolist()[1:], start=1):
+            kids[p].append(i)
+        return kids
+
     def path_to(self, node: int) -> list[int]:
-        """Node indices from the root to `node`, inclusive."""
+        """Node indices from the root to `node`, inclusive (read on the host)."""
         path = []
         parents = self.parents.tolist()
         while node >= 0:
@@ -60,13 +76,27 @@ class DraftTree:
         return path[::-1]
 
     @classmethod
-    def root_only(cls, token: int) -> DraftTree:
-        return cls(torch.tensor([token]), torch.tensor([-1]), torch.tensor([0]), torch.tensor([0.0]))
+    def checked(cls, tokens: list[int], parents: list[int], scores: list[float] | None = None) -> DraftTree:
+        """A tree from host lists, validated (parents[0] = -1, every parent before its child)."""
+        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+            raise ValueError("tree nodes must come after their parents (node 0 is the root)")
+        depths = [0]
+        for p in parents[1:]:
+            depths.append(depths[p] + 1)
+        return cls(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),
+                   torch.tensor(scores) if scores is not None else torch.zeros(len(tokens)), max(depths))
+
+    @classmethod
+    def root_only(cls, token: int | torch.Tensor) -> DraftTree:
+        """A lone root: `token` an int, or a one-element tensor on the device the tree should live on."""
+        root = torch.as_tensor(token).reshape(1)
+        zero = torch.zeros(1, dtype=torch.long, device=root.device)
+        return cls(root, zero - 1, zero, zero.float(), 0)
 
 
 def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
     """Indices sorting by keys[0], then keys[1], ... (lexicographic, stable)."""
-    order = torch.arange(keys[0].shape[0])
+    order = torch.arange(keys[0].shape[0], device=keys[0].device)
     for key, desc in reversed(list(zip(keys, descending, strict=True))):
         order = order[torch.sort(key[order], descending=desc, stable=True).indices]
     return order
@@ -75,12 +105,14 @@ def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Ten
 @dataclass
 class Candidates:
     """Every node `expand` drafted, in drafting order: level by level, each frontier node's children
-    by decreasing draft probability. `parents[i]` indexes these candidates (-1: a child of the root)."""
+    by decreasing draft probability. `parents[i]` indexes these candidates (-1: a child of the root).
+    Tensors on the draft's device."""
 
     tokens: torch.Tensor  # [m] target token ids
     parents: torch.Tensor  # [m]
     depths: torch.Tensor  # [m], >= 1
     scores: torch.Tensor  # [m] cumulative draft log-probability
+    levels: int  # levels drafted
 
 
 @torch.inference_mode()
@@ -91,72 +123,73 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
     hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
     the root's child. `keep_growing(level, frontier_scores)`, if given, is asked before each level
     after the first with the cumulative log-probabilities of the nodes that level would expand;
-    growth stops at the first False. Leaves the head's tentative cache rolled back.
+    growth stops at the first False (it reads them on the host: one sync per level). Everything
+    else stays on the head's device. Leaves the head's tentative cache rolled back.
     """
+    device = logprobs.device
     k = min(branching, logprobs.shape[-1])
     lp, ids = logprobs.topk(k)
-    cand_tokens = [head.to_target_ids(ids).cpu()]
-    cand_scores = [lp.cpu()]
-    cand_parents = [torch.full((k,), -1)]
-    cand_depths = [torch.ones(k, dtype=torch.long)]
-    frontier = torch.arange(k)  # candidate indices to expand next
+    tokens, scores = [head.to_target_ids(ids)], [lp]
+    parents = [torch.full((k,), -1, device=device)]
+    depths = [torch.ones(k, dtype=torch.long, device=device)]
+    frontier = torch.arange(k, device=device)  # candidate indices to expand next
     frontier_hidden = hidden[None].expand(k, -1)
-    slot_of: dict[int, int] = {}  # candidate index -> tentative slot in the draft cache
-    parent_of: list[int] = [-1] * k
-    n_cand = k
+    # The head's tentative cache holds the nodes fed so far (one slot each, level by level);
+    # `fed[s, t]`: slot t is slot s or one of its ancestors. `parent_slot`: each frontier node's
+    # parent's slot (None while the frontier is the root's children, whose parent was never fed).
+    fed = torch.zeros(0, 0, dtype=torch.bool, device=device)
+    parent_slot: torch.Tensor | None = None
+    count, levels = k, 1
     for level in range(2, depth + 1):
-        tokens_all = torch.cat(cand_tokens)
-        scores_all = torch.cat(cand_scores)
-        if keep_growing is not None and not keep_growing(level, scores_all[frontier]):
+        frontier_scores = torch.cat(scores)[frontier]
+        if keep_growing is not None and not keep_growing(level, frontier_scores):
             break
-        t, kf = len(slot_of), frontier.shape[0]
-        mask = torch.zeros(kf, t + kf, dtype=torch.bool)
-        for row, c in enumerate(frontier.tolist()):
-            mask[row, t + row] = True
-            a = parent_of[c]
-            while a >= 0:
-                mask[row, slot_of[a]] = True
-                a = parent_of[a]
-            slot_of[c] = t + row
-        frontier_tokens = tokens_all[frontier].to(head.device)
-        out_hidden, out_lp = head.propose(frontier_hidden, frontier_tokens, level - 1, mask.to(head.device))
+        t, kf = fed.shape[0], frontier.shape[0]
+        seen = fed[parent_slot] if parent_slot is not None else fed.new_zeros(kf, t)
+        mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device)], dim=1)  # [kf, t + kf]
+        fed = torch.cat([torch.cat([fed, fed.new_zeros(t, kf)], dim=1), mask], dim=0)
+        out_hidden, out_lp = head.propose(frontier_hidden, torch.cat(tokens)[frontier], level - 1, mask)
         child_lp, child_ids = out_lp.topk(k, dim=-1)  # [kf, k]
-        child_scores = (scores_all[frontier][:, None] + child_lp.cpu()).flatten()
-        child_parents = frontier[:, None].expand(kf, k).flatten()
-        cand_tokens.append(head.to_target_ids(child_ids).flatten().cpu())
-        cand_scores.append(child_scores)
-        cand_parents.append(child_parents)
-        cand_depths.append(torch.full((kf * k,), level))
-        parent_of.extend(child_parents.tolist())
+        child_scores = (frontier_scores[:, None] + child_lp).flatten()
+        tokens.append(head.to_target_ids(child_ids).flatten())
+        scores.append(child_scores)
+        parents.append(frontier[:, None].expand(kf, k).flatten())
+        depths.append(torch.full((kf * k,), level, device=device))
         best = child_scores.topk(min(k, child_scores.shape[0])).indices
-        frontier = n_cand + best
+        frontier, parent_slot = count + best, t + best // k
         frontier_hidden = out_hidden[best // k]
-        n_cand += kf * k
+        count, levels = count + kf * k, level
     head.rollback()
-    return Candidates(torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_depths), torch.cat(cand_scores))
+    return Candidates(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores), levels)
 
 
-def rerank(candidates: Candidates, root_token: int, total_tokens: int) -> DraftTree:
-    """The `total_tokens` best candidates by cumulative log-probability, as a tree below `root_token`.
+def rerank(candidates: Candidates, root_token: int | torch.Tensor, total_tokens: int) -> DraftTree:
+    """The `total_tokens` best candidates by cumulative log-probability, as a tree below `root_token`
+    (an int, or a one-element tensor on the candidates' device).
 
     A child's score never exceeds its parent's (log-probs <= 0) and ties go to the shallower node,
     so every kept node's parent is kept too. Nodes come out breadth-first, siblings in draft order.
     """
     c = candidates
+    device = c.tokens.device
     keep = _stable_order([c.scores, c.depths], [True, False])[:total_tokens]
     keep = keep[_stable_order([c.depths[keep], c.scores[keep]], [False, True])]
-    new_index = {old: i + 1 for i, old in enumerate(keep.tolist())}
-    tree_parents = [-1] + [0 if p < 0 else new_index[p] for p in c.parents[keep].tolist()]
+    new_index = torch.zeros(c.tokens.shape[0], dtype=torch.long, device=device)
+    new_index[keep] = torch.arange(1, keep.shape[0] + 1, device=device)
+    kept_parents = c.parents[keep]
+    root = torch.as_tensor(root_token, device=device).reshape(1)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
     return DraftTree(
-        tokens=torch.cat([torch.tensor([root_token]), c.tokens[keep]]),
-        parents=torch.tensor(tree_parents),
-        depths=torch.cat([torch.tensor([0]), c.depths[keep]]),
-        scores=torch.cat([torch.tensor([0.0]), c.scores[keep]]),
+        tokens=torch.cat([root, c.tokens[keep]]),
+        parents=torch.cat([zero - 1, torch.where(kept_parents < 0, 0, new_index[kept_parents.clamp(min=0)])]),
+        depths=torch.cat([zero, c.depths[keep]]),
+        scores=torch.cat([zero.float(), c.scores[keep]]),
+        levels=c.levels,
     )
 
 
-def grow_tree(head: DraftHead, root_token: int, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int,
-              branching: int, total_tokens: int,
+def grow_tree(head: DraftHead, root_token: int | torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+              depth: int, branching: int, total_tokens: int,
               keep_growing: Callable[[int, torch.Tensor], bool] | None = None) -> DraftTree:
     """An EAGLE-2 tree below `root_token`: `expand` for up to `depth` levels, then `rerank` to `total_tokens` nodes."""
     if depth < 1 or total_tokens < 1:

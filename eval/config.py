@@ -191,6 +191,9 @@ class RunConfig:
     seed: int = 0
     threads: int | None = None  # torch threads; null = all cores
     warmup: bool = True  # one short untimed run of every method first
+    # Time the decoding loop's phases (phase_seconds in the summary). It synchronises the devices at
+    # every phase boundary, which slows a GPU run: for diagnosis, not for speed figures.
+    profile: bool = False
     resume: bool = True  # a rerun continues its run directories (false: refuse to reuse one with answers)
     out_dir: str = MISSING  # run directories go under it (eval/run.py)
     summary_path: str | None = None  # an extra copy of the job's summary.json

@@ -621,7 +621,8 @@ def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[i
         head = load_head(config, target)
         gen = stack.enter_context(SpeculativeGenerator(target, head, **tree_shape(config.tree),
                                                        exact_attention=exact_attention_choice(config, precision)[0],
-                                                       prepack=prepack_choice(config, precision)[0]))
+                                                       prepack=prepack_choice(config, precision)[0],
+                                                       profile=config.profile))
         plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
                         if method_dtype(m, precision) != precision.name}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)

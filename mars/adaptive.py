@@ -34,7 +34,7 @@ import torch
 
 from eagle.heads import DraftHead
 from eagle.tree import DraftTree
-from mars.target import TargetModel
+from mars.target import TargetModel, synchronize
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,13 @@ class CycleCosts:
         return max(y0 + (y1 - y0) * (nodes - x0) / (x1 - x0), 0.0)
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def _median_seconds(fn, repeats: int, devices: set[torch.device]) -> float:
     times = []
     for _ in range(repeats):
+        synchronize(devices)
         start = time.perf_counter()
         fn()
+        synchronize(devices)  # a GPU runs ahead of the host: time its kernels, not their launch
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -68,6 +70,7 @@ def measure_costs(target: TargetModel, head: DraftHead, branching: int, max_node
                   repeats: int = 5) -> CycleCosts:
     """Time a decode, tree verifications of several sizes and a draft level on a random prompt."""
     vocab = min(int(head.config.vocab_size), 1000)
+    devices = target.all_devices | {head.device}
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (prompt_len,), generator=generator)
     capacity = prompt_len + repeats * (max_nodes + 2) + 8
@@ -75,13 +78,13 @@ def measure_costs(target: TargetModel, head: DraftHead, branching: int, max_node
     head.reset()
     hidden, _ = head.extend(features, torch.cat([prompt[1:], prompt[:1]]).to(head.device))
     target.decode(int(prompt[0]))  # warm-up
-    decode = _median_seconds(lambda: target.decode(int(prompt[1])), repeats)
+    decode = _median_seconds(lambda: target.decode(int(prompt[1])), repeats, devices)
     sizes = sorted({1, 2, 4, 8, 16, 32, 64, max_nodes + 1} & set(range(1, max_nodes + 2)) | {max_nodes + 1})
     verify = []
     for n in sizes:
         chain = DraftTree(prompt[:n].clone(), torch.arange(-1, n - 1), torch.arange(n), torch.zeros(n))
         target.score_tree(chain)  # warm-up for this shape
-        verify.append(_median_seconds(lambda chain=chain: target.score_tree(chain), repeats))
+        verify.append(_median_seconds(lambda chain=chain: target.score_tree(chain), repeats, devices))
     k = max(1, min(branching, head.config.draft_vocab_size))
     frontier_hidden = hidden[None].expand(k, -1)
     tokens = prompt[:k].to(head.device)
@@ -93,7 +96,7 @@ def measure_costs(target: TargetModel, head: DraftHead, branching: int, max_node
         head.rollback()
 
     level()
-    draft_level = _median_seconds(level, repeats)
+    draft_level = _median_seconds(level, repeats, devices)
     target.cache = None  # the measurement's sequence is not a real one
     head.reset()
     if len(sizes) == 1:  # a one-node tree only: extrapolate with a decode per node

@@ -35,7 +35,7 @@ from eagle.tree import grow_tree
 from mars.adaptive import AdaptiveTree, measure_costs
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
 from mars.stats import VerifyStats
-from mars.target import TargetModel
+from mars.target import TargetModel, synchronize
 from mars.verify import accept
 
 
@@ -43,12 +43,12 @@ from mars.verify import accept
 class GenerationOutput:
     tokens: list[int] = field(default_factory=list)  # new tokens only
     accept_lengths: list[int] = field(default_factory=list)  # drafted tokens emitted per cycle
-    draft_depths: list[int] = field(default_factory=list)  # depth of each cycle's tree (0: a plain decoding step)
+    draft_depths: list[int] = field(default_factory=list)  # draft levels grown per cycle (0: a plain decoding step)
     num_cycles: int = 0
     stats: VerifyStats = field(default_factory=VerifyStats)
     seconds: float = 0.0  # wall time of the whole call
     stopped_by: str = "length"  # "eos" or "length"
-    phase_seconds: Counter = field(default_factory=Counter)  # wall time by phase (`PHASES`)
+    phase_seconds: Counter = field(default_factory=Counter)  # wall time by phase (`PHASES`), with profile=True
 
     @property
     def tau(self) -> float:
@@ -65,16 +65,20 @@ PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_u
 
 
 class PhaseClock:
-    """Adds the wall time since the previous lap to a phase. On a GPU it synchronises first, so each
-    phase is charged with its own kernels rather than with whatever the next `.tolist()` waits for."""
+    """Adds the wall time since the previous lap to a phase (when `on`; otherwise it does nothing).
 
-    def __init__(self, seconds: Counter, device: torch.device):
-        self.seconds, self.sync = seconds, device.type == "cuda"
+    It synchronises every device in use first, so that each phase is charged with its own kernels
+    rather than with whatever the next read waits for; that costs the loop its asynchrony on a GPU,
+    so it is opt-in (`SpeculativeGenerator(profile=True)`, `eval.run profile=true`)."""
+
+    def __init__(self, seconds: Counter, devices: set[torch.device], on: bool):
+        self.seconds, self.devices, self.on = seconds, devices, on
         self.last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
+        if not self.on:
+            return
+        synchronize(self.devices)
         now = time.perf_counter()
         self.seconds[phase] += now - self.last
         self.last = now
@@ -105,6 +109,8 @@ class SpeculativeGenerator:
     `generate`/`vanilla` (`eagle.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
+    profile: time the loop's phases into `GenerationOutput.phase_seconds` (synchronising the devices
+    at every phase boundary; off by default, for the loop's sake on a GPU).
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
@@ -112,7 +118,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
                  branching: int | None = None, exact_attention: bool | str = "auto", adaptive: bool = False, *,
-                 prepack: bool | str = "auto", top_k: int | None = None):
+                 prepack: bool | str = "auto", profile: bool = False, top_k: int | None = None):
         if top_k is not None:
             if branching is not None:
                 raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
@@ -127,7 +133,7 @@ class SpeculativeGenerator:
         self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device)
         self.head = head
         self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
-        self.adaptive = adaptive
+        self.adaptive, self.profile = adaptive, profile
         self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack)
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
@@ -217,50 +223,51 @@ class SpeculativeGenerator:
         if max_new_tokens == 0:
             return out
         target, head, policy = self.target, self.head, self._policy()
-        clock = PhaseClock(out.phase_seconds, target.devices.logits)
+        clock = PhaseClock(out.phase_seconds, target.all_devices | {head.device}, self.profile)
         logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
         self._emit(out, [root], eos, max_new_tokens)
         head.reset()
+        # Steady state: one read of each verdict (`accept`) and one upload of its path and next token;
+        # trees, masks, features and cache commits stay on the devices.
+        root_on_device = torch.tensor([root], device=head.device)
         # The draft head catches up on committed tokens (their target features and the tokens that
         # follow them) only before a cycle that drafts: a run of plain decoding steps (adaptive
         # tree) then costs one head forward at its end instead of one per step.
-        behind = [(features, torch.cat([prompt[1:].cpu(), torch.tensor([root])]))]
+        behind = [(features, torch.cat([prompt[1:].to(head.device), root_on_device]))]
         hidden = logprobs = None
         clock.lap("prefill")
         while not self._done(out, max_new_tokens):
             remaining = max_new_tokens - len(out.tokens)
             # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
             depth, total, grow = min(self.depth, remaining - 1), self.total_tokens, None
-            if policy is not None:
+            if policy is not None:  # adaptive: reads draft scores on the host (a sync per level)
                 depth, total = policy.plan(remaining - 1)
                 grow = lambda level, scores, d=depth: policy.grow_level(level, scores, d)  # noqa: E731
             if depth > 0 and behind:
-                hidden, logprobs = head.extend(torch.cat([f for f, _ in behind]),
-                                               torch.cat([t for _, t in behind]).to(head.device))
+                hidden, logprobs = head.extend(torch.cat([f for f, _ in behind]), torch.cat([t for _, t in behind]))
                 behind.clear()
                 clock.lap("catch_up")
-            tree = grow_tree(head, root, hidden, logprobs, depth, self.branching, total, grow)
+            tree = grow_tree(head, root_on_device, hidden, logprobs, depth, self.branching, total, grow)
             clock.lap("draft")
             logits, features = target.score_tree(tree)
             clock.lap("tree_forward")
             verdict = accept(process_logits(logits, cfg), tree, cfg, generator)
-            drafted = tree.tokens[verdict.path[1:]].tolist()
-            emitted = self._emit(out, drafted + [verdict.next_token], eos, max_new_tokens)
+            emitted = self._emit(out, verdict.tokens + [verdict.next_token], eos, max_new_tokens)
             out.accept_lengths.append(min(verdict.accepted, emitted))
-            out.draft_depths.append(int(tree.depths.max()))
+            out.draft_depths.append(tree.levels)
             out.stats.add(verdict, keep_steps=emitted)
             out.num_cycles += 1
             if policy is not None:
-                policy.observe(out.draft_depths[-1], verdict.accepted, float(tree.scores[1:].exp().sum()))
+                policy.observe(tree.levels, verdict.accepted, float(tree.scores[1:].exp().sum()))
             clock.lap("accept")
             if self._done(out, max_new_tokens):
                 break
-            target.keep_path(verdict.path)
+            uploaded = torch.tensor(verdict.path + [verdict.next_token], device=head.device)
+            path, root_on_device = uploaded[:-1], uploaded[-1:]
+            target.keep_path(verdict.path, path)
             clock.lap("cache_update")
-            root = verdict.next_token
-            path = torch.tensor(verdict.path, device=features.device)
-            behind.append((features[path], torch.tensor(drafted + [root])))
+            behind.append((features[path.to(features.device)], torch.cat([tree.tokens[path[1:]], root_on_device])))
         out.seconds = time.perf_counter() - start
         return out
 
@@ -288,7 +295,7 @@ class SpeculativeGenerator:
         out = GenerationOutput()
         if max_new_tokens == 0:
             return out
-        clock = PhaseClock(out.phase_seconds, self.target.devices.logits)
+        clock = PhaseClock(out.phase_seconds, self.target.all_devices, self.profile)
         logits, _ = self.target.prefill(prompt, capacity=len(prompt) + max_new_tokens + 1)
         self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
         clock.lap("prefill")

@@ -100,6 +100,39 @@ def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> Ex
     return groups
 
 
+# --- attention implementations that cannot take a tree mask -------------------------------------
+# A tree forward needs an arbitrary additive 4D mask. SDPA and eager apply it as given; flash
+# attention takes no such mask (transformers would read it as a padding mask and unpad garbage), and
+# flex attention needs a block mask. Such a model is routed: calls without a mask (the causal
+# prefill, a lone root) keep the model's own implementation, calls with a tree mask go to SDPA.
+
+TAKES_TREE_MASK = ("sdpa", "eager", EXACT_ATTENTION)
+TREE_ROUTE = "mars_tree"
+ROUTE_KWARG = "mars_maskless_attention"  # the forward keyword naming the model's own implementation
+
+
+def routed_attention_forward(module, query, key, value, attention_mask, mars_maskless_attention: str | None = None,
+                             **kwargs):
+    """`attn_implementation="mars_tree"`: without a mask, the implementation the forward call names
+    (the model's own); with a tree mask, or called without the keyword, SDPA."""
+    if attention_mask is None and mars_maskless_attention is not None:
+        own = AttentionInterface._global_mapping[mars_maskless_attention]
+        return own(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def tree_route(implementation: str) -> str:
+    """Register the routing implementation for a model using `implementation`; returns its name."""
+    if implementation not in AttentionInterface._global_mapping:
+        raise ValueError(f"the target's attention implementation {implementation!r} takes no tree mask and is not "
+                         f"registered with transformers' AttentionInterface, so it cannot be routed: load the model "
+                         f"with attn_implementation='sdpa' (or 'eager')")
+    if TREE_ROUTE not in AttentionInterface._global_mapping:
+        AttentionInterface.register(TREE_ROUTE, routed_attention_forward)
+        AttentionMaskInterface.register(TREE_ROUTE, sdpa_mask)  # 4D tree masks pass through as given
+    return TREE_ROUTE
+
+
 class PreallocatedLayer(DynamicLayer):
     """A `DynamicLayer` backed by a buffer with spare room; `keys`/`values` are views of its prefix."""
 
@@ -153,9 +186,10 @@ class PreallocatedLayer(DynamicLayer):
             self._views()
 
     def keep(self, start: int, indices: torch.Tensor) -> None:
-        """Keep entries start + indices (in that order) at start..start+len(indices); drop the rest."""
+        """Keep entries start + indices (in that order) at start..start+len(indices); drop the rest.
+        indices: on this layer's device (`TreeCache.keep` moves them once per device)."""
         if self.is_initialized:
-            idx = indices.to(self._k.device) + start
+            idx = indices + start
             self._k[:, :, start : start + len(indices)] = self._k[:, :, idx]
             self._v[:, :, start : start + len(indices)] = self._v[:, :, idx]
         self.length = start + len(indices)
@@ -174,11 +208,17 @@ class TreeCache(DynamicCache):
     def __init__(self, config, capacity: int):
         super().__init__(config=config)
         num_layers = text_config(config).num_hidden_layers
+        self.capacity = capacity
         self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
 
     def keep(self, start: int, indices: torch.Tensor) -> None:
+        """One gather per layer, with the indices copied once to each device the layers use."""
+        on_device: dict[torch.device, torch.Tensor] = {}
         for layer in self.layers:
-            layer.keep(start, indices)
+            where = layer._k.device if layer.is_initialized else indices.device
+            if where not in on_device:
+                on_device[where] = indices.to(where)
+            layer.keep(start, on_device[where])
 
     def truncate(self, length: int) -> None:
         for layer in self.layers:
@@ -202,6 +242,13 @@ class DeviceRoute:
 
     inputs: torch.device
     logits: torch.device
+
+
+def synchronize(devices) -> None:
+    """Wait for every queued kernel on these devices (a no-op on CPUs): for timing, never in the hot loop."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 def module_device(model, name: str) -> torch.device:
@@ -265,9 +312,12 @@ class TargetModel:
         if layer_types and not self.mask_by_type:
             self.sliding_window = None  # every layer attends fully
         self.devices = route_devices(model)
+        self.all_devices = {p.device for p in model.parameters()}  # a sharded model: every device it uses
         self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
         self.dtype = model.get_input_embeddings().weight.dtype
         self.cache: TreeCache | None = None
+        self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
+        self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
         self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
         self.max_length = context_length(model.config)
         if exact_attention == "auto":
@@ -276,6 +326,7 @@ class TargetModel:
             raise ValueError(f"exact_attention must be True, False or 'auto', got {exact_attention!r}")
         self.exact_attention: bool = exact_attention
         self._restore_attention: str | None = None
+        self.maskless: str | None = None  # the model's own implementation, when it takes no tree mask
         if exact_attention:
             if self.sliding_window is not None:
                 raise NotImplementedError("exact_attention supports full-attention models only (no sliding window): "
@@ -287,6 +338,9 @@ class TargetModel:
                 AttentionMaskInterface.register(EXACT_ATTENTION, sdpa_mask)
             self._restore_attention = model.config._attn_implementation
             model.set_attn_implementation(EXACT_ATTENTION)
+        elif (implementation := model.config._attn_implementation or "sdpa") not in TAKES_TREE_MASK:
+            self._restore_attention = self.maskless = implementation
+            model.set_attn_implementation(tree_route(implementation))
 
     def close(self) -> None:
         """Give the model back its own attention implementation (when exact attention took it over)."""
@@ -294,27 +348,50 @@ class TargetModel:
             self.model.set_attn_implementation(self._restore_attention)
             self._restore_attention = None
 
+    def _tree_mask(self, ancestors: torch.Tensor) -> torch.Tensor | None:
+        """Additive mask [1, 1, q, committed + q] of a tree's q queries, a view of a buffer kept on the
+        device: the committed prefix's columns stay 0 (visible to every node) from cycle to cycle,
+        only the tree's own q x q block is written, and last cycle's block is cleared first."""
+        q, prefix, device = ancestors.shape[0], self.committed, self.devices.inputs
+        if q == 1:  # a lone root sees the whole sequence: the model's own masking (flash where it has it)
+            return None
+        width = prefix + q
+        buf = self._mask_buffer
+        if buf is None or buf.shape[0] < q or buf.shape[1] < width:
+            rows = max(q, buf.shape[0] if buf is not None else 0)
+            cols = max(width, self.cache.capacity if self.cache is not None else 0)
+            buf = self._mask_buffer = torch.zeros(rows, cols, dtype=self.dtype, device=device)
+        else:
+            r, c0, c1 = self._mask_written
+            buf[:r, c0:c1] = 0.0
+        block = buf[:q, prefix:width]
+        block.copy_(torch.where(ancestors.to(device), 0.0, torch.finfo(self.dtype).min))
+        self._mask_written = (q, prefix, width)
+        return buf[:q, :width][None, None]
+
     def _mask(self, positions: torch.Tensor, tree_ancestors: torch.Tensor):
         """Additive 4D mask for queries at `positions` over (cache prefix + these queries)."""
+        if self.sliding_window is None:
+            return self._tree_mask(tree_ancestors)
         prefix, device = self.committed, self.devices.inputs
         q = positions.shape[0]
-        allowed = torch.cat([torch.ones(q, prefix, dtype=torch.bool), tree_ancestors], dim=1).to(device)
+        positions, tree_ancestors = positions.to(device), tree_ancestors.to(device)
+        allowed = torch.cat([torch.ones(q, prefix, dtype=torch.bool, device=device), tree_ancestors], dim=1)
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
             m = torch.zeros(ok.shape, dtype=self.dtype, device=device)
             return m.masked_fill_(~ok, torch.finfo(self.dtype).min)[None, None]
 
-        if self.sliding_window is None:
-            return additive(allowed)
-        key_pos = torch.cat([torch.arange(prefix, device=device), positions.to(device)])
-        windowed = allowed & (positions.to(device)[:, None] - key_pos[None, :] < self.sliding_window)
+        key_pos = torch.cat([torch.arange(prefix, device=device), positions])
+        windowed = allowed & (positions[:, None] - key_pos[None, :] < self.sliding_window)
         if self.mask_by_type:
             return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
         return additive(windowed)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, ancestors: torch.Tensor, all_logits: bool,
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, all_logits: bool,
                  plan: ExactPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = {}
+        """mask: an additive 4D mask (or one per layer type), or None for the model's own causal mask."""
+        extra = {ROUTE_KWARG: self.maskless} if self.maskless else {}
         if plan is not None:
             if self.model.config._attn_implementation != EXACT_ATTENTION:
                 raise RuntimeError("the target's attention implementation is no longer 'mars_exact' (was a "
@@ -323,7 +400,7 @@ class TargetModel:
         out = self.model(
             input_ids=tokens[None].to(self.devices.inputs),
             position_ids=positions[None].to(self.devices.inputs),
-            attention_mask=None if plan else self._mask(positions, ancestors),
+            attention_mask=None if plan else mask,
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=True,
@@ -338,10 +415,12 @@ class TargetModel:
     def prefill(self, input_ids: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Start a new sequence. Returns (logits at the last prompt token [V], features [T, F])."""
         self.cache = TreeCache(self.model.config, capacity)
-        tokens = input_ids.reshape(-1)
-        n = tokens.shape[0]
+        tokens = input_ids.reshape(-1).to(self.devices.inputs)
+        n, device = tokens.shape[0], self.devices.inputs
         self.committed = 0
-        logits, features = self._forward(tokens, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), False)
+        self._mask_buffer = None  # sized for this sequence at the first tree
+        # No explicit mask: the model's own causal masking (flash/SDPA's causal kernels where it has them).
+        logits, features = self._forward(tokens, torch.arange(n, device=device), None, False)
         self.committed = n
         return logits[-1], features
 
@@ -357,14 +436,17 @@ class TargetModel:
         plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
         if plan is not None:
             plan = [tuple(t.to(self.devices.inputs) for t in group) for group in plan]
-        return self._forward(tree.tokens, self.committed + tree.depths, tree.ancestors, True, plan)
+        positions = self.committed + tree.depths.to(self.devices.inputs)
+        mask = None if plan is not None else self._mask(positions, tree.ancestors)
+        return self._forward(tree.tokens, positions, mask, True, plan)
 
-    def keep_path(self, path: list[int]) -> None:
-        """After `score_tree`: commit the nodes of `path` (tree indices, root first) to the sequence."""
+    def keep_path(self, path: list[int], index: torch.Tensor | None = None) -> None:
+        """After `score_tree`: commit the nodes of `path` (tree indices, root first) to the sequence.
+        index: the same path as a tensor on a device, when the caller has one (saves an upload)."""
         if path == list(range(len(path))):  # already in place (e.g. a lone root): no copy
             self.cache.truncate(self.committed + len(path))
         else:
-            self.cache.keep(self.committed, torch.tensor(path, dtype=torch.long))
+            self.cache.keep(self.committed, index if index is not None else torch.tensor(path, dtype=torch.long))
         self.committed += len(path)
 
     @torch.inference_mode()

@@ -4,6 +4,10 @@ Every rule is a pure function of (processed logits [n, V], tree, settings, RNG) 
 `Verdict`: the accepted path (tree node indices, starting at the root), the next token (the
 target's bonus or correction token after the path), and one `Step` record per decision.
 
+Each rule judges every node of the tree at once on the logits' device and reads the outcome back to
+the host in one transfer (`_read`): on a GPU, verification costs one synchronisation however large
+the tree (the sequential walk of the reference code cost several per node).
+
 Shared invariants, tested in `tests/test_verify.py`:
 - `path[0] == 0` and each node in `path` is a child of the one before it; len(path) - 1 <= depth.
 - The logits at node i are the target's prediction for the token *after* node i, so the child c
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle.tree import DraftTree
-from mars.sampling import Margins, SamplingConfig, margin_test, sample
+from mars.sampling import Margins, SamplingConfig, margin_test
 
 
 @dataclass
@@ -38,9 +42,10 @@ class Step:
 
 @dataclass
 class Verdict:
-    path: list[int]
-    next_token: int
+    path: list[int]  # tree nodes, root first
+    next_token: int  # the target's token after the path
     steps: list[Step] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the accepted drafted tokens (path[1:]'s)
 
     @property
     def accepted(self) -> int:
@@ -51,14 +56,44 @@ class Verdict:
         return sum(s.relaxed for s in self.steps)
 
 
-def _step(m: Margins, node: int, depth: int, accepted: bool, relaxed: bool, has_children: bool) -> Step:
-    return Step(depth, float(m.value[node]), bool(m.passes[node]), accepted, relaxed,
-                bool(m.nonfinite[node]), bool(m.negative[node]), has_children)
+# The per-node facts a Step records, packed side by side for one transfer.
+_STEP_FIELDS = 7  # depth, margin, relax_allowed, nonfinite, negative, has_children, relaxed (its accepted child)
+
+
+def _children(tree: DraftTree) -> torch.Tensor:
+    """[n, n] bool: j is a child of i (columns in draft order)."""
+    nodes = torch.arange(tree.size, device=tree.parents.device)
+    return tree.parents[None, :] == nodes[:, None]
+
+
+def _read(m: Margins, tree: DraftTree, chain: torch.Tensor, relaxed: torch.Tensor, has_children: torch.Tensor,
+          scalars: list[torch.Tensor]) -> tuple[list[int], list[int], list[list[float]], list[float]]:
+    """The one device-to-host transfer of a verdict: chain [L] node ids, their tokens, the Step facts
+    of each, and `scalars`. relaxed [L]: the chain node's accepted child was accepted by the relaxation."""
+    facts = torch.stack([tree.depths[chain].double(), m.value[chain].double(), m.passes[chain].double(),
+                         m.nonfinite[chain].double(), m.negative[chain].double(), has_children[chain].double(),
+                         relaxed.double()], dim=1)
+    packed = torch.cat([chain.double(), tree.tokens[chain].double(), facts.flatten(),
+                        torch.stack(scalars).double().flatten()]).tolist()
+    length = chain.shape[0]
+    rows = [packed[2 * length + i * _STEP_FIELDS: 2 * length + (i + 1) * _STEP_FIELDS] for i in range(length)]
+    ids, tokens = [int(x) for x in packed[:length]], [int(x) for x in packed[length: 2 * length]]
+    return ids, tokens, rows, packed[2 * length + length * _STEP_FIELDS:]
+
+
+def _steps(path: list[int], rows: list[list[float]]) -> list[Step]:
+    steps = []
+    for j, (depth, margin, allowed, nonfinite, negative, has_children, relaxed) in enumerate(rows):
+        accepted = j + 1 < len(path)
+        steps.append(Step(int(depth), margin, bool(allowed), accepted, accepted and bool(relaxed),
+                          bool(nonfinite), bool(negative), bool(has_children)))
+    return steps
 
 
 def accept_greedy(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig) -> Verdict:
     """Greedy verification, strict or MARS.
 
+    processed [n, V]: the target's processed logits at every tree node (row i judges i's children).
     A node is valid when its token is the target's top-1 at its parent, or (rule "mars" only) the
     margin test passes at the parent and the token is the top-2 there. The accepted path is the
     deepest root-to-node path of valid nodes; ties go to the path with fewer relaxed (top-2)
@@ -66,30 +101,32 @@ def accept_greedy(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig)
     With rule "strict" the output equals plain greedy decoding token for token.
     """
     m = margin_test(processed, cfg)
-    tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
-    top1, top2 = m.top1.tolist(), m.top2.tolist()
-    relax = m.passes.tolist() if cfg.rule == "mars" else [False] * tree.size
-    relaxed_on_path = [0] + [-1] * (tree.size - 1)  # -1: not reachable through valid nodes
-    best = 0
-    for i in range(1, tree.size):
-        p = parents[i]
-        if relaxed_on_path[p] < 0:
-            continue
-        if tokens[i] == top1[p]:
-            relaxed_on_path[i] = relaxed_on_path[p]
-        elif relax[p] and tokens[i] == top2[p]:
-            relaxed_on_path[i] = relaxed_on_path[p] + 1
-        else:
-            continue
-        if (depths[i], -relaxed_on_path[i]) > (depths[best], -relaxed_on_path[best]):
-            best = i
-    path = tree.path_to(best)
-    steps = []
-    for j, node in enumerate(path):
-        child = path[j + 1] if j + 1 < len(path) else None
-        relaxed = child is not None and tokens[child] != top1[node]
-        steps.append(_step(m, node, depths[node], child is not None, relaxed, bool(tree.children[node])))
-    return Verdict(path, top1[best], steps)
+    n, device = tree.size, processed.device
+    nodes = torch.arange(n, device=device)
+    parent = tree.parents.clamp(min=0)
+    exact = tree.tokens == m.top1[parent]
+    relaxed_edge = ~exact & (tree.tokens == m.top2[parent]) & (m.passes[parent] if cfg.rule == "mars" else False)
+    valid = (exact | relaxed_edge) | (nodes == 0)
+    relaxed_edge &= nodes > 0
+    reachable = ~(tree.ancestors & ~valid[None, :]).any(dim=1)  # every node on its path is valid
+    relaxed_count = (tree.ancestors & relaxed_edge[None, :]).sum(dim=1)
+    key = tree.depths * (n + 1) ** 2 - relaxed_count * (n + 1) - nodes  # deeper, fewer relaxed, earlier
+    best = torch.where(reachable, key, key.min() - 1).argmax()
+    up = [best]  # best, its parent, ... padded with the root
+    for _ in range(tree.levels):
+        up.append(parent[up[-1]])
+    chain = torch.stack(up[::-1])  # [levels + 1]: the root (repeated), ..., best
+    relaxed = torch.cat([relaxed_edge[chain[1:]], relaxed_edge[:1]])  # the next chain node's edge (root's: False)
+    has_children = _children(tree).any(dim=1)
+    ids, tokens, rows, (depth, next_token) = _read(m, tree, chain, relaxed, has_children,
+                                                   [tree.depths[best], m.top1[best]])
+    first = len(ids) - int(depth) - 1
+    return Verdict(ids[first:], int(next_token), _steps(ids[first:], rows[first:]), tokens[first + 1:])
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token [1] from a probability vector [V], left on its device."""
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def accept_sampling(
@@ -97,6 +134,7 @@ def accept_sampling(
 ) -> Verdict:
     """Tree speculative sampling, strict or MARS, for children drafted deterministically (top-k).
 
+    processed [n, V]: the target's processed logits at every tree node (row i judges i's children).
     Strict (lossless): at the current node with target distribution p, try its children in draft
     order; child x is accepted with probability r(x) under the current residual r (initially p);
     on rejection r(x) is set to 0 and r renormalised. If every child is rejected, the correction
@@ -108,51 +146,50 @@ def accept_sampling(
     or top-2 is accepted outright (`relaxed`). If none is, `mars_fallback="strict"` hands the
     children to the strict rule; `"reference"` rejects them all and samples from p unadjusted (the
     MARS code's behaviour). Where the test fails, the strict rule runs with the same RNG draws.
+
+    Random draws, the same for every rule: `u = rand(n, n)` first, the j-th child (draft order) of
+    node i uses u[i, j]; then one `multinomial` for the bonus or correction token. Every node's
+    decision is computed at once, then the path is followed from the root.
     """
     m = margin_test(processed, cfg)
-    tokens, depths = tree.tokens.tolist(), tree.depths.tolist()
-    top1, top2 = m.top1.tolist(), m.top2.tolist()
-    relax = m.passes.tolist()
-    path, steps = [0], []
-    node = 0
-    while True:
-        probs = processed[node].softmax(-1)
-        children = tree.children[node]
-        if not children:
-            steps.append(_step(m, node, depths[node], False, False, False))
-            return Verdict(path, sample(probs, generator), steps)
-        if cfg.rule == "mars" and relax[node]:
-            chosen = next((c for c in children if tokens[c] in (top1[node], top2[node])), None)
-            if chosen is not None:
-                steps.append(_step(m, node, depths[node], True, True, True))
-                path.append(chosen)
-                node = chosen
-                continue
-            if cfg.mars_fallback == "reference":
-                steps.append(_step(m, node, depths[node], False, False, True))
-                return Verdict(path, sample(probs, generator), steps)
-        chosen, residual = _strict_children(probs, [tokens[c] for c in children], generator)
-        steps.append(_step(m, node, depths[node], chosen is not None, False, True))
-        if chosen is None:
-            return Verdict(path, sample(residual, generator), steps)
-        node = children[chosen]
-        path.append(node)
-
-
-def _strict_children(probs: torch.Tensor, child_tokens: list[int], generator) -> tuple[int | None, torch.Tensor]:
-    """Recursive rejection over deterministic drafts: (index of the accepted child or None, residual)."""
-    residual = probs.clone()
-    for j, token in enumerate(child_tokens):
-        u = torch.rand((), generator=generator, device=probs.device).item()
-        mass = residual.sum().item()
-        if mass <= 0:
-            break
-        if u * mass < residual[token].item():  # u < r(x) / sum(r), without renormalising
-            return j, residual
-        residual[token] = 0.0
+    n, device = tree.size, processed.device
+    nodes = torch.arange(n, device=device)
+    probs = processed.softmax(dim=-1)  # [n, V]
+    kids = _children(tree)  # [n, n]
+    u = torch.rand(n, n, generator=generator, device=device)
+    rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
+    p_child = kids * probs[:, tree.tokens]  # [i, j]: p_i(token of child j)
+    mass = probs.sum(dim=-1, keepdim=True) - (p_child.cumsum(dim=1) - p_child)  # residual mass before trying j
+    strict_ok = kids & (mass > 0) & (u.gather(1, rank) * mass < p_child)
+    none = torch.full_like(nodes, n)
+    first_strict = torch.where(strict_ok, nodes[None, :], n).min(dim=1).values
+    if cfg.rule == "mars":
+        top = (tree.tokens[None, :] == m.top1[:, None]) | (tree.tokens[None, :] == m.top2[:, None])
+        first_top = torch.where(kids & top, nodes[None, :], n).min(dim=1).values
+        relaxed = m.passes & (first_top < n)
+        fallback = first_strict if cfg.mars_fallback == "strict" else none
+        chosen = torch.where(relaxed, first_top, torch.where(m.passes, fallback, first_strict))
+        unadjusted = m.passes & ~relaxed & (cfg.mars_fallback == "reference")  # reject all, sample p
+    else:
+        relaxed, chosen, unadjusted = torch.zeros_like(m.passes), first_strict, torch.zeros_like(m.passes)
+    walk = [nodes[0]]
+    for _ in range(tree.levels):
+        step = chosen[walk[-1]]
+        walk.append(torch.where(step < n, step, walk[-1]))
+    chain = torch.stack(walk)
+    last = chain[-1]
+    has_children = kids.any(dim=1)
+    # The last node's distribution: p at a leaf or after a reference-fallback rejection, else the residual.
+    drafted = torch.zeros(probs.shape[-1], device=device).index_add_(0, tree.tokens, kids[last].float()) > 0
+    residual = probs[last].masked_fill(drafted, 0.0)
     total = residual.sum()
-    # All mass drafted and rejected can only happen through rounding; fall back to p itself.
-    return None, residual / total if total > 0 else probs
+    use_residual = has_children[last] & ~unadjusted[last] & (total > 0)
+    dist = torch.where(use_residual, residual / total.clamp(min=torch.finfo(total.dtype).tiny), probs[last])
+    token = draw(dist, generator)[0]
+    ids, tokens, rows, (depth, next_token) = _read(m, tree, chain, relaxed[chain], has_children,
+                                                   [tree.depths[last], token])
+    length = int(depth) + 1
+    return Verdict(ids[:length], int(next_token), _steps(ids[:length], rows[:length]), tokens[1:length])
 
 
 def accept(

@@ -160,7 +160,7 @@ class OracleHead(Eagle3Head):
         self.sequence = sequence
 
     def _oracle(self, position: int, rows: int) -> torch.Tensor:
-        logprobs = torch.full((rows, self.config.draft_vocab_size), -30.0)
+        logprobs = torch.full((rows, self.config.draft_vocab_size), -30.0, device=self.device)
         index = position + 2
         if index < len(self.sequence):
             logprobs[:, self.sequence[index]] = 0.0

@@ -98,8 +98,8 @@ def test_kv_cache_after_each_cycle_equals_plain_decoding():
         cycles = []
         real_keep = gen.target.keep_path
 
-        def recording_keep(path, _real=real_keep, cycles=cycles):
-            _real(path)
+        def recording_keep(path, index=None, _real=real_keep, cycles=cycles):
+            _real(path, index)
             cycles.append([(layer.keys.clone(), layer.values.clone()) for layer in gen.target.cache.layers])
 
         gen.target.keep_path = recording_keep

@@ -48,15 +48,15 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 @pytest.fixture
 def sampled(monkeypatch):
-    """Record the probability vector of every final `sample` call of the rules (bonus or correction)."""
+    """Record the probability vector of every final `draw` call of the rules (bonus or correction)."""
     calls: list[torch.Tensor] = []
-    real = verify_module.sample
+    real = verify_module.draw
 
     def recording(probs, generator):
         calls.append(probs.clone())
         return real(probs, generator)
 
-    monkeypatch.setattr(verify_module, "sample", recording)
+    monkeypatch.setattr(verify_module, "draw", recording)
     return calls
 
 
@@ -190,14 +190,14 @@ def test_sampling_strict_all_children_rejected_samples_the_correction_from_the_r
 
 
 def test_sampling_strict_tries_children_in_order_against_the_renormalised_residual():
-    """Child j is accepted iff u_j < r_j(x_j), with one uniform draw per child tried, in draft order."""
+    """Child j (draft order) of node i is accepted iff u[i, j] < r_j(x_j), u = rand(n, n) drawn first."""
     tree = make_tree([-1, 0, 0], [5, 0, 1])
     p = [0.5, 0.25, 0.125, 0.125, 0.0, 0.0]
     processed = process_logits(rows([math.log(x) if x else NEG for x in p], [0.0] * 6, [0.0] * 6), SAMPLE)
     seen = set()
     for seed in range(200):
-        draws = gen(seed)
-        u1, u2 = torch.rand((), generator=draws).item(), torch.rand((), generator=draws).item()
+        u = torch.rand(3, 3, generator=gen(seed))
+        u1, u2 = u[0, 0].item(), u[0, 1].item()
         expected = [0, 1] if u1 < 0.5 else [0, 2] if u2 < 0.25 / 0.5 else [0]
         v = accept_sampling(processed, tree, SAMPLE, gen(seed))
         assert v.path == expected
