@@ -84,8 +84,11 @@ class ModelConfig:
     tokenizer: str | None = None  # default: the target's
     dtype: Dtype = Dtype.auto  # auto: bf16 on GPUs and CPUs with native bf16 matmuls, else float32 (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
-    device_map: str | None = None  # auto: shard the target over the job's GPUs
+    # auto: one GPU when the target and what decoding needs beside it fit, else spread over the job's GPUs
+    # with that headroom kept free (eval/placement.py); balanced / sequential / ...: transformers' own.
+    device_map: str | None = None
     max_memory: Any = None  # a dict per GPU index, e.g. {0: 70GiB, 1: 70GiB}
+    headroom_gib: float | None = None  # with device_map=auto: GiB kept free beside the weights (null: estimated)
     allow_offload: bool = False  # with device_map: accept layers placed on the CPU or disk (slow)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     # Verification attention computed row by row over exactly the visible keys (mars/target.py), so

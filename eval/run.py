@@ -43,7 +43,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eagle.config import eos_token_ids
+from eagle.config import eos_token_ids, text_config
 from eagle.precision import DTYPES, Precision, cpu_name, needs_exact_attention, resolve_dtype
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
@@ -224,24 +224,58 @@ def claim_gpus(count: int, total: int, lock_dir: Path = GPU_LOCK_DIR) -> tuple[l
                        f"{lock_dir}): run fewer parallel jobs (hydra.launcher.n_jobs) or fewer GPUs per job")
 
 
-def placement(run: RunConfig, gpus: list[int] | None) -> dict:
-    """from_pretrained's device arguments: the configured device, or a device map over the job's GPUs."""
+def gpu_bytes(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+def placement(run: RunConfig, gpus: list[int] | None, dtype: torch.dtype | None = None) -> dict:
+    """from_pretrained's device arguments: the configured device, one GPU or several (eval.placement)."""
     m = run.model
     if m.device_map:
         if not torch.cuda.is_available() and not m.allow_offload:
             raise RuntimeError(f"model.device_map={m.device_map} shards the target over GPUs but none is visible: "
                                "run on a GPU node, or set model.device_map=null model.device=cpu")
-        kwargs: dict = {"device_map": m.device_map}
         memory = {int(k) if str(k).isdigit() else k: v for k, v in (m.max_memory or {}).items()}
+        if m.device_map == "auto" and torch.cuda.is_available():  # fit first, spread only what does not fit
+            from transformers import AutoConfig
+
+            from eval.placement import PLACEMENT_CONTEXT, GiB, decoding_headroom, plan, weight_bytes
+
+            config = AutoConfig.from_pretrained(model_source(m.target, "target model"))
+            dtype = dtype or run_precision(run).dtype
+            weights = weight_bytes(config, dtype)
+            job = gpus if gpus is not None else list(range(torch.cuda.device_count()))
+            sizes = {g: parse_bytes(memory[g]) if g in memory else gpu_bytes(g) for g in job}
+            if m.headroom_gib is not None:
+                headroom = dict.fromkeys(("kv_cache", "activations", "logits", "draft"), 0)
+                headroom["runtime"] = int(m.headroom_gib * GiB)
+            else:
+                text = text_config(config)
+                draft = 2 * text.vocab_size * text.hidden_size * 2 + weights // text.num_hidden_layers
+                headroom = decoding_headroom(config, dtype, PLACEMENT_CONTEXT + run.max_new_tokens,
+                                             run.tree.total_tokens + 1, draft)
+            return plan(weights, headroom, sizes)
+        kwargs: dict = {"device_map": m.device_map}
         if gpus is not None:  # only the job's own GPUs (with their configured limits, if any)
-            memory = {g: memory.get(g, f"{torch.cuda.get_device_properties(g).total_memory // 2**30}GiB")
-                      for g in gpus}
+            memory = {g: memory.get(g, f"{gpu_bytes(g) // 2**30}GiB") for g in gpus}
         if memory:
             kwargs["max_memory"] = memory
         return kwargs
     if gpus is not None:
         return {"device_map": {"": gpus[0]}}
     return {"device_map": {"": m.device}}
+
+
+def parse_bytes(value) -> int:
+    """A max_memory entry (bytes, or "70GiB" / "70GB" / "512MiB") as bytes."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    units = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    raise ValueError(f"model.max_memory entry {value!r} is not a size: give bytes or e.g. '70GiB'")
 
 
 def check_offload(model, allow: bool) -> None:
@@ -265,7 +299,7 @@ def load_target(run: RunConfig, dtype: torch.dtype, gpus: list[int] | None = Non
 
     m = run.model
     model = AutoModelForCausalLM.from_pretrained(model_source(m.target, "target model"), dtype=dtype,
-                                                 **placement(run, gpus)).eval()
+                                                 **placement(run, gpus, dtype)).eval()
     check_offload(model, m.allow_offload)
     return model
 

@@ -84,11 +84,12 @@ class PhaseClock:
         self.last = now
 
 
-def _with_kernels(method):
-    """Run a decoding method with the generator's packed kernels swapped in (and out after)."""
+def _while_decoding(method):
+    """Run a decoding method with the generator's packed kernels and feature hooks on the models,
+    taken off again after: between calls the models are as the caller gave them."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with self.kernels.active() if self.kernels is not None else nullcontext():
+        with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped():
             return method(self, *args, **kwargs)
     return run
 
@@ -195,7 +196,7 @@ class SpeculativeGenerator:
     def _done(self, out: GenerationOutput, max_new_tokens: int) -> bool:
         return out.stopped_by == "eos" or len(out.tokens) >= max_new_tokens
 
-    @_with_kernels
+    @_while_decoding
     @torch.inference_mode()
     def generate(
         self,
@@ -271,7 +272,7 @@ class SpeculativeGenerator:
         out.seconds = time.perf_counter() - start
         return out
 
-    @_with_kernels
+    @_while_decoding
     @torch.inference_mode()
     def vanilla(
         self,

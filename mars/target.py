@@ -3,14 +3,16 @@
 It uses only transformers' public machinery: a `DynamicCache` subclass whose layers write into
 preallocated buffers (growing by concatenation cost a third of small-model decode time), custom
 4D attention masks (returned as-is by transformers' mask builders), explicit `position_ids`,
-`output_hidden_states` for the draft's features, and (for exact attention) an attention function
+forward hooks (or `output_hidden_states`) for the draft's features, and (for exact attention) an attention function
 registered with `AttentionInterface` that receives its plan as a forward keyword argument, the
 way transformers hands attention kwargs down to every layer. No modeling file is copied.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import AttentionInterface, DynamicCache
@@ -229,6 +231,46 @@ def context_length(config) -> int:
     return int(getattr(text_config(config), "max_position_embeddings", None) or 2**31)
 
 
+# --- feature taps -------------------------------------------------------------------------------
+
+class FeatureTaps:
+    """The hidden states the draft reads, captured by hooks during a forward.
+
+    `output_hidden_states=True` would keep every layer's hidden states to use a few (~11 GB at an 8k
+    prefill of a 70B target). Index i < num_layers is the input of decoder layer i (a pre-hook on
+    it), index num_layers the base model's final, normed output (a hook on the base model), as in
+    transformers' `hidden_states`. `FeatureTaps.fits(model)` tells whether the model exposes its
+    decoder layers as `base_model.layers`; otherwise the adapter asks for `hidden_states`.
+    """
+
+    def __init__(self, model, indices: list[int]):
+        base = model.base_model
+        self.captured: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for index in sorted(set(indices)):
+            if index < len(base.layers):
+                hook = partial(self._layer_input, index)
+                self.handles.append(base.layers[index].register_forward_pre_hook(hook, with_kwargs=True))
+            else:
+                self.handles.append(base.register_forward_hook(partial(self._final, index)))
+
+    @staticmethod
+    def fits(model) -> bool:
+        layers = getattr(model.base_model, "layers", None)
+        return isinstance(layers, torch.nn.ModuleList) and len(layers) == text_config(model.config).num_hidden_layers
+
+    def _layer_input(self, index: int, module, args, kwargs) -> None:
+        self.captured[index] = args[0] if args else kwargs["hidden_states"]
+
+    def _final(self, index: int, module, args, output) -> None:
+        self.captured[index] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
 # --- devices ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -296,6 +338,7 @@ class TargetModel:
         self.config = text_config(model.config)
         n_layers = self.config.num_hidden_layers
         self.feature_layers = list(feature_layers or [n_layers])
+        self.taps: FeatureTaps | None = None  # hooks on the model, only inside `tapped()`
         layer_types = list(getattr(self.config, "layer_types", None) or [])
         unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -341,6 +384,20 @@ class TargetModel:
         elif (implementation := model.config._attn_implementation or "sdpa") not in TAKES_TREE_MASK:
             self._restore_attention = self.maskless = implementation
             model.set_attn_implementation(tree_route(implementation))
+
+    @contextmanager
+    def tapped(self):
+        """Inside: the draft's features are captured by hooks instead of `output_hidden_states` (where
+        the model's layers can be found); outside, the model carries no hooks of ours."""
+        if self.taps is not None or not FeatureTaps.fits(self.model):
+            yield self
+            return
+        self.taps = FeatureTaps(self.model, self.feature_layers)
+        try:
+            yield self
+        finally:
+            self.taps.remove()
+            self.taps = None
 
     def close(self) -> None:
         """Give the model back its own attention implementation (when exact attention took it over)."""
@@ -403,12 +460,15 @@ class TargetModel:
             attention_mask=None if plan else mask,
             past_key_values=self.cache,
             use_cache=True,
-            output_hidden_states=True,
+            output_hidden_states=self.taps is None,
             logits_to_keep=0 if all_logits else 1,
             **extra,
         )
         # Taps of a sharded model come from several devices: gathered to the draft head's.
-        features = torch.cat([out.hidden_states[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
+        taps = self.taps.captured if self.taps is not None else dict(enumerate(out.hidden_states))
+        features = torch.cat([taps[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
+        if self.taps is not None:
+            self.taps.captured.clear()
         return out.logits[0].float(), features
 
     @torch.inference_mode()

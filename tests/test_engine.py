@@ -213,3 +213,23 @@ def test_exact_attention_refuses_sliding_window_models():
     model = tiny_model("mistral", sliding_window=16)
     with pytest.raises(NotImplementedError, match="sliding window"):
         SpeculativeGenerator(model, Eagle3Head.for_target(model.config), exact_attention=True)
+
+
+def test_feature_hooks_capture_what_output_hidden_states_gives_and_leave_no_hooks(arch):
+    """The draft's taps (a layer's input, the final normed state) through hooks, as transformers'
+    `hidden_states` gives them; the hooks exist only inside `tapped()` (a generator's calls)."""
+    from mars.target import TargetModel
+
+    model = tiny_model(arch)
+    n = model.config.num_hidden_layers
+    hooks = lambda: [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]  # noqa: E731
+    target = TargetModel(model, [0, 2, n])
+    prompt = random_prompt(random.Random(3), model.config.vocab_size, 11)[0]
+    _, by_output = target.prefill(prompt, capacity=32)  # no hooks of ours: output_hidden_states
+    before = hooks()  # transformers installs its own recording hooks at the first such call
+    with target.tapped():
+        assert target.taps is not None
+        _, by_hooks = target.prefill(prompt, capacity=32)
+    assert target.taps is None
+    assert torch.equal(by_hooks, by_output) and by_hooks.shape == (11, 3 * model.config.hidden_size)
+    assert hooks() == before

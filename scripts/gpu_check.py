@@ -1,0 +1,178 @@
+"""The first run on a GPU: the decoding loop at real model shapes, with random weights (nothing is
+downloaded) and a synthetic draft whose greedy acceptance is set by hand.
+
+For each shape it builds the target from the published config values (Llama-3.1-8B, Qwen3-8B; or
+`tiny` for a CPU), a real EAGLE-3 head whose proposals are replaced by the target's own greedy
+continuation with probability `--acceptance` per position (else a wrong token), and measures on
+the device it finds (CUDA if present, else CPU):
+  - host synchronisations per cycle (`mars.syncs.SyncCounter`) for strict and MARS,
+  - time per phase of a cycle (a `profile=True` run; it synchronises at every phase boundary),
+  - peak device memory (CUDA) or the process's peak RSS (CPU),
+  - tokens/s of `model.generate`, our vanilla decoding, strict and MARS (greedy, interleaved per
+    prompt), tau, and the share of prompts where strict equals vanilla token for token.
+It prints a table and writes JSON. What it measured where is in the JSON's `device` and `note`.
+
+    python scripts/gpu_check.py --shape llama31_8b --out gpu_check.json       # on a GPU
+    python scripts/gpu_check.py --shape tiny --out /tmp/gpu_check.json        # anywhere (CI runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+import zlib
+from pathlib import Path
+
+import torch
+import transformers
+
+from eagle import Eagle3Head
+from eagle.precision import DTYPES, resolve_dtype
+from mars import SpeculativeGenerator
+from mars.syncs import SyncCounter
+
+# Published config values (the models' config.json); `layers` can be lowered with --layers.
+SHAPES = {
+    "llama31_8b": (transformers.LlamaConfig, dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}, bos_token_id=128000, eos_token_id=128001)),
+    "qwen3_8b": (transformers.Qwen3Config, dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645)),
+    "tiny": (transformers.LlamaConfig, dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024)),
+}
+
+
+class SyntheticHead(Eagle3Head):
+    """A real EAGLE-3 head (its layer, cache and masks run) whose log-probabilities are replaced: the
+    draft at sequence position i proposes `sequence[i + 2]` with probability `acceptance` (decided
+    once per position), else a wrong token. Greedy acceptance along the true path is then ~acceptance
+    per level."""
+
+    def __init__(self, target_config, acceptance: float):
+        base = Eagle3Head.for_target(target_config)
+        super().__init__(base.config)
+        self.load_state_dict(base.state_dict())
+        self.acceptance, self.sequence = acceptance, [0]
+
+    def _proposals(self, position: int, rows: int) -> torch.Tensor:
+        vocab = self.config.draft_vocab_size
+        index = min(position + 2, len(self.sequence) - 1)
+        right = zlib.crc32(str(position).encode()) / 2**32 < self.acceptance
+        token = self.sequence[index] if right else (self.sequence[index] + 1) % vocab
+        logprobs = torch.full((rows, vocab), -30.0, device=self.device)
+        logprobs[:, token] = 0.0
+        return torch.log_softmax(logprobs, dim=-1)
+
+    def extend(self, features, tokens):
+        hidden, _ = super().extend(features, tokens)
+        return hidden, self._proposals(self.cache.length - 1, 1)[0]
+
+    def propose(self, hidden, tokens, depth, ancestor_mask):
+        out, _ = super().propose(hidden, tokens, depth, ancestor_mask)
+        return out, self._proposals(self.cache.length + depth - 1, tokens.shape[0])
+
+
+def peak_memory(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated on {device}"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB peak RSS of the process"
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, prompts: int, prompt_len: int,
+          tokens: int, tree: tuple[int, int, int]) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[dtype_name] if dtype_name != "auto" else resolve_dtype("auto", device.type).dtype
+    config_cls, values = SHAPES[shape]
+    config = config_cls(**{**values, **({"num_hidden_layers": layers} if layers else {})})
+    torch.manual_seed(0)
+    with torch.device(device):
+        target = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    head = SyntheticHead(config, acceptance).to(device=device, dtype=dtype)
+    seconds = dict.fromkeys(("generate", "vanilla", "strict", "mars"), 0.0)
+    produced = dict.fromkeys(seconds, 0)
+    cycles, equal, syncs, phases = {"strict": 0, "mars": 0}, 0, {}, {}
+    with SpeculativeGenerator(target, head, *tree) as gen:
+        for p in range(prompts):
+            ids = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(p))
+            ids = ids.to(device)
+            plain, t = timed(lambda ids=ids: gen.vanilla(ids, max_new_tokens=tokens))
+            seconds["vanilla"] += t
+            produced["vanilla"] += len(plain.tokens)
+            head.sequence = ids[0].tolist() + plain.tokens
+            out, t = timed(lambda ids=ids: target.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
+                min_new_tokens=tokens, pad_token_id=0))
+            seconds["generate"] += t
+            produced["generate"] += out.shape[1] - ids.shape[1]
+            for rule in ("strict", "mars"):
+                spec, t = timed(lambda ids=ids, rule=rule: gen.generate(ids, max_new_tokens=tokens, rule=rule))
+                seconds[rule] += t
+                produced[rule] += len(spec.tokens)
+                cycles[rule] += spec.num_cycles
+                equal += rule == "strict" and spec.tokens == plain.tokens
+        for rule in ("strict", "mars"):  # the last prompt again, counted (the prefill's few syncs included)
+            with SyncCounter() as counter:
+                run = gen.generate(ids, max_new_tokens=tokens, rule=rule)
+            syncs[rule] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
+                           "cycles": run.num_cycles}
+        gen.profile = True
+        profiled = gen.generate(ids, max_new_tokens=tokens)
+        phases = {k: round(1e3 * v / profiled.num_cycles, 3) for k, v in profiled.phase_seconds.items()
+                  if k != "prefill"}
+    rate = {k: produced[k] / seconds[k] for k in seconds}
+    return {
+        "shape": shape, "layers": config.num_hidden_layers, "dtype": str(dtype), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+        "tree": list(tree), "acceptance": acceptance, "prompts": prompts, "prompt_len": prompt_len, "tokens": tokens,
+        "tokens_per_s": {k: round(v, 2) for k, v in rate.items()},
+        "speedup_vs_generate": {k: round(rate[k] / rate["generate"], 3) for k in ("strict", "mars")},
+        "speedup_vs_vanilla": {k: round(rate[k] / rate["vanilla"], 3) for k in ("strict", "mars")},
+        "tau": {k: round((produced[k] - prompts) / cycles[k], 3) for k in cycles},
+        "strict_equals_vanilla": f"{equal}/{prompts}",
+        "syncs_per_cycle": syncs, "ms_per_cycle_by_phase": phases, "peak_memory": peak_memory(device),
+        "note": ("random weights and a synthetic draft: speed and syncs are real for these shapes, tau is set by "
+                 "--acceptance, output text is meaningless"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
+    parser.add_argument("--layers", type=int, help="fewer decoder layers than the published model (to fit)")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
+    parser.add_argument("--acceptance", type=float, default=0.8, help="draft's per-position greedy hit rate")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tree", default="60/6/10", help="total_tokens/depth/branching")
+    parser.add_argument("--out", default="gpu_check.json")
+    args = parser.parse_args()
+    tree = tuple(int(x) for x in args.tree.split("/"))
+    if len(tree) != 3:
+        parser.error("--tree takes total_tokens/depth/branching, e.g. 60/6/10")
+    result = check(args.shape, args.layers, args.dtype, args.acceptance, args.prompts, args.prompt_len, args.tokens,
+                   tree)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""scripts/gpu_check.py on tiny shapes on the CPU: what it reports is what the loop does."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from eval.bench import REPO_ROOT
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_check_reports_syncs_phases_and_speed():
+    result = load_script().check("tiny", None, "auto", 0.9, prompts=2, prompt_len=32, tokens=40, tree=(20, 4, 5))
+    assert result["device"] == "cpu" and result["strict_equals_vanilla"] == "2/2"
+    assert all(s["per_cycle"] <= 2.5 for s in result["syncs_per_cycle"].values())  # 2, + the prefill's few
+    assert result["tau"]["strict"] > 2.0  # the synthetic draft is right 90% of the time
+    assert {"draft", "tree_forward", "accept"} <= set(result["ms_per_cycle_by_phase"])
+    assert set(result["tokens_per_s"]) == {"generate", "vanilla", "strict", "mars"}
+
+
+def test_help_names_what_it_measures_on_a_gpu():
+    text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True).stdout
+    for what in ("synchronisations per cycle", "phase", "peak device memory", "model.generate", "Llama-3.1-8B"):
+        assert what in text
