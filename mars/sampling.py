@@ -103,9 +103,14 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token [1] from a probability vector [V], left on its device."""
+    return torch.multinomial(probs, 1, generator=generator)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One token from a probability vector, read to the host."""
+    return int(draw(probs, generator).item())
 
 
 def next_token(processed_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:

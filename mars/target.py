@@ -457,7 +457,7 @@ class TargetModel:
         out = self.model(
             input_ids=tokens[None].to(self.devices.inputs),
             position_ids=positions[None].to(self.devices.inputs),
-            attention_mask=None if plan else mask,
+            attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=self.taps is None,

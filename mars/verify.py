@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle.tree import DraftTree
-from mars.sampling import Margins, SamplingConfig, margin_test
+from mars.sampling import Margins, SamplingConfig, draw, margin_test
 
 
 @dataclass
@@ -122,11 +122,6 @@ def accept_greedy(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig)
                                                    [tree.depths[best], m.top1[best]])
     first = len(ids) - int(depth) - 1
     return Verdict(ids[first:], int(next_token), _steps(ids[first:], rows[first:]), tokens[first + 1:])
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token [1] from a probability vector [V], left on its device."""
-    return torch.multinomial(probs, 1, generator=generator)
 
 
 def accept_sampling(
