@@ -3,7 +3,8 @@ downloaded) and a synthetic draft whose greedy acceptance is set by hand.
 
 For each shape it builds the target from the published config values (Llama-3.1-8B, Qwen3-8B; or
 `tiny` for a CPU), a real EAGLE-3 head whose proposals are replaced by the target's own greedy
-continuation with probability `--acceptance` per position (else a wrong token), and measures on
+continuation with probability `--acceptance` per position, else a wrong token
+(`eagle.scripted.ScriptedHead`), and measures on
 the device it finds (CUDA if present, else CPU):
   - host synchronisations per cycle (`mars.syncs.SyncCounter`) for strict and MARS,
   - time per phase of a cycle (a `profile=True` run; it synchronises at every phase boundary),
@@ -22,14 +23,13 @@ import argparse
 import json
 import resource
 import time
-import zlib
 from pathlib import Path
 
 import torch
 import transformers
 
-from eagle import Eagle3Head
 from eagle.precision import DTYPES, resolve_dtype
+from eagle.scripted import ScriptedHead
 from mars import SpeculativeGenerator
 from mars.syncs import SyncCounter
 
@@ -48,36 +48,6 @@ SHAPES = {
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024)),
 }
-
-
-class SyntheticHead(Eagle3Head):
-    """A real EAGLE-3 head (its layer, cache and masks run) whose log-probabilities are replaced: the
-    draft at sequence position i proposes `sequence[i + 2]` with probability `acceptance` (decided
-    once per position), else a wrong token. Greedy acceptance along the true path is then ~acceptance
-    per level."""
-
-    def __init__(self, target_config, acceptance: float):
-        base = Eagle3Head.for_target(target_config)
-        super().__init__(base.config)
-        self.load_state_dict(base.state_dict())
-        self.acceptance, self.sequence = acceptance, [0]
-
-    def _proposals(self, position: int, rows: int) -> torch.Tensor:
-        vocab = self.config.draft_vocab_size
-        index = min(position + 2, len(self.sequence) - 1)
-        right = zlib.crc32(str(position).encode()) / 2**32 < self.acceptance
-        token = self.sequence[index] if right else (self.sequence[index] + 1) % vocab
-        logprobs = torch.full((rows, vocab), -30.0, device=self.device)
-        logprobs[:, token] = 0.0
-        return torch.log_softmax(logprobs, dim=-1)
-
-    def extend(self, features, tokens):
-        hidden, _ = super().extend(features, tokens)
-        return hidden, self._proposals(self.cache.length - 1, 1)[0]
-
-    def propose(self, hidden, tokens, depth, ancestor_mask):
-        out, _ = super().propose(hidden, tokens, depth, ancestor_mask)
-        return out, self._proposals(self.cache.length + depth - 1, tokens.shape[0])
 
 
 def peak_memory(device: torch.device) -> str:
@@ -103,7 +73,7 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
     torch.manual_seed(0)
     with torch.device(device):
         target = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    head = SyntheticHead(config, acceptance).to(device=device, dtype=dtype)
+    head = ScriptedHead(config, acceptance=acceptance).to(device=device, dtype=dtype)
     seconds = dict.fromkeys(("generate", "vanilla", "strict", "mars"), 0.0)
     produced = dict.fromkeys(seconds, 0)
     cycles, equal, syncs, phases = {"strict": 0, "mars": 0}, 0, {}, {}
