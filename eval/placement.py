@@ -73,3 +73,37 @@ def plan(weights: int, headroom: dict[str, int], gpus: dict[int, int]) -> dict:
             f"({total / GiB:.1f} GiB): give the job more GPUs (gpus_per_job), lower model.headroom_gib, "
             f"or set model.allow_offload=true")
     return {"device_map": "auto", "max_memory": {g: max(b, 0) for g, b in budget.items()}}
+
+
+def draft_bytes(config, dtype: torch.dtype, weights: int) -> int:
+    """An EAGLE head's size, estimated before it is loaded: one decoder layer of the target plus two
+    vocabulary x hidden matrices (embedding and lm_head)."""
+    text = text_config(config)
+    size = torch.empty((), dtype=dtype).element_size()
+    return 2 * text.vocab_size * text.hidden_size * size + weights // text.num_hidden_layers
+
+
+def fit_first(config, dtype: torch.dtype, gpus: dict[int, int], max_new_tokens: int, tree_nodes: int,
+              headroom_gib: float | None = None) -> dict:
+    """`plan` for a target of `config` in `dtype`: headroom estimated for PLACEMENT_CONTEXT prompt
+    tokens + `max_new_tokens` and a tree of `tree_nodes`, or `headroom_gib` as given."""
+    weights = weight_bytes(config, dtype)
+    if headroom_gib is not None:
+        headroom = dict.fromkeys(("kv_cache", "activations", "logits", "draft"), 0)
+        headroom["runtime"] = int(headroom_gib * GiB)
+    else:
+        headroom = decoding_headroom(config, dtype, PLACEMENT_CONTEXT + max_new_tokens, tree_nodes,
+                                     draft_bytes(config, dtype, weights))
+    return plan(weights, headroom, gpus)
+
+
+def parse_bytes(value) -> int:
+    """A max_memory entry (bytes, or "70GiB" / "70GB" / "512MiB") as bytes."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    units = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    raise ValueError(f"model.max_memory entry {value!r} is not a size: give bytes or e.g. '70GiB'")

@@ -43,7 +43,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eagle.config import eos_token_ids, text_config
+from eagle.config import eos_token_ids
 from eagle.precision import DTYPES, Precision, cpu_name, needs_exact_attention, resolve_dtype
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
@@ -239,22 +239,13 @@ def placement(run: RunConfig, gpus: list[int] | None, dtype: torch.dtype | None 
         if m.device_map == "auto" and torch.cuda.is_available():  # fit first, spread only what does not fit
             from transformers import AutoConfig
 
-            from eval.placement import PLACEMENT_CONTEXT, GiB, decoding_headroom, plan, weight_bytes
+            from eval.placement import fit_first, parse_bytes
 
             config = AutoConfig.from_pretrained(model_source(m.target, "target model"))
-            dtype = dtype or run_precision(run).dtype
-            weights = weight_bytes(config, dtype)
             job = gpus if gpus is not None else list(range(torch.cuda.device_count()))
             sizes = {g: parse_bytes(memory[g]) if g in memory else gpu_bytes(g) for g in job}
-            if m.headroom_gib is not None:
-                headroom = dict.fromkeys(("kv_cache", "activations", "logits", "draft"), 0)
-                headroom["runtime"] = int(m.headroom_gib * GiB)
-            else:
-                text = text_config(config)
-                draft = 2 * text.vocab_size * text.hidden_size * 2 + weights // text.num_hidden_layers
-                headroom = decoding_headroom(config, dtype, PLACEMENT_CONTEXT + run.max_new_tokens,
-                                             run.tree.total_tokens + 1, draft)
-            return plan(weights, headroom, sizes)
+            return fit_first(config, dtype or run_precision(run).dtype, sizes, run.max_new_tokens,
+                             run.tree.total_tokens + 1, m.headroom_gib)
         kwargs: dict = {"device_map": m.device_map}
         if gpus is not None:  # only the job's own GPUs (with their configured limits, if any)
             memory = {g: memory.get(g, f"{gpu_bytes(g) // 2**30}GiB") for g in gpus}
@@ -264,18 +255,6 @@ def placement(run: RunConfig, gpus: list[int] | None, dtype: torch.dtype | None 
     if gpus is not None:
         return {"device_map": {"": gpus[0]}}
     return {"device_map": {"": m.device}}
-
-
-def parse_bytes(value) -> int:
-    """A max_memory entry (bytes, or "70GiB" / "70GB" / "512MiB") as bytes."""
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    units = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    raise ValueError(f"model.max_memory entry {value!r} is not a size: give bytes or e.g. '70GiB'")
 
 
 def check_offload(model, allow: bool) -> None:
@@ -320,9 +299,7 @@ def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict
     target = load_target(run, precision.dtype)
     prompts = [torch.tensor([encode(tokenizer, q, [], fmt)])
                for q in load_questions(run.tree.calibration_prompts)]
-    with SpeculativeGenerator(target, load_head(run, target), **tree_shape(run.tree),
-                              exact_attention=exact_attention_choice(run, precision)[0],
-                              prepack=prepack_choice(run, precision)[0]) as gen:
+    with make_generator(run, target, load_head(run, target), precision) as gen:
         record = calibrate_tree(gen, prompts, sampling_of(method_spec("strict"), run.sampling))
     shape = record["tree"]
     print(f"tree: {shape['total_tokens']}/{shape['depth']}/{shape['branching']}"
@@ -330,6 +307,13 @@ def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict
           f"({record['speedup_over_plain']:.2f}x plain decoding in calibration; "
           f"{'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
     return replace(run.tree, **shape, calibrate=False), record
+
+
+def make_generator(run: RunConfig, target, head, precision: Precision, profile: bool = False) -> SpeculativeGenerator:
+    """Our decoding loop as the run configures it: its tree, exact attention and kernels."""
+    return SpeculativeGenerator(target, head, **tree_shape(run.tree),
+                                exact_attention=exact_attention_choice(run, precision)[0],
+                                prepack=prepack_choice(run, precision)[0], profile=profile)
 
 
 def load_head(run: RunConfig, target):
@@ -653,10 +637,7 @@ def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[i
         precision = run_precision(config)
         target = load_target(config, precision.dtype, gpus)
         head = load_head(config, target)
-        gen = stack.enter_context(SpeculativeGenerator(target, head, **tree_shape(config.tree),
-                                                       exact_attention=exact_attention_choice(config, precision)[0],
-                                                       prepack=prepack_choice(config, precision)[0],
-                                                       profile=config.profile))
+        gen = stack.enter_context(make_generator(config, target, head, precision, profile=config.profile))
         plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
                         if method_dtype(m, precision) != precision.name}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
