@@ -55,10 +55,7 @@ def random_prompt(rng: random.Random, vocab: int, length: int) -> torch.Tensor:
 
 def make_tree(parents: list[int], tokens: list[int]) -> DraftTree:
     """A tree from parent indices (parents[0] = -1) and tokens (tokens[0] = the root's token)."""
-    depths = [0]
-    for p in parents[1:]:
-        depths.append(depths[p] + 1)
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(len(tokens)))
+    return DraftTree.checked(tokens, parents)
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 16, sharpen: float = 1.0) -> transformers.LlamaForCausalLM:
