@@ -7,7 +7,9 @@ before anything else runs. Groups and their options:
 
     model/     the YAML files in configs/model/ (target, draft, dtype, devices, prompt format)
     bench/     the YAML files in configs/bench/ (question set, quality figures)
-    method/    generate | vanilla | strict | mars (theta, margin, fallback)     -- the method under test
+    method/    generate | vanilla | every rule of mars.rules with its parameters  -- the method under test
+               (strict, mars: theta margin fallback, typical: epsilon delta fallback, topm: m alpha,
+               ears: beta, entropy: h; rules of MARS_PLUGINS modules too)
     tree/      cpu (20/4/5) | paper (49/7/10) | eagle (60/6/10) | adaptive | calibrated  -- each model picks its default
     sampling/  t0 (greedy) | t1 (T=1, the paper's main table) | t02 (T=0.2, the paper's Qwen3 runs)
     logging/   disabled | offline | online                                       -- Weights & Biases
@@ -15,18 +17,30 @@ before anything else runs. Groups and their options:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import re
-from dataclasses import asdict, dataclass, field, is_dataclass
+import sys
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from mars.rules import RULES, Rule, make_rule, rule_class
+from mars.rules.strict import Strict
 
 if TYPE_CHECKING:
     from mars.sampling import SamplingConfig
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
+SPEC = re.compile(r"^(\w+)(?:@([^\[\]]+))?(?:\[(.*)\])?$")  # a rule's display name: name@value[k=v,...]
+GENERATE, VANILLA = "generate", "vanilla"
+STRICT = Strict.name  # the lossless rule: the reference of quality recovery and tree calibration
+PLAIN = (GENERATE, VANILLA)  # the methods that decode one token at a time; every other method is a rule
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a model given as a Hugging Face hub id (owner/name)
 
 
@@ -41,17 +55,6 @@ class PromptKind(Enum):
     chat = "chat"
     fastchat = "fastchat"
     completion = "completion"
-
-
-class Margin(Enum):
-    logit_ratio = "logit_ratio"
-    prob_ratio = "prob_ratio"
-    logprob_gap = "logprob_gap"
-
-
-class Fallback(Enum):
-    strict = "strict"
-    reference = "reference"
 
 
 class WandbMode(Enum):
@@ -113,7 +116,7 @@ class BenchConfig:
 @dataclass
 class MethodConfig:
     """The method under test. `kind`: generate (transformers' model.generate), vanilla (our plain
-    decoding), strict (lossless verification), mars (margin-aware verification)."""
+    decoding), or a verification rule of `mars.rules` (strict, mars, typical, ...: `RuleMethod`)."""
 
     kind: str = MISSING
 
@@ -128,24 +131,35 @@ class GenerateConfig(MethodConfig):
     time in it): on a CPU without bf16 matrix instructions the run verifies in float32 but plain decoding
     is fastest in bf16, and speedups are quoted against the fastest plain decoding timed."""
 
-    kind: str = "generate"
+    kind: str = GENERATE
     dtype: Dtype | None = None  # null: the model's (model.dtype as resolved)
 
     @property
     def name(self) -> str:
-        return "generate" if self.dtype is None else f"generate@{self.dtype.value}"
+        return GENERATE if self.dtype is None else f"{GENERATE}@{self.dtype.value}"
 
 
 @dataclass
-class MarsConfig(MethodConfig):
-    kind: str = "mars"
-    theta: float = 0.9  # relax where top-2 logit / top-1 logit > theta (logprob_gap: where the gap < theta)
-    margin: Margin = Margin.logit_ratio
-    fallback: Fallback = Fallback.strict  # sampling only: strict | reference (what the MARS code does)
+class RuleMethod(MethodConfig):
+    """Our speculative loop verified by rule `kind`. Each registered rule gets a subclass with its
+    parameters as typed fields (`rule_schema`): `method=typical method.epsilon=0.05`."""
+
+    def rule(self) -> Rule:
+        return make_rule(self.kind, **{f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "kind"})
 
     @property
     def name(self) -> str:
-        return f"mars@{self.theta:g}"
+        """The rule's display name at these parameters (mars@0.9): run directories and reports use it."""
+        return self.rule().display
+
+
+def rule_schema(name: str) -> type[RuleMethod]:
+    """The Hydra schema of `method=<name>`: `kind` plus the rule's parameters, typed and defaulted as
+    the rule declares them."""
+    cls = rule_class(name)
+    hints = get_type_hints(cls)
+    params = [(f.name, hints[f.name], field(default=f.default)) for f in fields(cls)]
+    return make_dataclass(f"{cls.__name__}Method", [("kind", str, field(default=name)), *params], bases=(RuleMethod,))
 
 
 @dataclass
@@ -187,7 +201,7 @@ class RunConfig:
     logging: LoggingConfig = MISSING
     # Methods answered alongside `method`, question by question in rotated order; each keeps its own
     # run directory, shared by every job with the same settings (a θ sweep times vanilla once).
-    baselines: list[str] = field(default_factory=lambda: ["generate", "vanilla", "strict"])
+    baselines: list[str] = field(default_factory=lambda: [GENERATE, VANILLA, STRICT])
     max_new_tokens: int = 64  # per turn
     num_prompts: int | None = 12  # the first N questions of the set; null = all
     shard: str | None = None  # "i/n": this job answers questions i, i+n, i+2n, ... (eval.report merges)
@@ -204,36 +218,50 @@ class RunConfig:
 
 
 def method_spec(spec: str) -> MethodConfig:
-    """A method from its short form: generate, generate@<dtype>, vanilla, strict or mars@<theta>
-    (default margin, fallback)."""
+    """A method from its short form, the way tables name it: generate, generate@<dtype>, vanilla, or a
+    rule's display name, <rule>[@<value of its main parameter>][[<param>=<value>,...]] (strict,
+    mars@0.9, typical@0.05[delta=0.2])."""
     spec = str(spec).strip()
-    if spec == "generate":
+    if spec == GENERATE:
         return GenerateConfig()
-    if spec in ("vanilla", "strict"):
-        return MethodConfig(kind=spec)
-    if spec.startswith("generate@"):
+    if spec == VANILLA:
+        return MethodConfig(kind=VANILLA)
+    if spec.startswith(f"{GENERATE}@"):
         try:
-            return GenerateConfig(dtype=Dtype(spec[9:]))
+            return GenerateConfig(dtype=Dtype(spec[len(GENERATE) + 1:]))
         except ValueError:
             pass
-    if spec.startswith("mars@"):
+    match = SPEC.match(spec)
+    if match and match.group(1) in RULES:
+        name, label, extra = match.groups()
+        cls, values = rule_schema(name), {}
         try:
-            return MarsConfig(theta=float(spec[5:]))
-        except ValueError:
-            pass
+            if label is not None:
+                if rule_class(name).label is None:
+                    raise ValueError(f"rule {name!r} has no main parameter to give after '@'")
+                values[rule_class(name).label] = label
+            for item in filter(None, (extra or "").split(",")):
+                key, _, value = item.partition("=")
+                values[key.strip()] = value.strip()
+            hints = get_type_hints(cls)
+            typed = {k: hints[k](v) if k in hints else v for k, v in values.items()}
+            method = cls(**typed)
+            method.rule()  # checks the values
+            return method
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"bad method {spec!r}: {error}") from error
     raise ValueError(f"unknown method {spec!r}: use 'generate', 'generate@<dtype>' (bfloat16, float16, float32), "
-                     "'vanilla', 'strict' or 'mars@<theta>' (e.g. mars@0.9)")
+                     f"'vanilla' or a rule ({', '.join(RULES)}), optionally with its main parameter and others: "
+                     "e.g. mars@0.9, typical@0.05[delta=0.2]")
 
 
 def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
-    """The engine's sampling settings for a method; raises on a bad temperature, theta, margin, ..."""
-    from mars.sampling import SamplingConfig  # here: composing a config must not import the engine (torch)
+    """The engine's sampling settings for a method (plain decoding: strict, which it does not use);
+    raises on a bad temperature or rule parameter."""
+    from mars.sampling import SamplingConfig
 
-    mars = isinstance(method, MarsConfig)
-    return SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                          rule="mars" if mars else "strict", theta=method.theta if mars else 0.9,
-                          margin=method.margin.value if mars else "logit_ratio",
-                          mars_fallback=method.fallback.value if mars else "strict")
+    rule = method.rule() if isinstance(method, RuleMethod) else make_rule("strict")
+    return SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, rule=rule)
 
 
 def plain(value: Any) -> Any:
@@ -259,8 +287,9 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
 def validate(cfg: DictConfig | RunConfig) -> RunConfig:
     """The composed config as dataclasses, with every value range checked (raises ValueError naming it)."""
     run = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
-    if run.method.kind not in ("generate", "vanilla", "strict", "mars"):
-        raise ValueError(f"method.kind must be generate, vanilla, strict or mars, got {run.method.kind!r}")
+    if run.method.kind not in (*PLAIN, *RULES):
+        raise ValueError(f"method.kind must be {', '.join(PLAIN)} or a rule ({', '.join(RULES)}), "
+                         f"got {run.method.kind!r}")
     methods = [run.method, *(method_spec(b) for b in run.baselines)]
     for method in methods:
         sampling_of(method, run.sampling)
@@ -300,14 +329,31 @@ TREES = {
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 
 
+def load_plugins(spec: str | None = None) -> None:
+    """Import the modules named by MARS_PLUGINS (paths to .py files or module names, separated by
+    os.pathsep), so that the rules they register are methods: MARS_PLUGINS=my_rule.py python -m eval.run
+    method=my_rule."""
+    for item in filter(None, (spec if spec is not None else os.environ.get("MARS_PLUGINS", "")).split(os.pathsep)):
+        if item.endswith(".py"):
+            path = Path(item).resolve()
+            if not path.exists():
+                raise FileNotFoundError(f"MARS_PLUGINS names {item}, which does not exist")
+            module_spec = importlib.util.spec_from_file_location(f"mars_plugin_{path.stem}", path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(item)
+
+
 def register() -> None:
     """Put the schemas and presets into Hydra's ConfigStore (done on import of this module)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="method", name="generate", node=GenerateConfig)
-    for kind in ("vanilla", "strict"):
-        cs.store(group="method", name=kind, node=MethodConfig(kind=kind))
-    cs.store(group="method", name="mars", node=MarsConfig)
+    cs.store(group="method", name=GENERATE, node=GenerateConfig)
+    cs.store(group="method", name=VANILLA, node=MethodConfig(kind=VANILLA))
+    for name in RULES:  # call register() again after registering a rule, to run it through eval.run
+        cs.store(group="method", name=name, node=rule_schema(name))
     for name, tree in TREES.items():
         cs.store(group="tree", name=name, node=tree)
     for name, sampling in SAMPLINGS.items():
@@ -316,4 +362,5 @@ def register() -> None:
         cs.store(group="logging", name=mode.value, node=LoggingConfig(mode=mode))
 
 
+load_plugins()
 register()

@@ -34,7 +34,6 @@ from eval.quality import token_prob
 from mars.stats import VerifyStats
 
 # Histogram ranges per margin metric; values outside fall into the end bins.
-MARGIN_RANGES = {"logit_ratio": (-0.5, 1.5), "prob_ratio": (0.0, 1.0), "logprob_gap": (0.0, 10.0)}
 MARGIN_BINS = 40
 
 
@@ -98,6 +97,7 @@ def method_figures(records: list[dict]) -> dict:
         "relax_allowed_frac": stats.relax_allowed / stats.positions if stats.positions else 0.0,
         "phase_seconds": {k: round(v, 4) for k, v in phases.items()},
         "phase_share": {k: v / sum(phases.values()) for k, v in phases.items()} if phases else {},
+        **stats.cost(),  # the relaxation's exact cost per token: tv/kl_per_token, argmax_mismatch, logprob_regret
     }
     if parses:
         figures["parse_rate"] = _mean(parses)
@@ -142,9 +142,9 @@ def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generat
     return figures
 
 
-def margin_histogram(margins: list[float], metric: str, theta: float | None) -> dict:
-    """Counts of finite margin values in MARGIN_BINS equal bins over the metric's range (clipped into the end bins)."""
-    lo, hi = MARGIN_RANGES[metric]
+def margin_histogram(margins: list[float], metric: str, lo: float, hi: float, theta: float | None) -> dict:
+    """Counts of finite gate values (MARS: margins) in MARGIN_BINS equal bins over [lo, hi] (clipped
+    into the end bins); the rule says which metric and range (`Rule.gate_scale`)."""
     width = (hi - lo) / MARGIN_BINS
     counts = [0] * MARGIN_BINS
     for m in margins:

@@ -36,22 +36,25 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eval.config import GENERATE, STRICT, VANILLA, method_spec
+
 SUMMARY = "summary.json"
+COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # a relaxation's exact cost (mars.cost)
 DASH = "–"
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
 FASTEST_PLAIN = "<fastest plain>"  # the plain-decoding method (generate in any precision, vanilla) with most tokens/s
 RATIOS = {  # figure: (the method it is relative to, the figure divided)
-    "speedup": ("vanilla", "tokens_per_s"),
-    "speedup_vs_generate": ("generate", "tokens_per_s"),
+    "speedup": (VANILLA, "tokens_per_s"),
+    "speedup_vs_generate": (GENERATE, "tokens_per_s"),
     "speedup_vs_fastest": (FASTEST_PLAIN, "tokens_per_s"),
-    "quality_recovery": ("strict", "quality"),
-    "quality_recovery_vs_vanilla": ("vanilla", "quality"),
+    "quality_recovery": (STRICT, "quality"),
+    "quality_recovery_vs_vanilla": (VANILLA, "quality"),
 }
 CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
                "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
-               "quality_recovery", "quality_recovery_vs_vanilla", "run_dirs", "derived"]
+               "quality_recovery", "quality_recovery_vs_vanilla", *COSTS, "rule", "run_dirs", "derived"]
 NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac",
-                   "quality", "quality_recovery", "quality_recovery_vs_vanilla")
+                   "quality", "quality_recovery", "quality_recovery_vs_vanilla", *COSTS)
 SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
                 "questions", "methods", "shard")
 
@@ -126,12 +129,23 @@ class Entry:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def theta(self) -> float | None:
-        match = re.fullmatch(r"mars@(.+)", self.method)
+    def rule(self) -> dict:
+        """The rule and its parameters ({} for plain decoding), as the run recorded them; runs from
+        before rules were plugins are read back from the method's name."""
+        if "rule" in self.fig:
+            return self.fig["rule"]
+        if is_plain(self.method):
+            return {}
         try:
-            return float(match.group(1)) if match else None
+            spec = method_spec(self.method)
         except ValueError:
-            return (self.fig.get("margin_histogram") or {}).get("theta")
+            return {}
+        return {"name": spec.kind, **spec.rule().params()}
+
+    @property
+    def theta(self) -> float | None:
+        """MARS's theta (the x axis of theta sweeps), None for other methods."""
+        return self.rule.get("theta") if self.rule.get("name") == "mars" else None
 
     def value(self, name: str) -> float | None:
         """A numeric figure; "quality" is the headline metric's value. None when absent or not finite."""
@@ -141,13 +155,13 @@ class Entry:
 
 def is_plain(method: str) -> bool:
     """Plain decoding: transformers' model.generate (in the run's precision or `generate@<dtype>`) or vanilla."""
-    return method == "vanilla" or method.partition("@")[0] == "generate"
+    return method == VANILLA or method.partition("@")[0] == GENERATE
 
 
 def method_order(method: str, theta: float | None = None) -> tuple:
     """generate (each precision), vanilla, strict, then MARS from the strictest θ down, then anything else by name."""
-    fixed = {"generate": 0, "vanilla": 1, "strict": 2}
-    if method.partition("@")[0] == "generate":
+    fixed = {GENERATE: 0, VANILLA: 1, STRICT: 2}
+    if method.partition("@")[0] == GENERATE:
         return 0, 0.0, method
     if method in fixed:
         return fixed[method], 0.0, method
@@ -354,6 +368,7 @@ def write_csv(entries: Sequence[Entry], path: Path) -> None:
             row = {**{c: e.value(c) for c in NUMERIC_COLUMNS}, "model": e.model, "bench": e.bench,
                    "temperature": e.temperature, "method": e.method,
                    "theta": e.theta, "questions": e.fig.get("questions"), "quality_metric": e.quality_metric,
+                   "rule": json.dumps(e.rule, sort_keys=True) if e.rule else None,
                    "run_dirs": ";".join(e.run_dirs), "derived": ";".join(sorted(e.derived))}
             writer.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])
 
@@ -376,7 +391,7 @@ def _slug(*parts: object) -> str:
 def _colors(entries: Iterable[Entry]) -> dict[str, object]:
     """One colour per method across every plot: baselines fixed, MARS along a colormap by θ."""
     plt = _pyplot()
-    fixed = {"generate": "tab:brown", "vanilla": "tab:gray", "strict": "black"}
+    fixed = {GENERATE: "tab:brown", VANILLA: "tab:gray", STRICT: "black"}
     methods = sorted({(method_order(e.method, e.theta), e.method) for e in entries})
     mars = [m for o, m in methods if o[0] == 3]
     others = [m for o, m in methods if o[0] == 4]
@@ -457,7 +472,7 @@ def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) 
         _save(fig, out, f"acceptance_by_depth_{tag}.png", written)
     mars = sorted((e for e in group if e.theta is not None), key=lambda e: e.theta)
     if mars:
-        strict = next((e for e in group if e.method == "strict"), None)
+        strict = next((e for e in group if e.method == STRICT), None)
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
         panels = [("speedup", "speedup over vanilla (×)"), ("tau", "τ (tokens per cycle)"),
                   ("quality_recovery", "quality recovery (÷ strict)")]
@@ -466,7 +481,7 @@ def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) 
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", color="tab:green", label="MARS")
             if strict and strict.value(figure) is not None:
-                ax.axhline(strict.value(figure), color="black", ls="--", lw=1, label="strict")
+                ax.axhline(strict.value(figure), color="black", ls="--", lw=1, label=STRICT)
             if not points:
                 ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes)
             ax.set(xlabel="θ (MARS margin threshold)", ylabel=label, title=label)

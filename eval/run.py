@@ -49,11 +49,15 @@ from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
 from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
 from eval.config import (
+    GENERATE,
     HUB_ID,
+    PLAIN,
+    STRICT,
+    VANILLA,
     Dtype,
     GenerateConfig,
-    MarsConfig,
     MethodConfig,
+    RuleMethod,
     RunConfig,
     TreeConfig,
     method_spec,
@@ -109,8 +113,8 @@ def job_methods(run: RunConfig, precision: Precision | None = None) -> list[Meth
     on_cpu = not run.model.device_map and run.model.device == "cpu"
     ordered = list(methods.values())
     bf16 = GenerateConfig(dtype=Dtype.bfloat16)
-    if on_cpu and precision.dtype == torch.float32 and "generate" in methods and bf16.name not in methods:
-        ordered.insert(list(methods).index("generate") + 1, bf16)
+    if on_cpu and precision.dtype == torch.float32 and GENERATE in methods and bf16.name not in methods:
+        ordered.insert(list(methods).index(GENERATE) + 1, bf16)
     return ordered
 
 
@@ -131,12 +135,12 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
-    if method.kind != "generate":  # our decoding loop: exact attention changes its reduction order
+    if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
         identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
-    if method.kind in ("strict", "mars"):
+    if isinstance(method, RuleMethod):
         identity.update(draft=m.draft, tree=tree_shape(run.tree))  # the tree used, however it was chosen
-    if isinstance(method, MarsConfig):
-        identity.update(margin=method.margin.value, fallback=method.fallback.value)
+        rule = method.rule()  # its main parameter is in the name; the others here, as values
+        identity.update({k: v for k, v in rule.params().items() if k != rule.label})
     return identity
 
 
@@ -300,7 +304,7 @@ def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict
     prompts = [torch.tensor([encode(tokenizer, q, [], fmt)])
                for q in load_questions(run.tree.calibration_prompts)]
     with make_generator(run, target, load_head(run, target), precision) as gen:
-        record = calibrate_tree(gen, prompts, sampling_of(method_spec("strict"), run.sampling))
+        record = calibrate_tree(gen, prompts, sampling_of(method_spec(STRICT), run.sampling))
     shape = record["tree"]
     print(f"tree: {shape['total_tokens']}/{shape['depth']}/{shape['branching']}"
           f"{' adaptive' if shape['adaptive'] else ''}, the fastest here "
@@ -362,13 +366,13 @@ def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens:
 def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
              max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> GenerationOutput:
     """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target)."""
-    if method.kind == "generate":
+    if method.kind == GENERATE:
         return hf_generate(plain_model or gen.target.model, ids, sampling, max_new_tokens, eos, seed)
     input_ids = torch.tensor([ids], dtype=torch.long)
     rng = None
     if not sampling.greedy:
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
-    decode = gen.vanilla if method.kind == "vanilla" else gen.generate
+    decode = gen.vanilla if method.kind == VANILLA else gen.generate
     return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
 
 
@@ -447,9 +451,9 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
         from eval.score import score
 
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
-        plain_answers = records.get("vanilla") or records.get("generate")
+        plain_answers = records.get(VANILLA) or records.get(GENERATE)
         if plain_answers is None and run.sampling.temperature == 0:
-            plain_answers = records.get("strict")
+            plain_answers = records.get(STRICT)
         for method, recs in records.items():
             try:
                 result = score(bench, recs, run.bench.data_dir, baseline=plain_answers)
@@ -467,7 +471,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
         return None
     for method, fig in figures.items():
         value = fig.get("quality", {}).get(metric)
-        for key, reference in (("quality_recovery", "strict"), ("quality_recovery_vs_vanilla", "vanilla")):
+        for key, reference in (("quality_recovery", STRICT), ("quality_recovery_vs_vanilla", VANILLA)):
             base = figures.get(reference, {}).get("quality", {}).get(metric)
             if method != reference and value is not None and base:
                 fig[key] = value / base
@@ -599,14 +603,15 @@ def run(cfg: DictConfig | RunConfig) -> dict:
                                                   "tree_calibration": calibration},
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
-               "methods": summarize(records, plain=[m.name for m in methods if m.kind in ("generate", "vanilla")])}
+               "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN])}
     summary["quality_metric"] = score_quality(config, records, summary["methods"])
-    margins = {name: merged_stats(recs).margins for name, recs in records.items()}
+    margins = {name: merged_stats(recs).gates for name, recs in records.items()}
     for m in methods:
         fig = summary["methods"][m.name]
         fig["run_dir"] = str(directories[m.name])
-        fig["margin_histogram"] = margin_histogram(margins[m.name], sampling_of(m, config.sampling).margin,
-                                                   m.theta if isinstance(m, MarsConfig) else None)
+        if isinstance(m, RuleMethod):
+            fig["rule"] = {"name": m.kind, **m.rule().params()}
+            fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
     write_atomic(job_dir / "summary.json", text)
     if config.summary_path:

@@ -1,16 +1,18 @@
 """MARS: margin-aware speculative verification on top of EAGLE tree drafting.
 
-Modules: `mars.target` (the target model adapter), `mars.sampling` (settings, logits processing,
-margins), `mars.verify` (acceptance rules), `mars.stats` (verification statistics),
-`mars.generate` (the decoding loop).
+Modules: `mars.target` (the target model adapter), `mars.sampling` (settings, logits processing),
+`mars.rules` (verification rules: strict, MARS and the relaxed-acceptance zoo, one file each),
+`mars.verify` (acceptance under any rule), `mars.cost` (the exact distribution a rule emits),
+`mars.stats` (verification statistics), `mars.generate` (the decoding loop).
 """
 
 from mars.generate import GenerationOutput, SpeculativeGenerator
-from mars.sampling import SamplingConfig, margin_test, process_logits
+from mars.rules import RULES, Rule, make_rule, register
+from mars.sampling import SamplingConfig, process_logits
 from mars.stats import VerifyStats
-from mars.verify import Verdict, accept, accept_greedy, accept_sampling
+from mars.verify import Verdict, accept
 
 __all__ = [
-    "GenerationOutput", "SamplingConfig", "SpeculativeGenerator", "Verdict", "VerifyStats",
-    "accept", "accept_greedy", "accept_sampling", "margin_test", "process_logits",
+    "RULES", "GenerationOutput", "Rule", "SamplingConfig", "SpeculativeGenerator", "Verdict", "VerifyStats",
+    "accept", "make_rule", "process_logits", "register",
 ]

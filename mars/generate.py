@@ -95,7 +95,7 @@ def _while_decoding(method):
 
 
 class SpeculativeGenerator:
-    """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by strict or MARS rules.
+    """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by any rule of `mars.rules`.
 
     Tree: `total_tokens` drafted nodes verified per cycle, `depth` draft steps per cycle, `branching`
     children per expanded node (EAGLE's "top_k"; `top_k=` is accepted as a deprecated alias).
@@ -211,7 +211,8 @@ class SpeculativeGenerator:
         """Speculative decoding of `input_ids` [1, T]; returns the new tokens and how they were accepted.
 
         sampling: a `SamplingConfig` (default greedy, strict); keyword `overrides` (temperature=,
-        top_p=, top_k=, rule=, theta=, margin=, mars_fallback=) replace its fields. eos_token_id:
+        top_p=, top_k=, rule= a `mars.rules` Rule or name, and that rule's parameters, e.g.
+        rule="mars", theta=0.8) replace its fields. eos_token_id:
         the ids that stop generation (None: none stop; `eagle.config.eos_token_ids` gives a model's).
         generator: the RNG of sampling, on the device of the target's logits.
         """
@@ -257,7 +258,7 @@ class SpeculativeGenerator:
             emitted = self._emit(out, verdict.tokens + [verdict.next_token], eos, max_new_tokens)
             out.accept_lengths.append(min(verdict.accepted, emitted))
             out.draft_depths.append(tree.levels)
-            out.stats.add(verdict, keep_steps=emitted)
+            out.stats.add(verdict, keep_steps=emitted, sampled=not cfg.greedy)
             out.num_cycles += 1
             if policy is not None:
                 policy.observe(tree.levels, verdict.accepted, float(tree.scores[1:].exp().sum()))

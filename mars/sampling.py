@@ -1,4 +1,4 @@
-"""Sampling settings, logits processing and margin metrics, shared by every rule and by `vanilla`.
+"""Sampling settings and logits processing, shared by every rule and by `vanilla`.
 
 "Lossless" means: equal in distribution to sampling from `process_logits(...)` token by token,
 which is exactly what `vanilla` does with the same settings.
@@ -8,35 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-RULES = ("strict", "mars")
-MARGINS = ("logit_ratio", "prob_ratio", "logprob_gap")
-MARS_FALLBACKS = ("strict", "reference")
-# The range of theta in which each margin metric means something (inclusive).
-THETA_RANGES = {"logit_ratio": (0.0, 1.0), "prob_ratio": (0.0, 1.0), "logprob_gap": (0.0, math.inf)}
+from mars.rules import make_rule, rule_params
+from mars.rules.base import Rule
+from mars.rules.strict import Strict
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
-    """How the target's distribution is processed and which acceptance rule verifies drafts.
+    """How the target's distribution is processed and which rule verifies drafts.
 
     temperature: 0 means greedy. top_p in (0, 1], top_k >= 0 (0 = off) filter the distribution as
-    plain sampling does. rule: "strict" (lossless) or "mars" (margin-aware). theta / margin: the
-    MARS test (see `margin_test`). mars_fallback (sampling only): what MARS does when the test
-    passes but no drafted child is the target's top-1 or top-2: "strict" lets the strict rule try
-    the children; "reference" rejects them all and samples from the target, as the MARS code does.
+    plain sampling does. rule: the verification rule (`mars.rules`; default strict, lossless).
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    rule: str = "strict"
-    theta: float = 0.9
-    margin: str = "logit_ratio"
-    mars_fallback: str = "strict"
+    rule: Rule = field(default_factory=Strict)
 
     def __post_init__(self):
         t = self.temperature
@@ -46,39 +38,45 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if self.rule not in RULES:
-            raise ValueError(f"unknown rule {self.rule!r}; valid rules: {', '.join(RULES)}")
-        if self.margin not in MARGINS:
-            raise ValueError(f"unknown margin metric {self.margin!r}; valid metrics: {', '.join(MARGINS)}")
-        if self.mars_fallback not in MARS_FALLBACKS:
-            raise ValueError(f"unknown mars_fallback {self.mars_fallback!r}; valid: {', '.join(MARS_FALLBACKS)}")
-        lo, hi = THETA_RANGES[self.margin]
-        if not (isinstance(self.theta, (int, float)) and lo <= self.theta <= hi):
-            raise ValueError(
-                f"theta={self.theta!r} is outside [{lo}, {hi}], the meaningful range for margin {self.margin!r} "
-                f"(ranges: logit_ratio and prob_ratio in [0, 1], relax when above; logprob_gap >= 0, relax when below)"
-            )
+        if not isinstance(self.rule, Rule):
+            raise TypeError(f"rule must be a mars.rules Rule (e.g. make_rule('mars', theta=0.9)), got {self.rule!r}")
+        if self.greedy and not self.rule.greedy_form:
+            raise ValueError(f"rule {self.rule.name!r} has no greedy form: sample (temperature > 0) or choose "
+                             f"another rule")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "rule")
 
 
 def resolve_sampling(sampling: SamplingConfig | None = None, **overrides) -> SamplingConfig:
     """`sampling` (default: greedy strict) with keyword `overrides` applied, as `generate()` takes them.
 
     Like `transformers.generate`, which takes a `GenerationConfig` and keyword arguments over it.
+    `rule` may be a `Rule` or a registered rule's name, whose parameters then come as keywords too
+    (`rule="mars", theta=0.8`); parameters alone adjust the current rule (`theta=0.8`).
     """
     if sampling is not None and not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a SamplingConfig or None, got {type(sampling).__name__}: pass other "
                         f"settings by keyword (max_new_tokens=..., temperature=...)")
-    unknown = sorted(set(overrides) - set(SAMPLING_FIELDS))
-    if unknown:
-        raise TypeError(f"unknown sampling setting(s) {unknown}; valid: {', '.join(SAMPLING_FIELDS)}")
-    return dataclasses.replace(sampling or SamplingConfig(), **overrides)
+    base = sampling or SamplingConfig()
+    rule = overrides.pop("rule", None)
+    params = {k: overrides.pop(k) for k in list(overrides) if k not in SAMPLING_FIELDS}
+    if isinstance(rule, str):
+        rule = make_rule(rule, **params)
+    elif params:
+        current = rule if rule is not None else base.rule
+        unknown = sorted(set(params) - set(rule_params(current.name)))
+        if unknown:
+            raise TypeError(f"unknown sampling setting(s) {unknown}; valid: temperature, top_p, top_k, rule and "
+                            f"the rule's parameters ({current.name}: {', '.join(rule_params(current.name)) or 'none'})")
+        rule = dataclasses.replace(current, **params)
+    if rule is not None:
+        overrides["rule"] = rule
+    return dataclasses.replace(base, **overrides)
 
 
 def process_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -118,46 +116,3 @@ def next_token(processed_logits: torch.Tensor, cfg: SamplingConfig, generator: t
     if cfg.greedy:
         return int(processed_logits.argmax().item())
     return sample(processed_logits.softmax(-1), generator)
-
-
-@dataclass
-class Margins:
-    """Per-position margin information over processed logits [n, V]."""
-
-    top1: torch.Tensor  # [n] ids
-    top2: torch.Tensor  # [n] ids
-    value: torch.Tensor  # [n] the metric's value
-    passes: torch.Tensor  # [n] bool: target undecided here, relaxation allowed
-    nonfinite: torch.Tensor  # [n] bool: z1 or z2 not finite (e.g. filtered by top-k/top-p): never relaxed
-    negative: torch.Tensor  # [n] bool: z1 <= 0, where the logit ratio's meaning inverts
-
-
-def margin_test(processed_logits: torch.Tensor, cfg: SamplingConfig) -> Margins:
-    """The MARS test at every position, on the processed logits (z1 >= z2 their top two).
-
-    - logit_ratio (the paper's): value z2 / (z1 + 1e-10), relax when value > theta. With z1 > 0 it
-      is in [.., 1] and near 1 means undecided. When z1 <= 0 the ratio inverts (both negative:
-      ratio >= 1, so it always passes; z1 near 0: it explodes). The MARS code applies it as is, and
-      so do we, counting such positions in `negative` so that they can be reported.
-    - prob_ratio: p2 / p1 = exp(z2 - z1) in (0, 1], relax when above theta. Scale-free, but it
-      depends on the temperature (at temperature 0 it is taken at temperature 1).
-    - logprob_gap: log p1 - log p2 = z1 - z2 >= 0, relax when below theta.
-    A position whose z1 or z2 is not finite never passes (z2 = -inf means the filter left one token).
-    """
-    top = processed_logits.topk(2, dim=-1)
-    z1, z2 = top.values[..., 0], top.values[..., 1]
-    # top-1 is the argmax (lowest id among ties), the token plain greedy decoding emits; topk orders
-    # tied values arbitrarily. top-2 is topk's other token (one with value z2 either way).
-    top1 = processed_logits.argmax(dim=-1)
-    top2 = torch.where(top.indices[..., 0] == top1, top.indices[..., 1], top.indices[..., 0])
-    nonfinite = ~(torch.isfinite(z1) & torch.isfinite(z2))
-    if cfg.margin == "logit_ratio":
-        value = z2 / (z1 + 1e-10)
-        passes = value > cfg.theta
-    elif cfg.margin == "prob_ratio":
-        value = torch.exp(z2 - z1)
-        passes = value > cfg.theta
-    else:
-        value = z1 - z2
-        passes = value < cfg.theta
-    return Margins(top1, top2, value, passes & ~nonfinite, nonfinite, z1 <= 0)

@@ -1,4 +1,4 @@
-"""Per-generation and per-run statistics of verification: what was accepted, where, and why."""
+"""Per-generation and per-run statistics of verification: what was accepted, where, why, and at what cost."""
 
 from __future__ import annotations
 
@@ -13,31 +13,47 @@ from mars.verify import Verdict
 class VerifyStats:
     """Counts over verified positions; `merge` adds runs together.
 
-    A position is a node on an accepted path whose children the target judged. Per depth d:
-    `attempts[d]` positions at depth d that had drafted children, `accepts[d]` of them accepted one,
-    `relaxed[d]` of them only through the MARS relaxation. `margins` keeps every verified
-    position's margin value (for histograms); `relax_allowed` how many passed the margin test;
-    `nonfinite` how many had a non-finite top-1 or top-2 logit (never relaxed), `negative_logit`
-    how many had a top-1 logit <= 0, where the logit ratio's meaning inverts.
+    A position is a node on an accepted path whose children the target judged; each emits one token.
+    Per depth d: `attempts[d]` positions at depth d that had drafted children, `accepts[d]` of them
+    accepted one, `relaxed[d]` of them only through the rule's relaxation. `gates` keeps every
+    position's gate metric (MARS: the margin; for histograms); `relax_allowed` how many the gate
+    opened; `counters` the rule's own facts (MARS: `nonfinite` top-1/top-2 logits, never relaxed, and
+    `negative_logit`, a top-1 logit <= 0 where the logit ratio's meaning inverts).
+
+    Cost of the relaxation per emitted token (`mars.cost`): sampled positions add TV(pi, p) and
+    KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
+    left out of `kl_sum`); greedy positions add whether the token is not the argmax and its regret.
     """
 
     attempts: Counter = field(default_factory=Counter)
     accepts: Counter = field(default_factory=Counter)
     relaxed: Counter = field(default_factory=Counter)
-    margins: list[float] = field(default_factory=list)
+    gates: list[float] = field(default_factory=list)
     relax_allowed: int = 0
     positions: int = 0
-    nonfinite: int = 0
-    negative_logit: int = 0
+    counters: Counter = field(default_factory=Counter)
+    sampled: int = 0  # positions verified by sampling (the rest greedily)
+    tv_sum: float = 0.0
+    kl_sum: float = 0.0
+    kl_infinite: int = 0
+    mismatches: int = 0
+    regret_sum: float = 0.0
 
-    def add(self, verdict: Verdict, keep_steps: int | None = None) -> None:
+    def add(self, verdict: Verdict, keep_steps: int | None = None, sampled: bool = False) -> None:
         """Record a verdict's steps (only the first `keep_steps`, when output was cut short)."""
         for step in verdict.steps[:keep_steps]:
             self.positions += 1
-            self.margins.append(step.margin)
+            self.sampled += sampled
+            self.gates.append(step.gate)
             self.relax_allowed += step.relax_allowed
-            self.nonfinite += step.nonfinite
-            self.negative_logit += step.negative
+            self.counters.update({k: int(v) for k, v in step.counters.items()})
+            self.tv_sum += step.tv
+            self.regret_sum += step.regret
+            self.mismatches += step.mismatch
+            if math.isinf(step.kl):
+                self.kl_infinite += 1
+            else:
+                self.kl_sum += step.kl
             if step.has_children:
                 self.attempts[step.depth] += 1
                 self.accepts[step.depth] += step.accepted
@@ -47,8 +63,10 @@ class VerifyStats:
         self.attempts.update(other.attempts)
         self.accepts.update(other.accepts)
         self.relaxed.update(other.relaxed)
-        self.margins.extend(other.margins)
-        for name in ("relax_allowed", "positions", "nonfinite", "negative_logit"):
+        self.gates.extend(other.gates)
+        self.counters.update(other.counters)
+        for name in ("relax_allowed", "positions", "sampled", "tv_sum", "kl_sum", "kl_infinite", "mismatches",
+                     "regret_sum"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -59,29 +77,50 @@ class VerifyStats:
     def relaxed_tokens(self) -> int:
         return sum(self.relaxed.values())
 
+    def cost(self) -> dict:
+        """Per emitted token: tv_per_token, kl_per_token (finite ones; kl_infinite_tokens counted apart)
+        over sampled positions, argmax_mismatch and logprob_regret over greedy ones (None without any)."""
+        greedy = self.positions - self.sampled
+        finite = self.sampled - self.kl_infinite
+        return {
+            "tv_per_token": self.tv_sum / self.sampled if self.sampled else None,
+            "kl_per_token": self.kl_sum / finite if finite else None,
+            "kl_infinite_tokens": self.kl_infinite,
+            "argmax_mismatch": self.mismatches / greedy if greedy else None,
+            "logprob_regret": self.regret_sum / greedy if greedy else None,
+        }
+
     def to_json(self) -> dict:
-        """Every count, JSON-ready. Margins are rounded to 4 decimals; non-finite ones are left out of
-        the list (JSON has no inf/nan) but counted in `nonfinite`."""
+        """Every count, JSON-ready. Gate values are rounded to 4 decimals; non-finite ones are left out
+        of the list (JSON has no inf/nan)."""
         return {
             "attempts": dict(self.attempts),
             "accepts": dict(self.accepts),
             "relaxed": dict(self.relaxed),
-            "margins": [round(m, 4) for m in self.margins if math.isfinite(m)],
+            "gates": [round(m, 4) for m in self.gates if math.isfinite(m)],
             "relax_allowed": self.relax_allowed,
             "positions": self.positions,
-            "nonfinite": self.nonfinite,
-            "negative_logit": self.negative_logit,
+            "counters": dict(self.counters),
+            "sampled": self.sampled, "tv_sum": self.tv_sum, "kl_sum": self.kl_sum, "kl_infinite": self.kl_infinite,
+            "mismatches": self.mismatches, "regret_sum": self.regret_sum,
         }
 
     @classmethod
     def from_json(cls, d: dict) -> VerifyStats:
-        """The inverse of `to_json` (JSON object keys are strings; depths come back as ints)."""
+        """The inverse of `to_json` (JSON object keys are strings; depths come back as ints). Reads the
+        layout before rules were plugins too (`margins`, `nonfinite`, `negative_logit`; no costs)."""
         def counter(x: dict) -> Counter:
             return Counter({int(k): v for k, v in x.items()})
 
+        counters = Counter(d.get("counters", {}))
+        for old in ("nonfinite", "negative_logit"):
+            if d.get(old):
+                counters[old] += d[old]
         return cls(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
-                   margins=list(d["margins"]), relax_allowed=d["relax_allowed"], positions=d["positions"],
-                   nonfinite=d.get("nonfinite", 0), negative_logit=d.get("negative_logit", 0))
+                   gates=list(d.get("gates", d.get("margins", []))), relax_allowed=d["relax_allowed"],
+                   positions=d["positions"], counters=counters, sampled=d.get("sampled", 0),
+                   tv_sum=d.get("tv_sum", 0.0), kl_sum=d.get("kl_sum", 0.0), kl_infinite=d.get("kl_infinite", 0),
+                   mismatches=d.get("mismatches", 0), regret_sum=d.get("regret_sum", 0.0))
 
     def summary(self) -> dict:
         return {
@@ -90,6 +129,6 @@ class VerifyStats:
             "relaxed_tokens": self.relaxed_tokens,
             "relaxed_by_depth": dict(sorted(self.relaxed.items())),
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
-            "nonfinite_margin_positions": self.nonfinite,
-            "negative_logit_positions": self.negative_logit,
+            **{f"{k}_positions": v for k, v in sorted(self.counters.items())},
+            **self.cost(),
         }

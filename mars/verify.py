@@ -1,19 +1,21 @@
-"""Acceptance rules: given the target's processed logits at every tree node, pick the path to keep.
+"""Verification: given the target's processed logits at every tree node and a rule, pick the path to keep.
 
-Every rule is a pure function of (processed logits [n, V], tree, settings, RNG) and returns a
+`accept` is a pure function of (processed logits [n, V], tree, settings, RNG) and returns a
 `Verdict`: the accepted path (tree node indices, starting at the root), the next token (the
-target's bonus or correction token after the path), and one `Step` record per decision.
+target's bonus or correction token after the path), and one `Step` record per verified position.
+The rule (`mars.rules`) only says where and how it relaxes the strict rule (a `Relaxation`); the
+acceptance below is the same code for every rule.
 
-Each rule judges every node of the tree at once on the logits' device and reads the outcome back to
+Each form judges every node of the tree at once on the logits' device and reads the outcome back to
 the host in one transfer (`_read`): on a GPU, verification costs one synchronisation however large
 the tree (the sequential walk of the reference code cost several per node).
 
-Shared invariants, tested in `tests/test_verify.py`:
+Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
 - `path[0] == 0` and each node in `path` is a child of the one before it; len(path) - 1 <= depth.
 - The logits at node i are the target's prediction for the token *after* node i, so the child c
   of node i is judged by row i, and `next_token` comes from the row of the path's last node.
-- MARS differs from strict only at positions where the margin test passes: elsewhere it makes the
-  same decision with the same random draws.
+- A rule differs from strict only at nodes where it relaxes: elsewhere it makes the same decision
+  with the same random draws, and a rule at parameters where it never relaxes is strict.
 """
 
 from __future__ import annotations
@@ -23,21 +25,26 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle.tree import DraftTree
-from mars.sampling import Margins, SamplingConfig, draw, margin_test
+from mars.cost import Cost, fallback_distribution, greedy_cost, sampling_cost
+from mars.rules.base import Relaxation, TargetView
+from mars.sampling import SamplingConfig, draw
 
 
 @dataclass
 class Step:
-    """One verified position: the target's view at a path node, and what happened to its children."""
+    """One verified position: a path node whose children were judged, and the token it emitted."""
 
     depth: int  # depth of the node whose children were judged (0 = root)
-    margin: float  # the margin metric's value there
-    relax_allowed: bool  # the margin test passed (only acted on by rule "mars")
+    gate: float  # the rule's gate metric there (MARS: the margin)
+    relax_allowed: bool  # the rule's gate let it relax here
     accepted: bool  # a child was accepted
     relaxed: bool  # it was accepted only because of the relaxation
-    nonfinite: bool
-    negative: bool
     has_children: bool
+    tv: float = 0.0  # TV(pi, p) of the emitted token's exact distribution (sampling)
+    kl: float = 0.0  # KL(pi || p) (sampling; inf where pi leaves p's support)
+    mismatch: bool = False  # greedy: the emitted token is not the target's argmax
+    regret: float = 0.0  # greedy: log p_1 - log p(token) at temperature 1
+    counters: dict[str, bool] = field(default_factory=dict)  # the rule's own per-position facts
 
 
 @dataclass
@@ -56,58 +63,58 @@ class Verdict:
         return sum(s.relaxed for s in self.steps)
 
 
-# The per-node facts a Step records, packed side by side for one transfer.
-_STEP_FIELDS = 7  # depth, margin, relax_allowed, nonfinite, negative, has_children, relaxed (its accepted child)
+_FIELDS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "tv", "kl", "mismatch", "regret")
 
 
-def _children(tree: DraftTree) -> torch.Tensor:
+def children(tree: DraftTree) -> torch.Tensor:
     """[n, n] bool: j is a child of i (columns in draft order)."""
     nodes = torch.arange(tree.size, device=tree.parents.device)
     return tree.parents[None, :] == nodes[:, None]
 
 
-def _read(m: Margins, tree: DraftTree, chain: torch.Tensor, relaxed: torch.Tensor, has_children: torch.Tensor,
-          scalars: list[torch.Tensor]) -> tuple[list[int], list[int], list[list[float]], list[float]]:
+def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torch.Tensor, cost: Cost,
+          scalars: list[torch.Tensor]) -> tuple[list[int], list[int], list[dict], list[float]]:
     """The one device-to-host transfer of a verdict: chain [L] node ids, their tokens, the Step facts
-    of each, and `scalars`. relaxed [L]: the chain node's accepted child was accepted by the relaxation."""
-    facts = torch.stack([tree.depths[chain].double(), m.value[chain].double(), m.passes[chain].double(),
-                         m.nonfinite[chain].double(), m.negative[chain].double(), has_children[chain].double(),
-                         relaxed.double()], dim=1)
+    of each (relaxed [L]: the chain node's accepted child was accepted by the relaxation), and `scalars`."""
+    has_children = children(tree).any(dim=1)
+    columns = [tree.depths[chain], relax.gate[chain], relax.open[chain], has_children[chain], relaxed,
+               cost.tv, cost.kl, cost.mismatch, cost.regret, *(relax.counters[k][chain] for k in relax.counters)]
+    facts = torch.stack([c.double() for c in columns], dim=1)
     packed = torch.cat([chain.double(), tree.tokens[chain].double(), facts.flatten(),
                         torch.stack(scalars).double().flatten()]).tolist()
-    length = chain.shape[0]
-    rows = [packed[2 * length + i * _STEP_FIELDS: 2 * length + (i + 1) * _STEP_FIELDS] for i in range(length)]
+    length, width = chain.shape[0], len(columns)
+    names = [*_FIELDS, *relax.counters]
+    rows = [dict(zip(names, packed[2 * length + i * width: 2 * length + (i + 1) * width], strict=True))
+            for i in range(length)]
     ids, tokens = [int(x) for x in packed[:length]], [int(x) for x in packed[length: 2 * length]]
-    return ids, tokens, rows, packed[2 * length + length * _STEP_FIELDS:]
+    return ids, tokens, rows, packed[2 * length + length * width:]
 
 
-def _steps(path: list[int], rows: list[list[float]]) -> list[Step]:
+def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]:
     steps = []
-    for j, (depth, margin, allowed, nonfinite, negative, has_children, relaxed) in enumerate(rows):
+    for j, row in enumerate(rows):
         accepted = j + 1 < len(path)
-        steps.append(Step(int(depth), margin, bool(allowed), accepted, accepted and bool(relaxed),
-                          bool(nonfinite), bool(negative), bool(has_children)))
+        steps.append(Step(int(row["depth"]), row["gate"], bool(row["relax_allowed"]), accepted,
+                          accepted and bool(row["relaxed"]), bool(row["has_children"]), row["tv"], row["kl"],
+                          bool(row["mismatch"]), row["regret"], {k: bool(row[k]) for k in counters}))
     return steps
 
 
-def accept_greedy(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig) -> Verdict:
-    """Greedy verification, strict or MARS.
+def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False) -> Verdict:
+    """Greedy verification under a relaxation.
 
-    processed [n, V]: the target's processed logits at every tree node (row i judges i's children).
-    A node is valid when its token is the target's top-1 at its parent, or (rule "mars" only) the
-    margin test passes at the parent and the token is the top-2 there. The accepted path is the
-    deepest root-to-node path of valid nodes; ties go to the path with fewer relaxed (top-2)
-    tokens, then to the earliest node in draft order. The next token is the top-1 after the path.
-    With rule "strict" the output equals plain greedy decoding token for token.
+    A node is valid when its token is the target's top-1 at its parent, or the rule accepts it
+    outright there (`relax.outright`). The accepted path is the deepest root-to-node path of valid
+    nodes; ties go to the path with fewer relaxed tokens, then to the earliest node in draft order.
+    The next token is the top-1 after the path. With no relaxation the output equals plain greedy
+    decoding token for token. `lossless`: the rule never relaxes (skip its cost).
     """
-    m = margin_test(processed, cfg)
-    n, device = tree.size, processed.device
+    n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
     parent = tree.parents.clamp(min=0)
-    exact = tree.tokens == m.top1[parent]
-    relaxed_edge = ~exact & (tree.tokens == m.top2[parent]) & (m.passes[parent] if cfg.rule == "mars" else False)
-    valid = (exact | relaxed_edge) | (nodes == 0)
-    relaxed_edge &= nodes > 0
+    exact = tree.tokens == view.top1[parent]
+    relaxed_edge = ~exact & relax.outright[parent, nodes] & (nodes > 0)
+    valid = exact | relaxed_edge | (nodes == 0)
     reachable = ~(tree.ancestors & ~valid[None, :]).any(dim=1)  # every node on its path is valid
     relaxed_count = (tree.ancestors & relaxed_edge[None, :]).sum(dim=1)
     key = tree.depths * (n + 1) ** 2 - relaxed_count * (n + 1) - nodes  # deeper, fewer relaxed, earlier
@@ -117,19 +124,19 @@ def accept_greedy(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig)
         up.append(parent[up[-1]])
     chain = torch.stack(up[::-1])  # [levels + 1]: the root (repeated), ..., best
     relaxed = torch.cat([relaxed_edge[chain[1:]], relaxed_edge[:1]])  # the next chain node's edge (root's: False)
-    has_children = _children(tree).any(dim=1)
-    ids, tokens, rows, (depth, next_token) = _read(m, tree, chain, relaxed, has_children,
-                                                   [tree.depths[best], m.top1[best]])
+    emitted = torch.cat([tree.tokens[chain[1:]], view.top1[best][None]])
+    cost = greedy_cost(view, chain, emitted, lossless)
+    ids, tokens, rows, (depth, next_token) = _read(tree, relax, chain, relaxed, cost,
+                                                   [tree.depths[best], view.top1[best]])
     first = len(ids) - int(depth) - 1
-    return Verdict(ids[first:], int(next_token), _steps(ids[first:], rows[first:]), tokens[first + 1:])
+    return Verdict(ids[first:], int(next_token), _steps(ids[first:], rows[first:], list(relax.counters)),
+                   tokens[first + 1:])
 
 
-def accept_sampling(
-    processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig, generator: torch.Generator | None
-) -> Verdict:
-    """Tree speculative sampling, strict or MARS, for children drafted deterministically (top-k).
+def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, generator: torch.Generator | None,
+                    lossless: bool = False) -> Verdict:
+    """Tree speculative sampling under a relaxation, for children drafted deterministically (top-k).
 
-    processed [n, V]: the target's processed logits at every tree node (row i judges i's children).
     Strict (lossless): at the current node with target distribution p, try its children in draft
     order; child x is accepted with probability r(x) under the current residual r (initially p);
     on rejection r(x) is set to 0 and r renormalised. If every child is rejected, the correction
@@ -137,63 +144,58 @@ def accept_sampling(
     from p. Because drafted children are deterministic (q = 1 on the drafted token), this emits
     each token with exactly probability p: P(x_j) = prod_{i<j}(1 - r_i(x_i)) r_j(x_j) = p(x_j).
 
-    MARS: where the margin test passes, the first child (draft order) that is the target's top-1
-    or top-2 is accepted outright (`relaxed`). If none is, `mars_fallback="strict"` hands the
-    children to the strict rule; `"reference"` rejects them all and samples from p unadjusted (the
-    MARS code's behaviour). Where the test fails, the strict rule runs with the same RNG draws.
+    A relaxation changes that where it acts: the first child accepted outright wins; otherwise the
+    test is loosened by `relax.tolerance`, skipped where `relax.tested` is False, and the token
+    after rejections drawn from `relax.fallback` (`mars.cost` gives the exact result).
+    `lossless`: the rule never relaxes (skip its cost).
 
     Random draws, the same for every rule: `u = rand(n, n)` first, the j-th child (draft order) of
     node i uses u[i, j]; then one `multinomial` for the bonus or correction token. Every node's
     decision is computed at once, then the path is followed from the root.
     """
-    m = margin_test(processed, cfg)
-    n, device = tree.size, processed.device
+    n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
-    probs = processed.softmax(dim=-1)  # [n, V]
-    kids = _children(tree)  # [n, n]
+    kids, pc = view.kids, view.child_probs  # [n, n]
     u = torch.rand(n, n, generator=generator, device=device)
     rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
-    p_child = kids * probs[:, tree.tokens]  # [i, j]: p_i(token of child j)
-    mass = probs.sum(dim=-1, keepdim=True) - (p_child.cumsum(dim=1) - p_child)  # residual mass before trying j
-    strict_ok = kids & (mass > 0) & (u.gather(1, rank) * mass < p_child)
-    none = torch.full_like(nodes, n)
-    first_strict = torch.where(strict_ok, nodes[None, :], n).min(dim=1).values
-    if cfg.rule == "mars":
-        top = (tree.tokens[None, :] == m.top1[:, None]) | (tree.tokens[None, :] == m.top2[:, None])
-        first_top = torch.where(kids & top, nodes[None, :], n).min(dim=1).values
-        relaxed = m.passes & (first_top < n)
-        fallback = first_strict if cfg.mars_fallback == "strict" else none
-        chosen = torch.where(relaxed, first_top, torch.where(m.passes, fallback, first_strict))
-        unadjusted = m.passes & ~relaxed & (cfg.mars_fallback == "reference")  # reject all, sample p
-    else:
-        relaxed, chosen, unadjusted = torch.zeros_like(m.passes), first_strict, torch.zeros_like(m.passes)
+    mass = view.probs.sum(dim=-1, keepdim=True) - (pc.cumsum(dim=1) - pc)  # residual mass before trying j
+    tested = kids & (mass > 0)
+    if relax.tested is not None:
+        tested &= relax.tested[:, None]
+    draws = u.gather(1, rank) * mass
+    strict_ok = tested & (draws < pc)
+    loose_ok = strict_ok if relax.tolerance is None else tested & (draws < pc + relax.tolerance[:, None] * mass)
+
+    def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
+        return torch.where(ok, nodes[None, :], n).min(dim=1).values
+
+    first_outright, first_tested = first(relax.outright & kids), first(loose_ok)
+    chosen = torch.where(first_outright < n, first_outright, first_tested)
+    by_test_only = strict_ok.gather(1, first_tested.clamp(max=n - 1)[:, None])[:, 0]
+    relaxed = (first_outright < n) | ((first_tested < n) & ~by_test_only)
     walk = [nodes[0]]
     for _ in range(tree.levels):
         step = chosen[walk[-1]]
         walk.append(torch.where(step < n, step, walk[-1]))
     chain = torch.stack(walk)
     last = chain[-1]
-    has_children = kids.any(dim=1)
-    # The last node's distribution: p at a leaf or after a reference-fallback rejection, else the residual.
-    drafted = torch.zeros(probs.shape[-1], device=device).index_add_(0, tree.tokens, kids[last].float()) > 0
-    residual = probs[last].masked_fill(drafted, 0.0)
-    total = residual.sum()
-    use_residual = has_children[last] & ~unadjusted[last] & (total > 0)
-    dist = torch.where(use_residual, residual / total.clamp(min=torch.finfo(total.dtype).tiny), probs[last])
-    token = draw(dist, generator)[0]
-    ids, tokens, rows, (depth, next_token) = _read(m, tree, chain, relaxed[chain], has_children,
+    token = draw(fallback_distribution(view, relax, last[None])[0], generator)[0]
+    cost = sampling_cost(view, relax, chain, lossless)
+    ids, tokens, rows, (depth, next_token) = _read(tree, relax, chain, relaxed[chain], cost,
                                                    [tree.depths[last], token])
     length = int(depth) + 1
-    return Verdict(ids[:length], int(next_token), _steps(ids[:length], rows[:length]), tokens[1:length])
+    return Verdict(ids[:length], int(next_token), _steps(ids[:length], rows[:length], list(relax.counters)),
+                   tokens[1:length])
 
 
-def accept(
-    processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig, generator: torch.Generator | None = None
-) -> Verdict:
-    """The acceptance rule `cfg` asks for: `accept_greedy` at temperature 0, else `accept_sampling`.
+def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
+           generator: torch.Generator | None = None) -> Verdict:
+    """Verify `tree` under `cfg.rule`: the greedy form at temperature 0, else the sampling form.
 
-    `processed` = `process_logits(target logits over the tree, cfg)`.
+    processed [n, V] = `process_logits(target logits over the tree, cfg)`.
     """
+    view = TargetView(processed, tree.tokens, children(tree), cfg.greedy)
+    relax = cfg.rule.relax(view)
     if cfg.greedy:
-        return accept_greedy(processed, tree, cfg)
-    return accept_sampling(processed, tree, cfg, generator)
+        return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless)
+    return accept_sampling(view, relax, tree, generator, lossless=cfg.rule.lossless)

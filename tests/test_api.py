@@ -14,7 +14,8 @@ from helpers import OracleHead, hf_greedy, tiny_generator, tiny_model
 
 from eagle import Eagle3Head
 from eagle.config import eos_token_ids
-from mars import SamplingConfig, SpeculativeGenerator, VerifyStats
+from mars import SamplingConfig, SpeculativeGenerator, VerifyStats, make_rule
+from mars.sampling import resolve_sampling
 from mars.target import DeviceRoute, module_device, route_devices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,13 +51,13 @@ def test_tree_top_k_is_a_deprecated_alias_of_branching():
 def test_sampling_config_is_keyword_only():
     with pytest.raises(TypeError):
         SamplingConfig(1.0)  # positional: refused
-    assert SamplingConfig(temperature=1.0, rule="mars").rule == "mars"
+    assert resolve_sampling(temperature=1.0, rule="mars").rule == make_rule("mars")
 
 
 def test_generate_takes_a_config_or_keyword_overrides_alike():
     gen = tiny_generator(2, 3, sharpen=2.0, total_tokens=10, depth=3, branching=3)
     prompt = torch.tensor([[1, 2, 3, 4]])
-    cfg = SamplingConfig(temperature=0.8, top_p=0.9, rule="mars", theta=0.5, margin="prob_ratio")
+    cfg = resolve_sampling(temperature=0.8, top_p=0.9, rule="mars", theta=0.5, margin="prob_ratio")
     by_config = gen.generate(prompt, cfg, max_new_tokens=20, generator=torch.Generator().manual_seed(7))
     by_kwargs = gen.generate(prompt, max_new_tokens=20, generator=torch.Generator().manual_seed(7), temperature=0.8,
                              top_p=0.9, rule="mars", theta=0.5, margin="prob_ratio")
@@ -163,15 +164,16 @@ def test_verify_stats_round_trip_through_json_keeps_every_count():
     gen = tiny_generator(5, 6, sharpen=2.0, total_tokens=12, depth=4, branching=4)
     out = gen.generate(torch.tensor([[7, 0, 11, 4, 9]]), max_new_tokens=30, rule="mars")
     stats = out.stats
-    stats.margins.append(float("inf"))  # a non-finite margin, as at a position filtered to one token
-    stats.nonfinite += 1
-    stats.negative_logit += 2
+    stats.gates.append(float("inf"))  # a non-finite margin, as at a position filtered to one token
+    stats.counters.update(nonfinite=1, negative_logit=2)
+    stats.sampled, stats.tv_sum, stats.kl_sum, stats.kl_infinite = 3, 0.25, 0.5, 1
     back = VerifyStats.from_json(stats.to_json())
-    assert back.nonfinite == stats.nonfinite and back.negative_logit == stats.negative_logit
+    assert back.counters == stats.counters
     assert back.attempts == stats.attempts and back.accepts == stats.accepts and back.relaxed == stats.relaxed
     assert back.positions == stats.positions and back.relax_allowed == stats.relax_allowed
-    assert back.margins == pytest.approx([m for m in stats.margins if m != float("inf")], abs=1e-4)
-    assert back.summary()["nonfinite_margin_positions"] == stats.nonfinite
+    assert back.gates == pytest.approx([m for m in stats.gates if m != float("inf")], abs=1e-4)
+    assert back.summary()["nonfinite_positions"] == stats.counters["nonfinite"]
+    assert back.cost() == stats.cost() and back.cost()["kl_per_token"] == pytest.approx(0.25)
 
 
 # --- tau ----------------------------------------------------------------------------------------

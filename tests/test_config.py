@@ -8,13 +8,14 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from eval.bench import REPO_ROOT
-from eval.config import SAMPLINGS, TREES, MarsConfig, RunConfig, WandbMode, method_spec, parse_shard, validate
+from eval.config import PLAIN, SAMPLINGS, TREES, RuleMethod, RunConfig, WandbMode, method_spec, parse_shard, validate
+from mars.rules import RULES
 
 CONFIGS = REPO_ROOT / "configs"
 GROUPS = {
     "model": sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")),
     "bench": sorted(p.stem for p in (CONFIGS / "bench").glob("*.yaml")),
-    "method": ["generate", "vanilla", "strict", "mars"],
+    "method": [*PLAIN, "strict", "mars", "typical", "topm", "ears", "entropy"],
     "tree": sorted(TREES),
     "sampling": sorted(SAMPLINGS),
     "logging": [m.value for m in WandbMode],
@@ -34,10 +35,11 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
         assert cfg.hydra.runtime.choices["hydra/launcher"] == option
         assert cfg.hydra.launcher._target_.startswith("hydra")
         return
-    run = validate(composed(f"{group}={option}"))
+    greedy = group != "method" or option in PLAIN or RULES[option].greedy_form
+    run = validate(composed(f"{group}={option}", *([] if greedy else ["sampling=t1"])))
     assert isinstance(run, RunConfig)
     if group == "method":
-        assert run.method.kind == option and isinstance(run.method, MarsConfig) == (option == "mars")
+        assert run.method.kind == option and isinstance(run.method, RuleMethod) == (option not in PLAIN)
     elif group == "tree":
         assert run.tree == TREES[option]
     elif group == "sampling":
@@ -73,7 +75,6 @@ def test_each_model_brings_its_tree_preset_and_the_command_line_overrides_it():
     ("bench=no_such_bench", MissingConfigException),
     ("tree=no_such_tree", MissingConfigException),
     ("model.dtype=int8", ConfigCompositionException),  # not one of the enum's values
-    ("method.margin=cosine", ConfigCompositionException),
     ("logging.mode=loud", ConfigCompositionException),
     ("model.no_such_key=1", ConfigCompositionException),  # unknown keys are refused
     ("num_prompts=some", ConfigCompositionException),
@@ -92,6 +93,9 @@ def test_theta_only_belongs_to_mars():
     (["method.theta=1.5"], r"theta=1.5 is outside \[0.0, 1.0\]"),
     (["method.theta=-0.1"], "theta=-0.1"),
     (["method.margin=logprob_gap", "method.theta=-1"], "theta=-1"),
+    (["method.margin=cosine"], "unknown mars.margin 'cosine'"),
+    (["method=ears"], "rule 'ears' has no greedy form"),
+    (["method=typical", "method.epsilon=2"], r"typical.epsilon=2.0 is outside \[0.0, 1.0\]"),
     (["tree.depth=-1"], "tree.depth must be an integer >= 1"),
     (["tree.total_tokens=0"], "tree.total_tokens"),
     (["sampling.temperature=-1"], "temperature"),
@@ -114,6 +118,11 @@ def test_bad_values_fail_when_the_composed_config_is_validated(overrides, messag
 
 def test_method_short_forms_and_shards():
     assert method_spec("mars@0.95").name == "mars@0.95" and method_spec("strict").kind == "strict"
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="bad method 'mars@high'"):
         method_spec("mars@high")
+    with pytest.raises(ValueError, match="unknown method 'fast'"):
+        method_spec("fast")
+    for spec in ("typical@0.05[delta=0.2]", "mars@0.8[margin=prob_ratio,fallback=reference]", "topm@3", "ears@0.2"):
+        assert method_spec(spec).name == spec  # a display name parses back to the same method
+    assert method_spec("typical@0.05[delta=0.2]").rule().delta == 0.2
     assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None

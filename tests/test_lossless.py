@@ -33,8 +33,8 @@ from helpers import (
 
 from mars import SpeculativeGenerator
 from mars.adaptive import AdaptiveTree, CycleCosts
-from mars.sampling import SamplingConfig, process_logits
-from mars.verify import accept_sampling
+from mars.sampling import SamplingConfig, process_logits, resolve_sampling
+from mars.verify import accept
 
 V = 6
 SETTINGS = {
@@ -62,7 +62,7 @@ def node_logits(tree, seed: int) -> torch.Tensor:
 
 def run_rule(processed, tree, cfg, n, seed) -> Counter:
     generator = torch.Generator().manual_seed(seed)
-    return Counter(emitted(accept_sampling(processed, tree, cfg, generator), tree) for _ in range(n))
+    return Counter(emitted(accept(processed, tree, cfg, generator), tree) for _ in range(n))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -112,7 +112,7 @@ def test_first_two_tokens_when_the_tree_covers_the_first_token():
 def test_the_chi_square_test_detects_a_lossy_rule():
     """MARS relaxing everywhere (theta 0) is not lossless; the same test must say so."""
     tree = make_tree(*TREES["depth 2"])
-    cfg = SamplingConfig(temperature=1.0, rule="mars", theta=0.0)
+    cfg = resolve_sampling(temperature=1.0, rule="mars", theta=0.0)
     processed = process_logits(node_logits(tree, seed=tree.size), cfg)
     counts = run_rule(processed, tree, cfg, N_PURE // 2, seed=11)
     assert chi_square_pvalue(counts, tree_outcome_distribution(processed, tree)) < 1e-6

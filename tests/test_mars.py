@@ -73,7 +73,7 @@ def test_never_firing_mars_is_strict_sampling_with_the_same_seed(generator, neve
             g_strict, g_mars = seeded(seed), seeded(seed)
             strict = generator.generate(torch.tensor([prompt]), max_new_tokens=20, generator=g_strict, **setting)
             mars = generator.generate(torch.tensor([prompt]), max_new_tokens=20, generator=g_mars, rule="mars",
-                                      mars_fallback=fallback, **never, **setting)
+                                      fallback=fallback, **never, **setting)
             assert mars.tokens == strict.tokens and mars.accept_lengths == strict.accept_lengths
             assert mars.relaxed_tokens == 0
             assert torch.equal(g_mars.get_state(), g_strict.get_state())  # the same random draws
@@ -147,8 +147,8 @@ def test_stats_match_the_recorded_verdicts(generator, recorded, setting):
                 accepts[depth] += j + 1 < len(verdict.path)
                 relaxed[depth] += verdict.steps[j].relaxed
     stats = out.stats
-    assert stats.positions == len(stats.margins) == len(margins) == len(out.tokens) - 1
-    assert stats.margins == pytest.approx(margins, rel=1e-5)
+    assert stats.positions == len(stats.gates) == len(margins) == len(out.tokens) - 1
+    assert stats.gates == pytest.approx(margins, rel=1e-5)
     assert +stats.attempts == +attempts and +stats.accepts == +accepts and +stats.relaxed == +relaxed
     assert stats.acceptance_rate_by_depth == {d: accepts[d] / attempts[d] for d in sorted(attempts)}
     assert sum(stats.accepts.values()) == sum(out.accept_lengths)

@@ -6,7 +6,6 @@ gives). Logits mix arbitrary floats, small integers (so that ties occur) and -in
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -16,8 +15,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from eagle.tree import DraftTree
-from mars.sampling import SamplingConfig, margin_test, process_logits
-from mars.verify import accept, accept_greedy, accept_sampling
+from mars.rules import make_rule
+from mars.rules.margin import margin_test
+from mars.sampling import SamplingConfig, process_logits, resolve_sampling
+from mars.verify import accept
 
 PROPERTY_SETTINGS = settings(max_examples=80, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -71,9 +72,9 @@ sampling_configs = st.builds(
     temperature=st.sampled_from([0.3, 0.7, 1.0, 1.8]),
     top_p=st.sampled_from([1.0, 0.95, 0.8, 0.3]),
     top_k=st.integers(0, 5),
-    rule=st.sampled_from(["strict", "mars"]),
-    theta=thetas,
-    mars_fallback=st.sampled_from(["strict", "reference"]),
+    rule=st.one_of(st.builds(make_rule, st.just("strict")),
+                   st.builds(make_rule, st.just("mars"), theta=thetas,
+                             fallback=st.sampled_from(["strict", "reference"]))),
 )
 
 
@@ -108,7 +109,7 @@ def test_strict_greedy_is_the_longest_argmax_prefix_over_all_root_to_leaf_paths(
             prefix.append(node)
         if len(prefix) > len(best):
             best = prefix
-    v = accept_greedy(logits, tree, SamplingConfig())
+    v = accept(logits, tree, SamplingConfig())
     assert v.path == best
     assert v.next_token == first_argmax(logits[best[-1]])
     assert v.relaxed == 0 and len(v.steps) == len(v.path)
@@ -141,7 +142,7 @@ def test_mars_greedy_is_the_deepest_valid_path_with_fewest_relaxed_tokens(case, 
         else:
             candidates.append((len(path) - 1, relaxed, node))
     depth, relaxed, node = min(candidates, key=lambda c: (-c[0], c[1], c[2]))
-    v = accept_greedy(logits, tree, SamplingConfig(rule="mars", theta=theta))
+    v = accept(logits, tree, resolve_sampling(rule="mars", theta=theta))
     assert v.path == tree.path_to(node) and v.relaxed == relaxed
     assert v.next_token == first_argmax(logits[node])
 
@@ -152,8 +153,9 @@ def test_sampling_rules_return_valid_paths_and_tokens_in_the_support(case, cfg, 
     tree, logits = case
     processed = process_logits(logits, cfg)
     tokens = tree.tokens.tolist()
-    margins = margin_test(processed, cfg)
-    v = accept_sampling(processed, tree, cfg, torch.Generator().manual_seed(seed))
+    top2 = processed.topk(2, dim=-1).indices
+    passes = margin_test(processed, cfg.rule.theta, cfg.rule.margin).passes if cfg.rule.name == "mars" else None
+    v = accept(processed, tree, cfg, torch.Generator().manual_seed(seed))
     assert_valid_path(v.path, tree)
     assert len(v.steps) == len(v.path)
     last = v.path[-1]
@@ -161,12 +163,12 @@ def test_sampling_rules_return_valid_paths_and_tokens_in_the_support(case, cfg, 
     for step, parent, child in zip(v.steps, v.path, v.path[1:], strict=False):
         assert step.accepted
         if step.relaxed:  # only MARS, only where the margin passes, only the top-1 or top-2
-            assert cfg.rule == "mars" and margins.passes[parent]
-            assert tokens[child] in (int(margins.top1[parent]), int(margins.top2[parent]))
+            assert cfg.rule.name == "mars" and passes[parent]
+            assert tokens[child] in top2[parent].tolist()
         else:
             assert processed[parent, tokens[child]].item() > -math.inf
     children = [tokens[c] for c in tree.children[last]]
-    if children and not (cfg.rule == "mars" and cfg.mars_fallback == "reference"):
+    if children and not (cfg.rule.name == "mars" and cfg.rule.fallback == "reference"):
         assert v.next_token not in children  # every child was tried and rejected: the residual excludes them
 
 
@@ -176,9 +178,9 @@ def test_mars_that_never_fires_is_strict_with_the_same_draws(case, cfg, seed, ma
     tree, logits = case
     theta = 1.0 if margin == "prob_ratio" else 0.0
     pairs = [  # (never-firing MARS, strict): sampling with cfg's processing, then greedy
-        (dataclasses.replace(cfg, rule="mars", theta=theta, margin=margin),
+        (resolve_sampling(cfg, rule="mars", theta=theta, margin=margin),
          SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)),
-        (SamplingConfig(rule="mars", theta=theta, margin=margin), SamplingConfig()),
+        (resolve_sampling(rule="mars", theta=theta, margin=margin), SamplingConfig()),
     ]
     for never, strict in pairs:
         g_never, g_strict = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)

@@ -201,7 +201,7 @@ def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, t
 
 def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):
     missing = f"model.target={tmp_path / 'missing'}"  # would fail only when loading
-    with pytest.raises(ValueError, match="unknown method 'mars@x'"):
+    with pytest.raises(ValueError, match="bad method 'mars@x'"):
         run(config(standin, tmp_path, missing, "baselines=[vanilla,mars@x]"))
     with pytest.raises(ValueError, match="theta=1.5"):
         run(config(standin, tmp_path, missing, "method.theta=1.5"))

@@ -11,6 +11,7 @@ from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
 
 from eagle import Eagle3Head
 from mars import SpeculativeGenerator
+from mars.rules import RULES
 from mars.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -48,9 +49,13 @@ def per_cycle(gen: SpeculativeGenerator, prompt: torch.Tensor, **kwargs) -> tupl
     return (s1 - s0) / (c1 - c0), dict(kinds)
 
 
-@pytest.mark.parametrize("rule", ["strict", "mars"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("oracle", [False, True], ids=["random-head", "oracle-head"])
+# Every built-in rule in each of its forms, with a random head; strict and MARS with an oracle head too.
+BUILT_IN = [name for name, cls in RULES.items() if cls.__module__.startswith("mars.rules.")]
+CASES = [(name, t, False) for name in BUILT_IN for t in (0.0, 1.0) if t or RULES[name].greedy_form] + [
+    (name, t, True) for name in ("strict", "mars") for t in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("rule,temperature,oracle", CASES)
 def test_a_cycle_synchronises_at_most_twice(rule, temperature, oracle):
     model = tiny_model("llama")
     torch.manual_seed(1)

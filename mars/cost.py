@@ -1,0 +1,109 @@
+"""The exact distribution a rule emits at a verified position, and what it costs against the target.
+
+At node i with target distribution p and children c_1..c_k tried in draft order (a rule's
+`Relaxation`): the first child accepted outright is emitted with certainty; otherwise child j is
+accepted with probability a_j = min(1, r_{j-1}(c_j) / sum(r_{j-1}) + tolerance) under the residual r
+(r_0 = p, a rejected child's entry zeroed), and after every rejection the rule's fallback
+distribution f is drawn. So the emitted token's distribution is
+
+    pi(x) = sum_j [prod_{l<j} (1 - a_l)] a_j 1[x = c_j] + [prod_l (1 - a_l)] f(x)
+
+(the derivation and the edge cases: ../shared/notes/exact-relaxation-cost.md). For strict pi = p
+exactly; where a rule does not relax (`Relaxation.active`), its cost is 0 by that identity, without
+computing pi. Costs per emitted token: TV(pi, p) and KL(pi || p) when sampling (their mean over
+sampled outputs estimates the per-token KL between the rule's and the target's output
+distributions, by the chain rule); greedy: whether the token is not the argmax, and the regret
+log p_1 - log p(x) under the temperature-1 distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mars.rules.base import ARGMAX, RESIDUAL, Relaxation, TargetView
+
+
+def fallback_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
+    """[L, V]: what is drawn at `nodes` [L] once every child was rejected (p at a node without children)."""
+    probs = view.probs[nodes]
+    kids = view.kids[nodes]
+    drafted = torch.zeros_like(probs).scatter_add_(1, view.tokens[None].expand_as(kids), kids.to(probs.dtype)) > 0
+    residual = probs.masked_fill(drafted, 0.0)
+    total = residual.sum(dim=-1, keepdim=True)
+    kind = relax.fallback[nodes] if relax.fallback is not None else torch.full_like(nodes, RESIDUAL)
+    has_kids = kids.any(dim=1, keepdim=True)
+    use_residual = has_kids & (kind[:, None] == RESIDUAL) & (total > 0)
+    dist = torch.where(use_residual, residual / total.clamp(min=torch.finfo(total.dtype).tiny), probs)
+    argmax = torch.zeros_like(probs).scatter_(1, view.top1[nodes][:, None], 1.0)
+    return torch.where(has_kids & (kind[:, None] == ARGMAX), argmax, dist)
+
+
+def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a [L, n], mass [L, n]) at `nodes` (default all): child j's acceptance probability when tried
+    (0 for non-children and untested nodes), and the residual mass before trying it."""
+    nodes = nodes if nodes is not None else torch.arange(view.tokens.shape[0], device=view.tokens.device)
+    kids, pc = view.kids[nodes], view.child_probs[nodes]
+    mass = view.probs[nodes].sum(dim=-1, keepdim=True) - (pc.cumsum(dim=1) - pc)
+    tested = kids & (mass > 0)
+    if relax.tested is not None:
+        tested &= relax.tested[nodes][:, None]
+    ratio = pc / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+    if relax.tolerance is not None:
+        ratio = ratio + relax.tolerance[nodes][:, None]
+    return torch.where(tested, ratio.clamp(max=1.0), 0.0), mass
+
+
+def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
+    """pi [L, V]: the exact distribution of the token emitted at each of `nodes` [L] (sampling)."""
+    a, _ = acceptance_probabilities(view, relax, nodes)
+    survive = (1.0 - a).cumprod(dim=1)  # [L, n] no child up to j accepted
+    reach = torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], dim=1)
+    pi = fallback_distribution(view, relax, nodes) * survive[:, -1:]
+    pi = pi.scatter_add(1, view.tokens[None].expand_as(a), reach * a)
+    n = view.tokens.shape[0]
+    columns = torch.arange(n, device=nodes.device)
+    outright = relax.outright[nodes] & view.kids[nodes]
+    first = torch.where(outright, columns[None, :], n).min(dim=1).values
+    certain = torch.zeros_like(pi).scatter_(1, view.tokens[first.clamp(max=n - 1)][:, None], 1.0)
+    return torch.where((first < n)[:, None], certain, pi)
+
+
+@dataclass
+class Cost:
+    """Per emitted token (one per verified position), on the device."""
+
+    tv: torch.Tensor  # [L] TV(pi, p) (sampling; 0 when greedy)
+    kl: torch.Tensor  # [L] KL(pi || p) (sampling; inf where pi puts mass on a token p excludes)
+    mismatch: torch.Tensor  # [L] 1.0 where a greedy token is not the argmax
+    regret: torch.Tensor  # [L] log p_1 - log p(x), temperature 1 (greedy)
+
+
+def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
+    """Exact TV and KL of each of `nodes`' emitted distribution against p; 0 where the rule is
+    inactive, and without computing anything for an exact rule (strict)."""
+    zero = torch.zeros(nodes.shape[0], device=nodes.device)
+    if lossless:
+        return Cost(zero, zero, zero, zero)
+    active = relax.active()[nodes]
+    p = view.probs[nodes]
+    pi = emitted_distribution(view, relax, nodes)
+    tv = 0.5 * (pi - p).abs().sum(dim=-1)
+    kl = torch.where(pi > 0, pi * (pi.log() - p.log()), 0.0).sum(dim=-1)
+    return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero)
+
+
+def greedy_cost(view: TargetView, nodes: torch.Tensor, emitted: torch.Tensor, lossless: bool = False) -> Cost:
+    """Whether each emitted token [L] (after `nodes` [L]) is not the argmax, and its regret (nothing
+    computed for an exact rule: it always emits the argmax)."""
+    if lossless:
+        zero = torch.zeros(nodes.shape[0], device=nodes.device)
+        return Cost(zero, zero, zero, zero)
+    logp = view.logits[nodes].log_softmax(dim=-1)
+    regret = logp.max(dim=-1).values - logp.gather(1, emitted[:, None])[:, 0]
+    mismatch = (emitted != view.top1[nodes]).float()
+    zero = torch.zeros_like(regret)
+    return Cost(zero, zero, mismatch, torch.where(mismatch > 0, regret, 0.0))
+

@@ -1,0 +1,182 @@
+"""What a verification rule is: parameters, and where and how it relaxes the strict rule.
+
+Vocabulary (one drafted tree of n nodes, vocabulary V):
+- node i's *children* are the drafted tokens after it, tried in draft order; row i of the target's
+  logits judges them.
+- p_i: the target's distribution at node i that the rule judges with: the processed distribution
+  (temperature, top-k, top-p) when sampling, the temperature-1 softmax of the logits when greedy.
+- *strict*: greedy exact match, or lossless tree speculative sampling (`mars.verify`).
+- a rule *relaxes* by accepting a child the strict rule would not (always or more often).
+
+A rule says where and how through a `Relaxation` over all nodes at once; `mars.verify` turns it into
+a verdict (the same code for every rule) and `mars.cost` into the exact distribution it emits. A
+rule that relaxes nowhere gives strict's verdict, draw for draw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ClassVar
+
+import torch
+
+# What is drawn at a node whose children were all rejected (`Relaxation.fallback`).
+RESIDUAL = 0  # the residual: p with every rejected child zeroed, renormalised (strict: lossless)
+TARGET = 1  # p itself, as if no child had been tried
+ARGMAX = 2  # the target's most likely token
+
+
+@dataclass
+class TargetView:
+    """The target's view of a tree, computed once and shared by the rule, verification and cost.
+
+    logits [n, V]: processed logits (greedy: the raw logits). tokens [n]: node tokens.
+    kids [n, n] bool: j is a child of i (columns in draft order). greedy: temperature 0.
+    """
+
+    logits: torch.Tensor
+    tokens: torch.Tensor
+    kids: torch.Tensor
+    greedy: bool
+
+    @cached_property
+    def probs(self) -> torch.Tensor:
+        """[n, V] p_i (greedy: at temperature 1)."""
+        return self.logits.softmax(dim=-1)
+
+    @cached_property
+    def top1(self) -> torch.Tensor:
+        """[n] the argmax (lowest id among ties): what plain greedy decoding emits."""
+        return self.logits.argmax(dim=-1)
+
+    @cached_property
+    def top2(self) -> torch.Tensor:
+        """[n] the second most likely token (one with the second-largest logit)."""
+        top = self.logits.topk(2, dim=-1).indices
+        return torch.where(top[:, 0] == self.top1, top[:, 1], top[:, 0])
+
+    @cached_property
+    def pmax(self) -> torch.Tensor:
+        """[n] max_x p_i(x)."""
+        return self.probs.max(dim=-1).values
+
+    @cached_property
+    def entropy(self) -> torch.Tensor:
+        """[n] H(p_i) in nats (tokens filtered out by top-k/top-p contribute 0)."""
+        return -torch.special.xlogy(self.probs, self.probs).sum(dim=-1)
+
+    @cached_property
+    def child_probs(self) -> torch.Tensor:
+        """[n, n] p_i(token of j) where j is a child of i, else 0."""
+        return self.kids * self.probs[:, self.tokens]
+
+    def children_among(self, chosen: torch.Tensor) -> torch.Tensor:
+        """[n, n] bool: j is a child of i whose token is in row i of `chosen` [n, m] (token ids)."""
+        return self.kids & (self.tokens[None, :, None] == chosen[:, None, :]).any(dim=-1)
+
+
+@dataclass
+class Relaxation:
+    """Where and how a rule departs from strict verification, for every node of a tree at once.
+
+    outright [n, n] bool: child j of node i is accepted with certainty; at each node the first such
+    child in draft order wins, before any other child is tried.
+    gate [n] float, open [n] bool: the rule's gate metric (recorded per verified position, e.g. for
+    histograms) and whether it let the rule relax there.
+    Where no child is accepted outright:
+    tolerance [n] float >= 0: children are tried in draft order with the strict test loosened by it,
+        accepting c with probability min(1, r(c) / sum(r) + tolerance) under the residual r (greedy
+        ignores it). None: 0 everywhere (strict).
+    tested [n] bool: whether children are tried at all (None: everywhere). An untested node rejects
+        every child.
+    fallback [n] long: what is drawn after every child is rejected: RESIDUAL, TARGET or ARGMAX
+        (None: RESIDUAL everywhere, strict's). Sampling only; greedy always emits the argmax.
+    counters: per-node facts the rule counts in `VerifyStats.counters` (name -> [n] bool).
+    """
+
+    outright: torch.Tensor
+    gate: torch.Tensor
+    open: torch.Tensor
+    tolerance: torch.Tensor | None = None
+    tested: torch.Tensor | None = None
+    fallback: torch.Tensor | None = None
+    counters: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def none(cls, view: TargetView) -> Relaxation:
+        """The strict rule: no relaxation anywhere."""
+        n = view.tokens.shape[0]
+        zeros = torch.zeros(n, device=view.logits.device)
+        return cls(torch.zeros_like(view.kids), zeros, zeros.bool())
+
+    def active(self) -> torch.Tensor:
+        """[n] bool: nodes where this relaxation can change what is emitted (elsewhere pi = p exactly)."""
+        active = self.outright.any(dim=1)
+        if self.tolerance is not None:
+            active |= self.tolerance > 0
+        if self.tested is not None:
+            active |= ~self.tested
+        if self.fallback is not None:
+            active |= self.fallback != RESIDUAL
+        return active
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A verification rule: a frozen dataclass of its parameters and `relax`.
+
+    Subclass, declare the parameters as fields (with defaults and checks in `__post_init__`) and
+    register it with `mars.rules.register`. `name` is what `method=<name>` and reports call it.
+    `greedy_form`: whether the rule has a greedy form (its source defines one).
+    `never_relaxes`: parameters at which it relaxes nowhere (it then reproduces strict; tested).
+    `label`: the parameter that names the rule in a table ("mars@0.9"), if one does.
+    """
+
+    name: ClassVar[str] = ""
+    greedy_form: ClassVar[bool] = True
+    never_relaxes: ClassVar[dict] = {}
+    label: ClassVar[str | None] = None
+
+    def relax(self, view: TargetView) -> Relaxation:  # pragma: no cover - every rule overrides it
+        raise NotImplementedError
+
+    def gate_scale(self) -> tuple[str, float, float, float | None]:
+        """How to histogram the gate metric: (its name, low and high ends of the plotted range, the
+        threshold to mark or None)."""
+        return (f"{self.name} gate", 0.0, 1.0, None)
+
+    @property
+    def lossless(self) -> bool:
+        """True for rules that never change the target's distribution (strict): their cost is 0."""
+        return False
+
+    def params(self) -> dict:
+        """The parameters, JSON-ready."""
+        return dataclasses.asdict(self)
+
+    @property
+    def display(self) -> str:
+        """How tables name this rule at these parameters: mars@0.9, typical@0.09, or its name; the
+        other parameters where they differ from their defaults, e.g. mars@0.9[margin=prob_ratio]."""
+        defaults = type(self)()
+        text = self.name + (f"@{getattr(self, self.label):g}" if self.label else "")
+        others = [f"{f.name}={getattr(self, f.name):g}" if isinstance(getattr(self, f.name), float)
+                  else f"{f.name}={getattr(self, f.name)}"
+                  for f in dataclasses.fields(self) if f.name != self.label
+                  and getattr(self, f.name) != getattr(defaults, f.name)]
+        return text + (f"[{','.join(others)}]" if others else "")
+
+
+def check_range(rule: Rule, name: str, lo: float, hi: float, meaning: str) -> None:
+    """Raise a ValueError naming the parameter, its range and what it means, if it is outside it."""
+    value = getattr(rule, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ValueError(f"{rule.name}.{name}={value!r} is outside [{lo}, {hi}] ({meaning})")
+
+
+def check_choice(rule: Rule, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(rule, name)
+    if value not in choices:
+        raise ValueError(f"unknown {rule.name}.{name} {value!r}; valid: {', '.join(choices)}")

@@ -1,0 +1,38 @@
+"""EARS: entropy/uncertainty-adaptive rejection sampling (arXiv 2512.13194)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mars.rules import register
+from mars.rules.base import Relaxation, Rule, TargetView, check_range
+
+
+@register
+@dataclass(frozen=True)
+class Ears(Rule):
+    """Accept a drafted child x when u < p(x) / q(x) + beta * (1 - max p): the strict test with a
+    tolerance that grows with the target's uncertainty (q = 1 for this engine's deterministic drafts,
+    and the residual r replaces p after a rejection, as in the strict tree rule).
+
+    Sampling only (its source defines no greedy form). beta = 0 is strict.
+    """
+
+    name: ClassVar[str] = "ears"
+    greedy_form: ClassVar[bool] = False
+    never_relaxes: ClassVar[dict] = {"beta": 0.0}
+    label: ClassVar[str] = "beta"
+    beta: float = 0.1
+
+    def __post_init__(self):
+        check_range(self, "beta", 0.0, 1.0, "the tolerance per unit of the target's uncertainty 1 - max p")
+
+    def gate_scale(self) -> tuple[str, float, float, float | None]:
+        return ("1 - max p", 0.0, 1.0, None)
+
+    def relax(self, view: TargetView) -> Relaxation:
+        none = Relaxation.none(view)
+        uncertainty = 1.0 - view.pmax
+        tolerance = self.beta * uncertainty
+        return Relaxation(none.outright, uncertainty, tolerance > 0, tolerance=tolerance)
