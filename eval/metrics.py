@@ -30,6 +30,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from eval.config import GENERATE, VANILLA
 from eval.quality import token_prob
 from mars.stats import VerifyStats
 
@@ -116,7 +117,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def summarize(records: dict[str, list[dict]], baseline: str = "vanilla", generate: str = "generate",
+def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate: str = GENERATE,
               plain: Sequence[str] = ()) -> dict[str, dict]:
     """Per-method figures over the questions all methods answered, with speedups over the baselines;
     `plain` names the plain-decoding methods (the candidates for the fastest plain decoding)."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.config import GENERATE, STRICT, VANILLA, method_spec
+from mars.rules.margin import Mars
 
 SUMMARY = "summary.json"
 COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # a relaxation's exact cost (mars.cost)
@@ -145,7 +146,7 @@ class Entry:
     @property
     def theta(self) -> float | None:
         """MARS's theta (the x axis of theta sweeps), None for other methods."""
-        return self.rule.get("theta") if self.rule.get("name") == "mars" else None
+        return self.rule.get("theta") if self.rule.get("name") == Mars.name else None
 
     def value(self, name: str) -> float | None:
         """A numeric figure; "quality" is the headline metric's value. None when absent or not finite."""
@@ -187,6 +188,9 @@ def combine_shards(figs: Sequence[dict]) -> dict:
         out["cycles"] = sum(cycles)
     out["tau"] = _wmean([f.get("tau") for f in figs], cycles if "cycles" in out else questions)
     out["relaxed_frac"] = _wmean([f.get("relaxed_frac") for f in figs], tokens)
+    for cost in COSTS:  # per emitted token: weighted by tokens (verified positions, up to the prefill's token)
+        if any(f.get(cost) is not None for f in figs):
+            out[cost] = _wmean([f.get(cost) for f in figs], tokens)
     rates = [f.get("acceptance_rate_by_depth") or {} for f in figs]
     depths = sorted({d for r in rates for d in r}, key=lambda d: (len(d), d))
     out["acceptance_rate_by_depth"] = {d: _wmean([r.get(d) for r in rates], questions) for d in depths}
@@ -296,6 +300,15 @@ def fastest_cell(e: Entry | None) -> str:
     return DASH if e is None else _fmt(e, "speedup_vs_fastest", "×")
 
 
+def cost_cell(e: Entry | None) -> str:
+    """The relaxation's exact cost per token: `TV / KL` when sampling, `mismatch / regret` when greedy."""
+    if e is None:
+        return DASH
+    pair = ("argmax_mismatch", "logprob_regret") if e.temperature == 0 else ("tv_per_token", "kl_per_token")
+    values = [e.value(k) for k in pair]
+    return DASH if all(v is None for v in values) else " / ".join(DASH if v is None else f"{v:.4f}" for v in values)
+
+
 def table(entries: Sequence[Entry], temperature: float,
           render: Callable[[Entry | None], str] = cell) -> tuple[list[str], list[list[str]]]:
     """Header and rows of one temperature's table: rows model × method, one column per benchmark."""
@@ -335,12 +348,14 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
     for t in sorted({e.temperature for e in entries}):
         parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
                   markdown_table(*table(entries, t))]
-        for render, title in ((generate_cell, "transformers' model.generate in the run's precision"),
-                              (fastest_cell, "the fastest plain decoding timed in the run")):
+        for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
+                              (fastest_cell, "Speedup over the fastest plain decoding timed in the run"),
+                              (cost_cell, "Exact cost of the relaxation per emitted token (mars/cost.py): "
+                                          + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
             header, rows = table(entries, t, render)
             rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
             if rows:
-                parts += ["", f"Speedup over {title}, temperature {t:g}:", "", markdown_table(header, rows)]
+                parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
               "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",

@@ -30,7 +30,10 @@ import transformers
 
 from eagle.precision import DTYPES, resolve_dtype
 from eagle.scripted import ScriptedHead
+from eval.config import GENERATE, VANILLA
 from mars import SpeculativeGenerator
+from mars.rules.margin import Mars
+from mars.rules.strict import Strict
 from mars.syncs import SyncCounter
 
 # Published config values (the models' config.json); `layers` can be lowered with --layers.
@@ -48,6 +51,8 @@ SHAPES = {
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024)),
 }
+
+RULES_TIMED = (Strict(), Mars())  # the lossless rule, and MARS at the paper's theta
 
 
 def peak_memory(device: torch.device) -> str:
@@ -74,32 +79,33 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
     with torch.device(device):
         target = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     head = ScriptedHead(config, acceptance=acceptance).to(device=device, dtype=dtype)
-    seconds = dict.fromkeys(("generate", "vanilla", "strict", "mars"), 0.0)
+    rules = {rule.display: rule for rule in RULES_TIMED}
+    seconds = dict.fromkeys((GENERATE, VANILLA, *rules), 0.0)
     produced = dict.fromkeys(seconds, 0)
-    cycles, equal, syncs, phases = {"strict": 0, "mars": 0}, 0, {}, {}
+    cycles, equal, syncs, phases = dict.fromkeys(rules, 0), 0, {}, {}
     with SpeculativeGenerator(target, head, *tree) as gen:
         for p in range(prompts):
             ids = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(p))
             ids = ids.to(device)
             plain, t = timed(lambda ids=ids: gen.vanilla(ids, max_new_tokens=tokens))
-            seconds["vanilla"] += t
-            produced["vanilla"] += len(plain.tokens)
+            seconds[VANILLA] += t
+            produced[VANILLA] += len(plain.tokens)
             head.sequence = ids[0].tolist() + plain.tokens
             out, t = timed(lambda ids=ids: target.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
                 min_new_tokens=tokens, pad_token_id=0))
-            seconds["generate"] += t
-            produced["generate"] += out.shape[1] - ids.shape[1]
-            for rule in ("strict", "mars"):
+            seconds[GENERATE] += t
+            produced[GENERATE] += out.shape[1] - ids.shape[1]
+            for name, rule in rules.items():
                 spec, t = timed(lambda ids=ids, rule=rule: gen.generate(ids, max_new_tokens=tokens, rule=rule))
-                seconds[rule] += t
-                produced[rule] += len(spec.tokens)
-                cycles[rule] += spec.num_cycles
-                equal += rule == "strict" and spec.tokens == plain.tokens
-        for rule in ("strict", "mars"):  # the last prompt again, counted (the prefill's few syncs included)
+                seconds[name] += t
+                produced[name] += len(spec.tokens)
+                cycles[name] += spec.num_cycles
+                equal += rule.lossless and spec.tokens == plain.tokens
+        for name, rule in rules.items():  # the last prompt again, counted (the prefill's few syncs included)
             with SyncCounter() as counter:
                 run = gen.generate(ids, max_new_tokens=tokens, rule=rule)
-            syncs[rule] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
+            syncs[name] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
                            "cycles": run.num_cycles}
         gen.profile = True
         profiled = gen.generate(ids, max_new_tokens=tokens)
@@ -111,8 +117,8 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "tree": list(tree), "acceptance": acceptance, "prompts": prompts, "prompt_len": prompt_len, "tokens": tokens,
         "tokens_per_s": {k: round(v, 2) for k, v in rate.items()},
-        "speedup_vs_generate": {k: round(rate[k] / rate["generate"], 3) for k in ("strict", "mars")},
-        "speedup_vs_vanilla": {k: round(rate[k] / rate["vanilla"], 3) for k in ("strict", "mars")},
+        "speedup_vs_generate": {k: round(rate[k] / rate[GENERATE], 3) for k in rules},
+        "speedup_vs_vanilla": {k: round(rate[k] / rate[VANILLA], 3) for k in rules},
         "tau": {k: round((produced[k] - prompts) / cycles[k], 3) for k in cycles},
         "strict_equals_vanilla": f"{equal}/{prompts}",
         "syncs_per_cycle": syncs, "ms_per_cycle_by_phase": phases, "peak_memory": peak_memory(device),

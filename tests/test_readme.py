@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from eval.bench import REPO_ROOT
 
@@ -24,3 +25,25 @@ def test_the_engine_example_runs_as_written(monkeypatch):
     exec(compile(engine_example(), "README.md", "exec"), scope)  # noqa: S102 - the project's own README
     out, base = scope["out"], scope["base"]  # the last MARS sample and plain decoding, 128 tokens each
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
+
+
+def test_the_example_rule_runs_and_relaxes_only_where_it_says(tmp_path):
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme[readme.index("**A rule of your own**"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    plugin = tmp_path / "confident.py"
+    plugin.write_text(code)
+    from eval.config import load_plugins
+    from mars.rules import RULES, make_rule
+
+    if "confident" not in RULES:  # imported once per session (the registry refuses a second class)
+        load_plugins(str(plugin))
+    from helpers import tiny_generator
+
+    gen = tiny_generator(2, 3, sharpen=0.5, total_tokens=10, depth=3, branching=3)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    assert make_rule("confident", mass=0.7).display == "confident@0.7"
+    relaxed = gen.generate(prompt, max_new_tokens=30, rule="confident", mass=0.0)
+    never = gen.generate(prompt, max_new_tokens=30, rule="confident", mass=1.0)
+    assert never.tokens == gen.vanilla(prompt, max_new_tokens=30).tokens and never.relaxed_tokens == 0
+    assert relaxed.stats.relax_allowed > 0
