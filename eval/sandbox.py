@@ -19,9 +19,8 @@ Containment, from the kernel up (`sandbox_layers()` reports what is active on a 
    (memory_mb), RLIMIT_CPU (cpu_seconds; SIGXCPU at the limit ends the run as a "timeout", SIGKILL
    one second later if that did not), RLIMIT_FSIZE (each file written, stdout included, at most
    FILE_SIZE_MB), RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_NPROC. Hard limits equal soft ones (CPU:
-   one second more) and the `resource` module is blocked, so the code cannot raise them. RLIMIT_NPROC
-   is not enforced for root, which we are on the project's machines: forks are contained by (1),
-   (3) and (4) instead.
+   one second more) and the `resource` module is blocked, so the code cannot raise them (and, being
+   unprivileged, see (6), could not anyway).
 3. Process group: the child starts a new session (`start_new_session=True`); on timeout, and after
    every run in any case, the whole group is killed with SIGKILL (leftover grandchildren included),
    and the call waits (up to GROUP_EXIT_WAIT) until no member of it is alive.
@@ -51,10 +50,19 @@ Containment, from the kernel up (`sandbox_layers()` reports what is active on a 
    import as they would for the harness. The environment is minimal: PATH, HOME and TMPDIR (the
    temporary directory) and a UTF-8 locale; no proxies, no PYTHONPATH, nothing else inherited.
 
-Not contained: disk use by many files (each capped at FILE_SIZE_MB; all deleted after the run), and
-reading or, through a bypass of (4), writing what the harness's user may (the code runs as that
-user: with the interpreter under /root, dropping to an unprivileged user would leave it unable to
-import the standard library).
+6. Privileges: a harness running as root starts the child as root (the namespaces need it), and the
+   child drops to nobody:nogroup (`sandbox_user()`; no supplementary groups, saved IDs too) before
+   the code runs, after loading what the code imports under the guards (`eval/sandbox_boot.py`): an
+   interpreter installed where only root may enter (/root/.pyenv) cannot load modules afterwards.
+   The code then reads only what any user may: not the caller's ~/.netrc (a W&B key), hub tokens or
+   other private files, and the kernel refuses what a bypass of (4) would write outside its working
+   directory (owned by nobody; its parent directory lets it in but not list). A harness that is not
+   root runs the code as its own (unprivileged) user.
+
+The sandboxed process's program is `eval/sandbox_boot.py`, run by path. Not contained: disk use by
+many files (each capped at FILE_SIZE_MB; all deleted after the run), reading what every user may
+read, and a module the code imports only at run time (e.g. inside a function) from where the
+unprivileged user cannot read it: that import fails.
 """
 
 from __future__ import annotations
@@ -74,13 +82,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from eval import sandbox_boot
+from eval.sandbox_boot import CPU_EXCEEDED, SETUP_FAILED
+
 TEMP_PREFIX = "mars-sandbox-"  # every sandbox directory (and so every sandboxed command line) contains it
 OUTPUT_LIMIT = 4096  # bytes of stdout+stderr kept in SandboxResult.output (head and tail)
 FILE_SIZE_MB = 16  # RLIMIT_FSIZE: the largest file the code may write
 OPEN_FILES = 256  # RLIMIT_NOFILE
 PROCESSES = 64  # RLIMIT_NPROC (not enforced for root, see the module docstring)
-SETUP_FAILED = 125  # exit code of a bootstrap that could not set the sandbox up -> status "error"
-CPU_EXCEEDED = 124  # exit code after SIGXCPU (RLIMIT_CPU) -> status "timeout"
+BOOT = Path(sandbox_boot.__file__)  # the sandboxed process's program, run by path
+SANDBOX_USER, SANDBOX_GROUP, UNPRIVILEGED_ID = "nobody", "nogroup", 65534  # what a root harness's child drops to
 GROUP_EXIT_WAIT = 1.0  # seconds to wait, after the run, for the last processes of its group to be gone
 PROBE_TIMEOUT = 30.0  # seconds for the one-off `unshare` probe (generous: the machine may be busy)
 # unshare flag sets to try, strongest first; the first that runs Python is used for every call.
@@ -96,247 +107,6 @@ class SandboxResult:
     seconds: float  # wall time of the run
     output: str  # stdout+stderr, at most OUTPUT_LIMIT bytes (head and tail when longer)
 
-
-# The bootstrap runs in the child as `python -I -S -c BOOTSTRAP PROGRAM WORKDIR LIMITS SITE_DIRS`: it
-# sets the limits, installs the guards, then compiles and runs the program file as __main__. It runs
-# once per sample, so it imports nothing slow: modules that need patching but cost time to import
-# (subprocess, socket, shutil: ~30 ms together) are patched when, and if, the code first imports them.
-BOOTSTRAP = r"""
-import os, sys
-SETUP_FAILED, CPU_EXCEEDED = {SETUP_FAILED}, {CPU_EXCEEDED}
-
-
-def _setup(workdir, limits, site_dirs):
-    import _signal, resource  # _signal, not signal: the latter imports enum (8 ms)
-    for item in limits.split(","):
-        name, soft, hard = item.split(":")
-        resource.setrlimit(getattr(resource, name), (int(soft), int(hard)))
-
-    def cpu_exceeded(signum, frame):
-        sys.stderr.write("sandbox: CPU time limit exceeded\n")
-        sys.stderr.flush()
-        os._exit(CPU_EXCEEDED)
-
-    # A handler (not the default action) so that RLIMIT_CPU also ends a PID-namespace init, which
-    # ignores default-action signals; the hard limit's SIGKILL backs it up.
-    _signal.signal(_signal.SIGXCPU, cpu_exceeded)
-    os.chdir(workdir)
-    # -S skips site (55 ms of .pth processing here); the site-packages directories are added back as is.
-    sys.path.extend(d for d in site_dirs.split(os.pathsep) if d)
-
-
-def _refuse(what):
-    def refused(*args, **kwargs):
-        raise PermissionError(f"{what} is disabled in the sandbox")
-    refused.__name__ = what.rsplit(".", 1)[-1]
-    return refused
-
-
-def _refuse_class(cls, what):
-    # A subclass that cannot be instantiated, rather than a function: other modules may subclass it.
-    # Empty __slots__: adds no __dict__/__weakref__, so a subclass may still declare them (socket.py does).
-    def __init__(self, *args, **kwargs):
-        raise PermissionError(f"{what} is disabled in the sandbox")
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "__slots__": ()})
-
-
-class _PatchedLoader:
-    def __init__(self, loader, patch):
-        self.loader, self.patch = loader, patch
-
-    def __getattr__(self, name):  # get_source, get_filename... for tracebacks and inspect
-        return getattr(self.loader, name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        self.patch(module)
-
-
-class _PatchOnImport:
-    # A meta-path finder that patches some modules right after they are imported: on first import
-    # for the slow ones, and again if the code deletes a patched module and imports it afresh.
-    def __init__(self, patches):
-        self.patches = patches
-
-    def find_spec(self, name, path=None, target=None):
-        patch = self.patches.get(name)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None and spec.loader is not None:
-                    spec.loader = _PatchedLoader(spec.loader, patch)
-                    return spec
-        return None
-
-
-def _patch_subprocess(module):
-    module.Popen = _refuse_class(module.Popen, "subprocess.Popen")
-
-
-def _patch_posixsubprocess(module):
-    module.fork_exec = _refuse("_posixsubprocess.fork_exec")
-
-
-def _patch_shutil(module):
-    for name in ("rmtree", "move", "chown"):
-        setattr(module, name, _refuse(f"shutil.{name}"))
-
-
-def _patch__socket(module):
-    # Patched before socket.py subclasses it, so socket.socket inherits the refusal.
-    base = module.socket
-
-    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-        # Wrapping an existing descriptor is allowed: socket.socketpair() (asyncio's self-pipe) does it,
-        # and its connected pair reaches nothing else. Creating a socket is not.
-        if fileno is None:
-            raise PermissionError("creating a socket is disabled in the sandbox")
-        base.__init__(self, family, type, proto, fileno)
-
-    module.socket = module.SocketType = type(
-        "socket", (base,), {"__init__": __init__, "__module__": base.__module__, "__slots__": ()})
-    # Name lookups go through libc's resolver, which would send DNS queries without a Python socket.
-    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
-        setattr(module, name, _refuse(f"socket.{name}"))
-
-
-def _patch_socket(module):
-    for name in ("fromfd", "create_connection", "create_server"):
-        setattr(module, name, _refuse(f"socket.{name}"))
-
-
-def _patch_signal(module):  # signal, or _signal
-    if hasattr(module, "pidfd_send_signal"):
-        module.pidfd_send_signal = _refuse("signal.pidfd_send_signal")
-
-
-def _file_guards(workdir):
-    # Patches for os/posix and io/_io: writes and destructive calls only inside `workdir`.
-    realpath, fsdecode, fspath = os.path.realpath, os.fsdecode, os.fspath
-
-    def check(path, what, fd_ok=False):
-        if isinstance(path, int):  # a file descriptor: fine to wrap (open), not to chmod or truncate
-            if fd_ok:
-                return
-            raise PermissionError(f"{what} on a file descriptor is disabled in the sandbox")
-        resolved = realpath(fsdecode(fspath(path)))
-        if resolved != workdir and not resolved.startswith(workdir + os.sep):
-            raise PermissionError(f"{what}: changing files outside the sandbox directory is disabled ({resolved!r})")
-
-    def inside_only(real, what, paths):
-        # Allowed on paths inside the sandbox directory only; the dir_fd forms (relative to a directory
-        # we cannot see) are refused.
-        def call(*args, **kwargs):
-            for key in ("dir_fd", "src_dir_fd", "dst_dir_fd"):
-                if kwargs.get(key) is not None:
-                    raise PermissionError(f"{what} with {key} is disabled in the sandbox")
-            for path in (*args[:paths], *(kwargs[k] for k in ("path", "src", "dst") if k in kwargs)):
-                check(path, what)
-            return real(*args, **kwargs)
-        call.__name__ = real.__name__
-        return call
-
-    def writes(mode):
-        return any(c in mode for c in "wax+")
-
-    def guarded_open(real):
-        def open(file, mode="r", *args, **kwargs):
-            if writes(mode):
-                check(file, "open", fd_ok=True)
-            return real(file, mode, *args, **kwargs)
-        return open
-
-    def guarded_fileio(base):
-        def __init__(self, file, mode="r", *args, **kwargs):
-            if writes(mode):
-                check(file, "FileIO", fd_ok=True)
-            base.__init__(self, file, mode, *args, **kwargs)
-        return type("FileIO", (base,), {"__init__": __init__, "__module__": base.__module__, "__slots__": ()})
-
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-    def guarded_os_open(real):
-        def open(path, flags, mode=0o777, *, dir_fd=None):
-            if flags & write_flags:
-                if dir_fd is not None:
-                    raise PermissionError("os.open for writing with dir_fd is disabled in the sandbox")
-                check(path, "os.open")
-            return real(path, flags, mode, dir_fd=dir_fd)
-        return open
-
-    def patch_os(module):  # os, or posix (where os's functions come from; a fresh import is patched too)
-        module.open = guarded_os_open(module.open)
-        for name, paths in (("mkdir", 1), ("remove", 1), ("unlink", 1), ("rmdir", 1), ("rename", 2),
-                            ("replace", 2), ("truncate", 1), ("chmod", 1), ("utime", 1)):
-            setattr(module, name, inside_only(getattr(module, name), f"os.{name}", paths))
-        for name in (
-            "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp",
-            "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-            "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-            "kill", "killpg", "pidfd_open",
-            "fchmod", "lchmod", "chown", "fchown", "lchown", "chflags", "lchflags",
-            "link", "symlink", "mkfifo", "mknod", "chroot", "chdir", "fchdir",
-            "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setegid", "setregid", "setresgid",
-            "setgroups", "setsid", "setpgid", "setpgrp",
-        ):
-            if hasattr(module, name):
-                setattr(module, name, _refuse(f"os.{name}"))
-
-    def patch_io(module):  # io, or _io
-        module.open = guarded_open(module.open)
-        module.FileIO = guarded_fileio(module.FileIO)
-
-    return patch_os, patch_io
-
-
-def _guard(workdir):
-    import builtins, faulthandler
-
-    patch_os, patch_io = _file_guards(workdir)
-    patches = {"os": patch_os, "posix": patch_os, "io": patch_io, "_io": patch_io, "signal": _patch_signal,
-               "_signal": _patch_signal, "subprocess": _patch_subprocess, "_posixsubprocess": _patch_posixsubprocess,
-               "shutil": _patch_shutil, "_socket": _patch__socket, "socket": _patch_socket}
-    # Modules already imported are patched now, the others when (if) the code imports them.
-    for name in ("posix", "os", "_io", "io", "_signal", "_posixsubprocess"):
-        __import__(name)
-    for name, patch in patches.items():
-        if name in sys.modules:
-            patch(sys.modules[name])
-    builtins.open = sys.modules["io"].open
-    for name in ("exit", "quit", "help"):
-        setattr(builtins, name, _refuse(name))
-    faulthandler.disable()
-    sys.meta_path.insert(0, _PatchOnImport(patches))
-    # None in sys.modules makes `import x` raise ImportError.
-    for name in ("multiprocessing", "_multiprocessing", "ctypes", "_ctypes", "resource", "psutil"):
-        sys.modules[name] = None
-
-
-def _main(program, workdir, limits, site_dirs):
-    try:
-        _setup(workdir, limits, site_dirs)
-        with open(program, encoding="utf-8") as f:
-            source = f.read()
-        _guard(workdir)
-    except BaseException as e:
-        sys.stderr.write(f"sandbox setup failed: {e!r}\n")
-        sys.stderr.flush()
-        os._exit(SETUP_FAILED)
-    main = type(sys)("__main__")
-    main.__file__ = program
-    sys.modules["__main__"] = main
-    sys.argv = [program]
-    code = compile(source, program, "exec")  # a SyntaxError is the code's failure: exit code 1
-    exec(code, main.__dict__)
-
-
-_main(*sys.argv[1:5])
-""".replace("{SETUP_FAILED}", str(SETUP_FAILED)).replace("{CPU_EXCEEDED}", str(CPU_EXCEEDED))
 
 _probe_lock = threading.Lock()
 _namespace_prefix: tuple[str, ...] | None = None
@@ -368,6 +138,25 @@ def namespace_prefix() -> tuple[str, ...]:
         return _namespace_prefix
 
 
+def sandbox_user() -> str:
+    """"uid:gid" the sandboxed process drops to when the harness runs as root (nobody:nogroup, or
+    65534:65534 where there is no such user), else "" (it already runs unprivileged)."""
+    if os.geteuid() != 0:
+        return ""
+    import grp
+    import pwd
+
+    try:
+        uid = pwd.getpwnam(SANDBOX_USER).pw_uid
+    except KeyError:
+        uid = UNPRIVILEGED_ID
+    try:
+        gid = grp.getgrnam(SANDBOX_GROUP).gr_gid
+    except KeyError:
+        gid = UNPRIVILEGED_ID
+    return f"{uid}:{gid}"
+
+
 def sandbox_layers() -> dict:
     """Which containment layers apply on this machine (see the module docstring)."""
     prefix = namespace_prefix()
@@ -377,7 +166,8 @@ def sandbox_layers() -> dict:
         "user_namespace": "--user" in prefix,
         "command_prefix": list(prefix),
         "rlimits": ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_NPROC"],
-        "rlimit_nproc_enforced": os.geteuid() != 0,  # the kernel exempts root
+        "rlimit_nproc_enforced": True,  # the code runs unprivileged (a root harness's child drops first)
+        "runs_as": sandbox_user() or f"{os.geteuid()}:{os.getegid()} (the harness's user, unprivileged)",
         "process_group_kill": True,
         "python_guards": True,
     }
@@ -487,9 +277,14 @@ def _run_in(root: Path, source: str, timeout: float, memory_mb: int, cpu_seconds
     workdir = root / "work"
     workdir.mkdir()
     program = root / "program.py"  # outside the working directory: the code cannot overwrite it
-    program.write_text(source, encoding="utf-8", errors="replace")
-    command = [*namespace_prefix(), sys.executable, "-I", "-S", "-c", BOOTSTRAP,
-               str(program), str(workdir), _limits(memory_mb, cpu_seconds), _site_dirs()]
+    program.write_text(source, encoding="utf-8", errors="replace")  # 0600: read before the privilege drop
+    user = sandbox_user()
+    if user:  # the dropped process may enter its directory (not list it) and write in its working directory
+        uid, gid = (int(x) for x in user.split(":"))
+        root.chmod(0o711)
+        os.chown(workdir, uid, gid)
+    command = [*namespace_prefix(), sys.executable, "-I", "-S", str(BOOT),
+               str(program), str(workdir), _limits(memory_mb, cpu_seconds), _site_dirs(), user]
     output = root / "output"
     start = time.monotonic()
     with output.open("wb") as out:

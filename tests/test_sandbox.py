@@ -26,7 +26,7 @@ import pytest
 
 from eval import humaneval as H
 from eval.bench import REPO_ROOT
-from eval.sandbox import OUTPUT_LIMIT, TEMP_PREFIX, SandboxResult, run_sandboxed, sandbox_layers
+from eval.sandbox import OUTPUT_LIMIT, TEMP_PREFIX, SandboxResult, run_sandboxed, sandbox_layers, sandbox_user
 
 try:
     import psutil
@@ -153,9 +153,10 @@ def test_statuses() -> None:
     assert failed.status == "failed" and failed.returncode == 1 and "ValueError: boom" in failed.output
     assert run_sandboxed("def f(:\n").status == "failed"  # a syntax error is the code's failure
     assert run_sandboxed("raise SystemExit(3)").returncode == 3
-    # Killed by a signal: the whole process group (needs the real kill, behind the guard).
-    killed = run_hostile(FRESH_POSIX + "import signal\nposix.kill(0, signal.SIGKILL)\n")
-    assert killed.status == "killed" and killed.returncode == -signal.SIGKILL
+    # Killed by a signal: a real fault (a PID-namespace init ignores signals sent to itself, and the
+    # code, dropped to an unprivileged user, may not signal the root-owned `unshare` of its group).
+    killed = run_hostile("import faulthandler\nfaulthandler._read_null()\n")
+    assert killed.status == "killed" and killed.returncode == -signal.SIGSEGV
     # The sandbox itself cannot start the code: 1 MB of address space is not enough for the bootstrap.
     error = run_sandboxed("print(1)", memory_mb=1)
     assert error.status == "error" and "sandbox setup failed" in error.output
@@ -233,13 +234,12 @@ def test_no_network(attack: str, listener: tuple[int, list]) -> None:
 
 
 def test_no_network_below_the_python_guard(listener: tuple[int, list]) -> None:
-    """A real socket, from a fresh unpatched _socket module: the network namespace has no way out."""
+    """A real socket, from the unpatched class under the guard's subclass (a fresh _socket module can no
+    longer be loaded after the privilege drop): the network namespace has no way out."""
     port, accepted = listener
-    attack = ("import sys\n"
-              "sys.meta_path.pop(0)  # the sandbox's import hook, which patches _socket when it is imported\n"
-              "sys.modules.pop('_socket', None)\n"
-              "import _socket\n"
-              f"s = _socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\nprint('connected')\n")
+    attack = ("import _socket\n"
+              "real = _socket.socket.__mro__[1]  # the guard's refusing class subclasses the real one\n"
+              f"s = real()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\nprint('connected')\n")
     result = run_hostile(attack)
     if sandbox_layers()["network_namespace"]:
         assert result.status == "failed" and "connected" not in result.output, result.output
@@ -354,8 +354,30 @@ def test_no_deleting(attack: str, tmp_path: Path) -> None:
     (victim / "data.txt").write_text("precious")
     before, mode = tree(tmp_path), (victim / "data.txt").stat().st_mode
     result = run_hostile(attack.replace("VICTIM", repr(str(victim))))
-    assert result.status == "failed" and "is disabled" in result.output, result.output
+    # Refused by the Python guard, or (under a root harness) by the kernel: the unprivileged process
+    # cannot even enter pytest's 0700 temporary directory.
+    assert result.status == "failed" and ("is disabled" in result.output or "PermissionError" in result.output)
     assert tree(tmp_path) == before and (victim / "data.txt").stat().st_mode == mode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the privilege drop applies to a harness running as root")
+def test_a_root_harness_runs_the_code_unprivileged_and_it_cannot_read_private_files(tmp_path: Path) -> None:
+    secret = tmp_path / "netrc"  # like a W&B key in ~/.netrc: 0600, owned by the harness's user
+    secret.write_text("machine api.wandb.ai password SECRET-KEY\n")
+    secret.chmod(0o600)
+    tmp_path.chmod(0o755)  # even where the directory is open to everyone, the file is not
+    result = run_hostile(f"print(open({str(secret)!r}).read())\n")
+    assert result.status == "failed" and "PermissionError" in result.output and "SECRET-KEY" not in result.output
+    who = run_hostile("import os\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())\n")
+    uid, gid = (int(x) for x in sandbox_user().split(":"))
+    assert who.status == "passed" and who.output.split() == [str(uid), str(uid), str(gid), "[]"]
+    # Getting root back: the saved IDs were dropped too (setresuid), so even a real setuid fails.
+    back = run_hostile(FRESH_POSIX + "posix.setuid(0)\n")
+    assert back.status == "failed" and "PermissionError" in back.output
+    # What the tests import still works after the drop (loaded first, as root, under the guards).
+    ok = run_hostile("import math, collections, itertools, heapq, re\nfrom fractions import Fraction\n"
+                     "print(math.gcd(12, 18), Fraction(1, 3), re.sub('a', 'b', 'aa'))\n")
+    assert ok.status == "passed" and ok.output == "6 1/3 bb\n", ok.output
 
 
 @pytest.mark.parametrize("attack", [
