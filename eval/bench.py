@@ -15,7 +15,6 @@ multi-turn question is asked after the model's own answers to the earlier turns.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR_ENV = "MARS_BENCH_DIR"
 DEFAULT_BENCH_DIR = "../shared/data/bench"  # relative to the repository root
-PUBLIC_SETS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa", "wmt19", "aime2025")
 
 
 @dataclass
@@ -54,9 +52,10 @@ def bench_dir(data_dir: str | Path | None = None) -> Path:
     if not directory.is_dir():
         raise FileNotFoundError(
             f"benchmark data directory {directory} does not exist. Point bench.data_dir (or ${BENCH_DIR_ENV}) at a "
-            f"directory of <set>.jsonl files ({', '.join(PUBLIC_SETS)}). The public originals are the question files "
-            "in the data directories of the EAGLE (github.com/SafeAILab/EAGLE) and MARS (github.com/5SSjw/MARS) "
-            "releases; the project expects them in ../shared/data/bench next to the repository."
+            "directory of <set>.jsonl files (eval/benchmarks/ lists the sets). The public originals are the "
+            "question files in the data directories of the EAGLE (github.com/SafeAILab/EAGLE) and MARS "
+            "(github.com/5SSjw/MARS) releases; the project expects them in ../shared/data/bench next to the "
+            "repository."
         )
     return directory
 
@@ -70,7 +69,7 @@ def question_file(name: str, data_dir: str | Path | None = None) -> Path:
         return path
     path = bench_dir(data_dir) / f"{name}.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}; known sets: {', '.join(PUBLIC_SETS)}")
+        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}")
     return path
 
 
@@ -110,36 +109,6 @@ def _read_records(path: Path) -> list[tuple[int, object]]:
                     "JSON object; fix or delete that line (or restore the file from its source)."
                 ) from None
     return records
-
-
-def load_questions(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Question]:
-    """Questions of a set, in file order; the first `limit` of them if given."""
-    path = question_file(name, data_dir)
-    questions = [_question(record, f"{path}:{n}") for n, record in _read_records(path)]
-    if not questions:
-        raise ValueError(f"{path} holds no questions")
-    if path.stem == "humaneval":  # the public set, by name or by path
-        _attach_humaneval_prompts(questions, path.parent)
-    return questions[:limit] if limit else questions
-
-
-HUMANEVAL_FILE = "HumanEval.jsonl.gz"  # the original tasks, next to humaneval.jsonl
-
-
-def _attach_humaneval_prompts(questions: list[Question], directory: Path) -> None:
-    """HumanEval's own prompt (signature + docstring) as `meta["completion_prompt"]`, by task number.
-
-    The set's turns ask a chat model to write the function; a base model needs the function header it
-    can continue instead. Task "HumanEval/<n>" is question_id n.
-    """
-    tasks = directory / HUMANEVAL_FILE
-    if not tasks.exists():
-        return  # chat formats do not need it; a completion model then gets the chat turn as text
-    with gzip.open(tasks, "rt", encoding="utf-8") as f:
-        prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in map(json.loads, f) if r}
-    for q in questions:
-        if q.question_id in prompts:
-            q.meta["completion_prompt"] = prompts[q.question_id]
 
 
 PROMPT_KINDS = ("chat", "fastchat", "completion")

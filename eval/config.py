@@ -111,6 +111,9 @@ class BenchConfig:
     questions: str = MISSING  # a set's name in data_dir, or a .jsonl path
     data_dir: str | None = None
     quality: list[str] = field(default_factory=list)  # extra figures of eval/quality.py: parses, loglik
+    # local: <questions>.jsonl in data_dir; hub: the benchmark's Hugging Face dataset (eval/benchmarks/,
+    # through `datasets`); auto: the local file when there, else the hub
+    source: str = "auto"
 
 
 @dataclass
@@ -296,6 +299,8 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
         if isinstance(method, GenerateConfig) and method.dtype == Dtype.auto:
             raise ValueError("a model.generate baseline's dtype must be bfloat16, float16 or float32 (generate@auto "
                              "is the run's own precision: use generate)")
+    if run.bench.source not in ("local", "hub", "auto"):
+        raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
     tree = run.tree
     for name in ("total_tokens", "depth", "branching"):
         _positive(f"tree.{name}", getattr(tree, name))

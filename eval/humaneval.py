@@ -185,17 +185,18 @@ def _run(task: dict, answer: str, timeout: float) -> tuple[bool, SandboxResult]:
 
 
 def score_humaneval(records: list[dict], data_dir: str | Path | None = None, timeout: float = 10.0,
-                    workers: int = 2) -> dict:
+                    workers: int = 2, tasks: dict[int, dict] | None = None) -> dict:
     """pass@1 of answer `records` (EAGLE / MARS layout; the answer is choices[0]["turns"][0]).
 
     Returns {"n", "pass@1", "per_question": {str(question_id): {"passed", "status"}}}; status is the
     sandbox's ("passed", "failed", "timeout", "killed", "error"), or "failed" for a program that exited 0
     without finishing its tests. `timeout`: seconds per program; `workers`: programs run at once.
+    `tasks`: HumanEval's tasks by number (default: the side file in the benchmark directory).
     """
     answers = _answers(records)
     if not answers:
         raise ValueError("no answers to score")
-    tasks = load_tasks(data_dir)
+    tasks = tasks if tasks is not None else load_tasks(data_dir)
     unknown = sorted(qid for qid in answers if qid not in tasks)
     if unknown:
         shown = ", ".join(map(str, unknown[:5])) + (", ..." if len(unknown) > 5 else "")

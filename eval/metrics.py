@@ -117,10 +117,30 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def by_category(kept: dict[str, list[dict]], categories: dict, baseline: str, plain: Sequence[str]) -> dict[str, dict]:
+    """Per method, per question category: questions, tokens/s, tau, and speedups over `baseline` and the
+    fastest of `plain` in that category (Spec-Bench's leaderboard layout)."""
+    out: dict[str, dict] = {}
+    for method, recs in kept.items():
+        groups: dict[str, list[dict]] = {}
+        for r in recs:
+            groups.setdefault(str(categories.get(r["question_id"], "")), []).append(r)
+        out[method] = {cat: {k: method_figures(rs)[k] for k in ("questions", "tokens_per_s", "tau")}
+                       for cat, rs in groups.items()}
+    for figs in out.values():
+        for cat, fig in figs.items():
+            base = out.get(baseline, {}).get(cat)
+            fig["speedup"] = _ratio(fig["tokens_per_s"], base["tokens_per_s"]) if base else None
+            rates = [out[m][cat]["tokens_per_s"] for m in plain if m in out and cat in out[m]]
+            fig["speedup_vs_fastest"] = _ratio(fig["tokens_per_s"], max(rates)) if rates else None
+    return out
+
+
 def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate: str = GENERATE,
-              plain: Sequence[str] = ()) -> dict[str, dict]:
+              plain: Sequence[str] = (), categories: dict | None = None) -> dict[str, dict]:
     """Per-method figures over the questions all methods answered, with speedups over the baselines;
-    `plain` names the plain-decoding methods (the candidates for the fastest plain decoding)."""
+    `plain` names the plain-decoding methods (the candidates for the fastest plain decoding).
+    `categories` ({question_id: category}) adds `by_category` figures to each method."""
     common = set.intersection(*(set(r["question_id"] for r in recs) for recs in records.values()))
     kept = {m: sorted((r for r in recs if r["question_id"] in common), key=lambda r: str(r["question_id"]))
             for m, recs in records.items()}
@@ -140,6 +160,9 @@ def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate:
         for fig in figures.values():
             fig["speedup_vs_fastest"] = _ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
             fig["fastest_plain"] = fastest
+    if categories:
+        for method, per in by_category(kept, categories, baseline, timed).items():
+            figures[method]["by_category"] = per
     return figures
 
 

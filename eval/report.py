@@ -335,6 +335,33 @@ def _setting(value: object) -> str:
     return DASH if value is None else str(value)
 
 
+def category_tables(entries: Sequence[Entry]) -> list[str]:
+    """Spec-Bench's leaderboard layout for runs with per-category figures: per model x bench x temperature,
+    rows methods, columns question categories, cells speedup over vanilla / over the fastest plain
+    decoding / tau."""
+    parts: list[str] = []
+    groups: dict[tuple, list[Entry]] = defaultdict(list)
+    for e in entries:
+        if e.fig.get("by_category"):
+            groups[(e.model, e.bench, e.temperature)].append(e)
+    for (model, bench, t), group in sorted(groups.items()):
+        categories = list(dict.fromkeys(c for e in group for c in e.fig["by_category"]))
+
+        def cell(fig: dict | None) -> str:
+            if not fig:
+                return DASH
+            parts_ = [f"{fig[k]:.2f}×" if isinstance(fig.get(k), (int, float)) else DASH
+                      for k in ("speedup", "speedup_vs_fastest")]
+            return " / ".join([*parts_, f"{fig['tau']:.2f}" if isinstance(fig.get("tau"), (int, float)) else DASH])
+
+        rows = [[e.method, *(cell(e.fig["by_category"].get(c)) for c in categories)]
+                for e in sorted(group, key=lambda e: method_order(e.method, e.theta))]
+        parts += ["", f"## Per category: {model}, {bench}, temperature {t:g}", "",
+                  "Each cell: speedup over vanilla× / over the fastest plain decoding× / τ.", "",
+                  markdown_table(["method", *categories], rows)]
+    return parts
+
+
 def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Sequence[str]) -> str:
     machines = sorted({str(r.get("machine", "unknown")) for r in runs})
     keys = [k for k in SETTING_KEYS if any(k in r["settings"] for r in runs)]
@@ -356,6 +383,7 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
             rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
             if rows:
                 parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
+    parts += category_tables(entries)
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
               "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",

@@ -47,7 +47,8 @@ from eagle.config import eos_token_ids
 from eagle.precision import DTYPES, Precision, cpu_name, needs_exact_attention, resolve_dtype
 from eval import quality
 from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
-from eval.bench import PUBLIC_SETS, REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format, resolve
+from eval.bench import REPO_ROOT, PromptFormat, Question, encode, prompt_format, resolve
+from eval.benchmarks import BENCHMARKS, load_questions, resolved_source
 from eval.config import (
     GENERATE,
     HUB_ID,
@@ -135,6 +136,8 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
+    if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe
+        identity["questions_from"] = BENCHMARKS[run.bench.questions].hub.describe()
     if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
         identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
     if isinstance(method, RuleMethod):
@@ -440,6 +443,12 @@ class Evaluator:
 
 # --- quality ------------------------------------------------------------------------------------
 
+def question_categories(run: RunConfig, questions: list[tuple[int, Question]]) -> dict | None:
+    """{question_id: category} for a benchmark reported per category (Spec-Bench), else None."""
+    spec = BENCHMARKS.get(run.bench.questions)
+    return {q.question_id: q.category for _, q in questions} if spec is not None and spec.by_category else None
+
+
 def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[str, dict]) -> str | None:
     """Add each method's task quality (`quality`, `quality_recovery` vs strict and vs vanilla) to `figures`.
 
@@ -447,7 +456,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
     and token probability. Returns the headline metric's name (None when nothing is scored).
     """
     bench, metric = run.bench.name, None
-    if bench in PUBLIC_SETS:
+    if bench in BENCHMARKS:
         from eval.score import score
 
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
@@ -456,7 +465,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
             plain_answers = records.get(STRICT)
         for method, recs in records.items():
             try:
-                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers)
+                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers, source=run.bench.source)
             except (ValueError, FileNotFoundError, RuntimeError) as e:  # RuntimeError: an unreachable judge
                 # The answers are on disk; a scoring failure must not lose the run's summary.
                 figures[method]["quality_error"] = str(e)
@@ -542,7 +551,8 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
     if unknown:
         raise ValueError(f"unknown quality figures {sorted(unknown)}; known: {quality.FIGURES}")
     fmt = prompt_format({"prompt": plain(run.model.prompt)})
-    questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts)))
+    questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts,
+                                              run.bench.source)))
     shard = parse_shard(run.shard)
     if shard:
         questions = questions[shard[0]::shard[1]]
@@ -603,7 +613,8 @@ def run(cfg: DictConfig | RunConfig) -> dict:
                                                   "tree_calibration": calibration},
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
-               "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN])}
+               "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
+                                    categories=question_categories(config, questions))}
     summary["quality_metric"] = score_quality(config, records, summary["methods"])
     margins = {name: merged_stats(recs).gates for name, recs in records.items()}
     for m in methods:

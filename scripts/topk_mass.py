@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.precision import resolve_dtype
-from eval.bench import load_questions
+from eval.benchmarks import load_questions
 
 
 def main() -> None:

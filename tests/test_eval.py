@@ -21,8 +21,8 @@ from eval.bench import (
     Question,
     bench_dir,
     encode,
-    load_questions,
 )
+from eval.benchmarks import load_questions
 from eval.config import method_spec, sampling_of, validate
 from eval.metrics import format_table
 from eval.prompts import build_prompts, extract_prompts

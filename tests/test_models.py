@@ -23,7 +23,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eagle import load_draft
-from eval.bench import REPO_ROOT, PromptFormat, Question, encode, load_questions, prompt_format
+from eval.bench import REPO_ROOT, PromptFormat, Question, encode, prompt_format
+from eval.benchmarks import load_questions
 from eval.run import tree_shape
 from mars import SpeculativeGenerator
 

@@ -462,7 +462,7 @@ def test_load_tasks(tasks: dict[int, dict], tmp_path: Path) -> None:
     assert sorted(tasks) == list(range(164))
     assert {"task_id", "prompt", "entry_point", "canonical_solution", "test"} <= set(tasks[0])
     # Same numbering as humaneval.jsonl: each chat question quotes its task's prompt.
-    from eval.bench import load_questions
+    from eval.benchmarks import load_questions
     for question in load_questions("humaneval"):
         assert tasks[question.question_id]["prompt"].strip() in question.turns[0]
     with pytest.raises(FileNotFoundError, match=r"no HumanEval\.jsonl\.gz in .*MARS_BENCH_DIR"):
