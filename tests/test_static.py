@@ -127,6 +127,21 @@ def test_static_oracle_draft_is_accepted_in_full_across_prompts():
         assert cache_keys(static).data_ptr() == address
 
 
+def test_static_adaptive_trees_of_any_size_and_plain_steps_equal_plain_greedy():
+    """The adaptive tree varies its size and takes plain decoding steps: every tree is padded to
+    total_tokens + 1 rows, a lone root runs as a decoding step, and the cost measurement at the
+    first call leaves the cache in place."""
+    model = tiny_model("llama")
+    torch.manual_seed(0)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, adaptive=True, **TREE)
+    cache = gen.target.cache
+    for length in (3, 20):
+        prompt = random_prompt(random.Random(length), model.config.vocab_size, length)
+        out = gen.generate(prompt, max_new_tokens=30)
+        assert out.tokens == hf_greedy(model, prompt, 30)
+        assert 0 in out.draft_depths and gen.target.cache is cache and gen.target.masks.rows == 13
+
+
 @pytest.mark.parametrize("rule", ["strict", "mars"])
 def test_static_sampling_draws_what_the_dynamic_path_draws(rule):
     """The same RNG protocol on logits equal up to rounding: the same tokens from the same seed."""
