@@ -405,7 +405,7 @@ class TargetModel:
         """Static mode's cache, made once, and its step function, compiled once (see the class docstring)."""
         self.tree_rows = tree_rows
         self.masks: StaticMasks | None = None  # made at the first prefill
-        self.compiled = compile
+        self.compile_mode = compile  # a torch.compile mode, or None (eager)
         self._step = self._static_step
         if not self.static:
             if compile is not None or max_cache_len is not None:
@@ -575,7 +575,7 @@ class TargetModel:
             rows = self.tree_rows or n
             tokens, depths = pad_to(tokens, rows), pad_to(depths, rows)
             mask = self._static_masks(rows).for_tree(self.committed, tree.ancestors.to(device))
-        if self.compiled is not None:
+        if self.compile_mode is not None:
             # The previous step's outputs are consumed: CUDA graphs may overwrite them (reduce-overhead).
             torch.compiler.cudagraph_mark_step_begin()
         logits, features = self._step(tokens[None], (self.committed + depths)[None], mask)
