@@ -527,7 +527,7 @@ class TargetModel:
         compiles: tensors in and out, the cache updated in place, no hooks."""
         return self._static_forward(tokens, positions, mask, 0)
 
-    def _static_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+    def _static_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                         logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A forward of the static cache; the features come from transformers' hidden states, asking
         for the feature layers' only (a compiled graph keeps no others)."""
@@ -563,7 +563,9 @@ class TargetModel:
 
     def _static_score(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """score_tree in static mode: a lone root as one decoding step, any other tree padded to
-        `tree_rows` queries (the pad nodes, at the root's position, see the prefix and themselves)."""
+        `tree_rows` queries (the pad nodes, at the root's position, see the prefix and themselves).
+        Under CUDA graphs the results are views of the graph's output buffers, valid until the next
+        tree forward or decoding step (the loop consumes them before)."""
         n, device = tree.size, self.devices.inputs
         if self.tree_rows is not None and n > self.tree_rows:
             raise ValueError(f"a tree of {n} nodes does not fit the static tree forward of {self.tree_rows} rows")
