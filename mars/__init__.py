@@ -1,8 +1,8 @@
 """MARS: margin-aware speculative verification on top of EAGLE tree drafting.
 
-Modules: `mars.target` (the target model adapter), `mars.sampling` (settings, logits processing,
-margins), `mars.verify` (acceptance rules), `mars.stats` (verification statistics),
-`mars.generate` (the decoding loop).
+Modules: `mars.target` (the target model adapter), `mars.static` (its static shapes, for CUDA
+graphs and torch.compile), `mars.sampling` (settings, logits processing, margins), `mars.verify`
+(acceptance rules), `mars.stats` (verification statistics), `mars.generate` (the decoding loop).
 """
 
 from mars.generate import GenerationOutput, SpeculativeGenerator
