@@ -48,13 +48,21 @@ def packable(module: nn.Module) -> bool:
             and module.weight.dtype == torch.float32)
 
 
-def choose_packing(modules: list[nn.Module], requested: bool | str = "auto") -> tuple[bool, str]:
-    """Whether to pack the float32 CPU linears of `modules` (models), and why."""
+def choose_packing(modules: list[nn.Module], requested: bool | str = "auto",
+                   compiled: bool = False) -> tuple[bool, str]:
+    """Whether to pack the float32 CPU linears of `modules` (models), and why. compiled: the models'
+    forwards run under `torch.compile`, which chooses its own kernels; packing swaps each linear's
+    `forward` at every call, which would make it compile again, so `auto` is off and True refused."""
     if requested not in (True, False, "auto"):
         raise ValueError(f"prepack must be True, False or 'auto', got {requested!r}")
     linears = [m for model in modules for m in model.modules() if packable(m)]
     if requested is False:
         return False, "off (requested)"
+    if compiled:
+        if requested is True:
+            raise ValueError("prepack=True swaps the linear layers' forward at every call, which torch.compile would "
+                             "compile again each time: pass prepack=False or 'auto' with compile")
+        return False, "off (auto): torch.compile chooses the kernels of the compiled forwards"
     if not linears:
         return False, "off: no float32 CPU linear layers"
     if not torch.backends.mkldnn.is_available():

@@ -97,7 +97,7 @@ def measure_costs(target: TargetModel, head: DraftHead, branching: int, max_node
 
     level()
     draft_level = _median_seconds(level, repeats, devices)
-    target.cache = None  # the measurement's sequence is not a real one
+    target.end_sequence()  # the measurement's sequence is not a real one
     head.reset()
     if len(sizes) == 1:  # a one-node tree only: extrapolate with a decode per node
         sizes, verify = [1, 2], [verify[0], verify[0] + decode]

@@ -115,11 +115,23 @@ class SpeculativeGenerator:
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
+    static: fixed shapes for the target (`mars.static`): a KV cache of `max_cache_len` entries
+    allocated once and reused by every call (default: 2048, or the model's context plus one tree if
+    shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
+    `total_tokens + 1` queries, plain decoding steps of one query, masks as wide as the cache. What
+    CUDA graphs need; on its own it changes results only by rounding (attention reduces over the whole
+    cache, masked). Full-attention targets only; exact attention off ("auto" resolves to off).
+    compile: a `torch.compile` mode ("default", "reduce-overhead" for CUDA graphs, "max-autotune",
+    ...) for the static tree forward and decoding step (needs static=True): one graph per shape,
+    compiled at its first use (seconds to minutes) and reused by every later prompt, and by later
+    generators of the same architecture and tree size in the process. The prefill stays eager;
+    `prepack="auto"` is off with it.
     """
 
     def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
                  branching: int | None = None, exact_attention: bool | str = "auto", adaptive: bool = False, *,
-                 prepack: bool | str = "auto", profile: bool = False, top_k: int | None = None):
+                 prepack: bool | str = "auto", profile: bool = False, static: bool = False, compile: str | None = None,
+                 max_cache_len: int | None = None, top_k: int | None = None):
         if top_k is not None:
             if branching is not None:
                 raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
@@ -130,12 +142,18 @@ class SpeculativeGenerator:
         for name, value in (("total_tokens", total_tokens), ("depth", depth), ("branching", branching)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if compile is not None and not static:
+            raise ValueError(f"compile={compile!r} compiles the static-shape forwards: pass static=True as well")
+        if max_cache_len is not None and not static:
+            raise ValueError("max_cache_len sizes the static cache: pass static=True as well")
         head.config.check_target(target_model)
-        self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device)
+        self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device,
+                                  static=static, max_cache_len=max_cache_len, tree_rows=total_tokens + 1,
+                                  compile=compile)
         self.head = head
         self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
         self.adaptive, self.profile = adaptive, profile
-        self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack)
+        self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack, compiled=compile is not None)
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
 
@@ -158,7 +176,9 @@ class SpeculativeGenerator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int, tree: int) -> torch.Tensor:
+        """The prompt [T], after checking the call's arguments and that the sequence fits (with room
+        for one `tree` of that many nodes after it)."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
             raise TypeError("input_ids must be a LongTensor of shape [1, T] (token ids)")
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -172,6 +192,13 @@ class SpeculativeGenerator:
             raise ValueError(
                 f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
                 f"context of {limit} tokens: shorten the prompt or lower max_new_tokens"
+            )
+        needed = input_ids.shape[1] + max_new_tokens + tree
+        if self.target.static and needed > self.target.max_cache_len:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + one tree ({tree} nodes) "
+                f"need {needed} cache entries, more than max_cache_len={self.target.max_cache_len}: pass "
+                f"SpeculativeGenerator(..., max_cache_len={needed}) or more, or a shorter prompt / fewer new tokens"
             )
         return input_ids[0]
 
@@ -217,14 +244,16 @@ class SpeculativeGenerator:
         generator: the RNG of sampling, on the device of the target's logits.
         """
         cfg = resolve_sampling(sampling, **overrides)
-        prompt = self._check_prompt(input_ids, max_new_tokens)
+        prompt = self._check_prompt(input_ids, max_new_tokens, self.total_tokens + 1)
         self._check_generator(generator)
         start = time.perf_counter()
         eos = eos_token_ids(eos_token_id=eos_token_id)
         out = GenerationOutput()
         if max_new_tokens == 0:
             return out
-        target, head, policy = self.target, self.head, self._policy()
+        target, head = self.target, self.head
+        target.tree_rows = self.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
+        policy = self._policy()
         clock = PhaseClock(out.phase_seconds, target.all_devices | {head.device}, self.profile)
         logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
@@ -290,7 +319,7 @@ class SpeculativeGenerator:
         Takes the arguments of `generate`; the verification settings (rule, theta, ...) do not apply.
         """
         cfg = resolve_sampling(sampling, **overrides)
-        prompt = self._check_prompt(input_ids, max_new_tokens)
+        prompt = self._check_prompt(input_ids, max_new_tokens, 1)
         self._check_generator(generator)
         start = time.perf_counter()
         eos = eos_token_ids(eos_token_id=eos_token_id)

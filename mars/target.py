@@ -1,7 +1,8 @@
 """One adapter for any Hugging Face causal LM as the target of speculative decoding.
 
 It uses only transformers' public machinery: a `DynamicCache` subclass whose layers write into
-preallocated buffers (growing by concatenation cost a third of small-model decode time), custom
+preallocated buffers (growing by concatenation cost a third of small-model decode time), or in
+static mode a `StaticCache` subclass with fixed query shapes (`mars.static`), custom
 4D attention masks (returned as-is by transformers' mask builders), explicit `position_ids`,
 forward hooks (or `output_hidden_states`) for the draft's features, and (for exact attention) an attention function
 registered with `AttentionInterface` that receives its plan as a forward keyword argument, the
@@ -23,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
 from eagle.tree import DraftTree
+from mars.static import DEFAULT_MAX_CACHE_LEN, StaticMasks, StaticTreeCache, pad_to
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 EXACT_ATTENTION = "mars_exact"
@@ -330,10 +332,21 @@ class TargetModel:
     implementation is switched to "mars_exact" until `close()` restores the previous one; "auto"
     turns it on where plain verification would not reproduce plain decoding (a bf16/fp16
     full-attention model; `eagle.precision.needs_exact_attention`).
+
+    static: fixed shapes (`mars.static`), so that the tree forward and the decoding step can be
+    captured (CUDA graphs) or compiled once: a `StaticTreeCache` of `max_cache_len` entries made
+    here, once, and reused by every sequence; every tree padded to `tree_rows` queries (None: the
+    tree's own size); masks of width `max_cache_len` in buffers. Full-attention models only, without
+    exact attention ("auto" resolves to off). The prefill stays eager and of the prompt's length.
+    compile: a `torch.compile` mode ("default", "reduce-overhead", "max-autotune", ...) for the
+    static tree forward and decoding step (needs `static`). Each shape compiles at its first call;
+    dynamo keeps the code for the process, guarded on shapes, not on the cache's or weights'
+    addresses, so later adapters of the same architecture and tree size reuse it.
     """
 
     def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool | str = False,
-                 feature_device: torch.device | str | None = None):
+                 feature_device: torch.device | str | None = None, *, static: bool = False,
+                 max_cache_len: int | None = None, tree_rows: int | None = None, compile: str | None = None):
         self.model = model
         self.config = text_config(model.config)
         n_layers = self.config.num_hidden_layers
@@ -358,15 +371,17 @@ class TargetModel:
         self.all_devices = {p.device for p in model.parameters()}  # a sharded model: every device it uses
         self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
         self.dtype = model.get_input_embeddings().weight.dtype
-        self.cache: TreeCache | None = None
+        self.cache: TreeCache | StaticTreeCache | None = None
         self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
         self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
         self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
         self.max_length = context_length(model.config)
         if exact_attention == "auto":
-            exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None
+            exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None and not static
         elif not isinstance(exact_attention, bool):
             raise ValueError(f"exact_attention must be True, False or 'auto', got {exact_attention!r}")
+        self.static = static
+        self._setup_static(max_cache_len, tree_rows, compile, exact_attention)
         self.exact_attention: bool = exact_attention
         self._restore_attention: str | None = None
         self.maskless: str | None = None  # the model's own implementation, when it takes no tree mask
@@ -385,11 +400,43 @@ class TargetModel:
             self._restore_attention = self.maskless = implementation
             model.set_attn_implementation(tree_route(implementation))
 
+    def _setup_static(self, max_cache_len: int | None, tree_rows: int | None, compile: str | None,
+                      exact_attention: bool) -> None:
+        """Static mode's cache, made once, and its step function, compiled once (see the class docstring)."""
+        self.tree_rows = tree_rows
+        self.masks: StaticMasks | None = None  # made at the first prefill
+        self.compile_mode = compile  # a torch.compile mode, or None (eager)
+        self._step = self._static_step
+        if not self.static:
+            if compile is not None or max_cache_len is not None:
+                raise ValueError("compile and max_cache_len apply to static shapes: pass static=True as well")
+            return
+        if self.sliding_window is not None:
+            raise NotImplementedError("static shapes support full-attention models only (no sliding window): "
+                                      "pass static=False for this model")
+        if exact_attention:
+            raise ValueError("exact attention gathers each tree row's own keys, in shapes that change from tree to "
+                             "tree, so it cannot run with static shapes: pass exact_attention=False (or 'auto')")
+        if max_cache_len is None:
+            max_cache_len = min(DEFAULT_MAX_CACHE_LEN, self.max_length + (tree_rows or 1))
+        if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) or max_cache_len < 1:
+            raise ValueError(f"max_cache_len must be an integer >= 1, got {max_cache_len!r}")
+        self.max_cache_len = max_cache_len
+        self.cache = StaticTreeCache(self.model.config, max_cache_len)
+        if compile is not None:
+            if not isinstance(compile, str):
+                raise ValueError(f"compile must be a torch.compile mode name such as 'default' or "
+                                 f"'reduce-overhead', got {compile!r}")
+            # dynamic=False: one graph per query shape (the tree's, the decoding step's), never per length.
+            self._step = torch.compile(self._static_step, mode=compile, dynamic=False)
+
     @contextmanager
     def tapped(self):
         """Inside: the draft's features are captured by hooks instead of `output_hidden_states` (where
-        the model's layers can be found); outside, the model carries no hooks of ours."""
-        if self.taps is not None or not FeatureTaps.fits(self.model):
+        the model's layers can be found); outside, the model carries no hooks of ours. Static mode
+        installs none: hooks would change what a compiled forward is guarded on at every call, so it
+        asks transformers for the feature layers' hidden states only (`output_hidden_states=[...]`)."""
+        if self.static or self.taps is not None or not FeatureTaps.fits(self.model):
             yield self
             return
         self.taps = FeatureTaps(self.model, self.feature_layers)
@@ -471,13 +518,93 @@ class TargetModel:
             self.taps.captured.clear()
         return out.logits[0].float(), features
 
+    # --- static shapes (`mars.static`) ---------------------------------------------------------
+
+    def _static_step(self, tokens: torch.Tensor, positions: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, positions [1, q] and mask [1, 1, q, max_cache_len] -> (logits [q, V] float32,
+        features [q, F]), the q entries written into the cache at its length. What `compile`
+        compiles: tensors in and out, the cache updated in place, no hooks."""
+        return self._static_forward(tokens, positions, mask, 0)
+
+    def _static_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                        logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A forward of the static cache; the features come from transformers' hidden states, asking
+        for the feature layers' only (a compiled graph keeps no others)."""
+        extra = {ROUTE_KWARG: self.maskless} if self.maskless else {}
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True, output_hidden_states=self.feature_layers, logits_to_keep=logits_to_keep,
+                         **extra)
+        features = torch.cat([out.hidden_states[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
+        return out.logits[0].float(), features
+
+    def _static_masks(self, rows: int | None = None) -> StaticMasks:
+        """The mask buffers, made again only when a tree needs another row count (a new shape)."""
+        if self.masks is None or (rows is not None and self.masks.rows != rows):
+            self.masks = StaticMasks(rows or self.tree_rows or 1, self.max_cache_len, self.dtype, self.devices.inputs)
+        return self.masks
+
+    def _static_prefill(self, tokens: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """prefill in static mode: the same cache, emptied; eager, of the prompt's length.
+
+        The causal mask [1, 1, T, max_cache_len] (additive, as every attention implementation takes
+        it) is ours: transformers would build the same from the cache's length, but reads that device
+        tensor on the host to do so."""
+        if capacity > self.max_cache_len:
+            raise ValueError(f"this sequence needs {capacity} cache entries but the static cache holds "
+                             f"max_cache_len={self.max_cache_len}: pass a larger max_cache_len")
+        self.cache.truncate(0)
+        self._static_masks(self.tree_rows).reset()
+        positions = torch.arange(tokens.shape[0], device=tokens.device)
+        future = torch.arange(self.max_cache_len, device=tokens.device)[None, :] > positions[:, None]
+        mask = torch.zeros(future.shape, dtype=self.dtype, device=tokens.device).masked_fill_(
+            future, torch.finfo(self.dtype).min)
+        return self._static_forward(tokens[None], positions[None], mask[None, None], 1)
+
+    def _static_score(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """score_tree in static mode: a lone root as one decoding step, any other tree padded to
+        `tree_rows` queries (the pad nodes, at the root's position, see the prefix and themselves).
+        Under CUDA graphs the results are views of the graph's output buffers, valid until the next
+        tree forward or decoding step (the loop consumes them before)."""
+        n, device = tree.size, self.devices.inputs
+        if self.tree_rows is not None and n > self.tree_rows:
+            raise ValueError(f"a tree of {n} nodes does not fit the static tree forward of {self.tree_rows} rows")
+        self.cache.truncate(self.committed)
+        tokens, depths = tree.tokens.to(device), tree.depths.to(device)
+        if n == 1:
+            mask = self._static_masks().for_step(self.committed)
+        else:
+            rows = self.tree_rows or n
+            tokens, depths = pad_to(tokens, rows), pad_to(depths, rows)
+            mask = self._static_masks(rows).for_tree(self.committed, tree.ancestors.to(device))
+        if self.compile_mode is not None:
+            # The previous step's outputs are consumed: CUDA graphs may overwrite them (reduce-overhead).
+            torch.compiler.cudagraph_mark_step_begin()
+        logits, features = self._step(tokens[None], (self.committed + depths)[None], mask)
+        return logits[:n], features[:n]
+
+    def end_sequence(self) -> None:
+        """Forget the sequence: a dynamic cache is freed, the static one kept (empty) for the next."""
+        self.committed = 0
+        if self.static:
+            self.cache.truncate(0)
+        else:
+            self.cache = None
+
+    # --- the adapter's operations ------------------------------------------------------------------
+
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Start a new sequence. Returns (logits at the last prompt token [V], features [T, F])."""
-        self.cache = TreeCache(self.model.config, capacity)
+        """Start a new sequence. Returns (logits at the last prompt token [V], features [T, F]).
+        capacity: the cache entries the sequence may need (static mode: checked against max_cache_len)."""
         tokens = input_ids.reshape(-1).to(self.devices.inputs)
         n, device = tokens.shape[0], self.devices.inputs
         self.committed = 0
+        if self.static:
+            logits, features = self._static_prefill(tokens, capacity)
+            self.committed = n
+            return logits[-1], features
+        self.cache = TreeCache(self.model.config, capacity)
         self._mask_buffer = None  # sized for this sequence at the first tree
         # No explicit mask: the model's own causal masking (flash/SDPA's causal kernels where it has them).
         logits, features = self._forward(tokens, torch.arange(n, device=device), None, False)
@@ -492,6 +619,8 @@ class TargetModel:
         The nodes stay in the cache until `keep_path` selects which survive; scoring another tree
         first discards them. Returns (logits [n, V] float32 on `devices.logits`, features [n, F]).
         """
+        if self.static:
+            return self._static_score(tree)
         self.cache.truncate(self.committed)
         plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
         if plan is not None:

@@ -67,3 +67,18 @@ def test_a_cycle_synchronises_at_most_twice(rule, temperature, oracle):
     print(f"{rule} T={temperature} {'oracle' if oracle else 'random'} head: {syncs:.2f} syncs per cycle {kinds}")
     assert syncs <= BUDGET, kinds
     assert set(kinds) <= {"tolist", "upload", "item"}, kinds  # `item`: the prefill's first token only
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_shapes_keep_the_budget(temperature):
+    """Static mode (eager; compiling would only change the kernels): padding, the fixed-width masks
+    and the cache's device-resident length add no synchronisation."""
+    model = tiny_model("llama")
+    torch.manual_seed(1)
+    prompt = random_prompt(random.Random(0), model.config.vocab_size, 12)
+    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=20, depth=4, branching=5,
+                              static=True) as gen:
+        syncs, kinds = per_cycle(gen, prompt, rule="mars", temperature=temperature)
+    print(f"static T={temperature}: {syncs:.2f} syncs per cycle {kinds}")
+    assert syncs <= BUDGET, kinds
+    assert set(kinds) <= {"tolist", "upload", "item"}, kinds
