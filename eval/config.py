@@ -103,6 +103,13 @@ class ModelConfig:
     # count: it moves roundings, not what a method computes, so it does not name the run directory.
     # null = auto: on for float32 on CPU.
     prepack: bool | None = None
+    # Static shapes for the target's tree forward and decoding step (mars/static.py): a cache of
+    # max_cache_len entries made once, trees padded to total_tokens + 1; what CUDA graphs need.
+    # compile: a torch.compile mode for those forwards (default | reduce-overhead | max-autotune; needs
+    # static). Off by default; when on they name the run directory (they change roundings and timings).
+    static: bool = False
+    compile: str | None = None
+    max_cache_len: int | None = None  # null: 2048 (or the context plus one tree, if shorter)
 
 
 @dataclass
@@ -299,6 +306,10 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
         if isinstance(method, GenerateConfig) and method.dtype == Dtype.auto:
             raise ValueError("a model.generate baseline's dtype must be bfloat16, float16 or float32 (generate@auto "
                              "is the run's own precision: use generate)")
+    if (run.model.compile is not None or run.model.max_cache_len is not None) and not run.model.static:
+        raise ValueError("model.compile and model.max_cache_len apply to static shapes: set model.static=true too")
+    if run.model.max_cache_len is not None:
+        _positive("model.max_cache_len", run.model.max_cache_len)
     if run.bench.source not in ("local", "hub", "auto"):
         raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
     tree = run.tree

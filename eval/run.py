@@ -85,6 +85,8 @@ def exact_attention_choice(run: RunConfig, precision: Precision) -> tuple[bool, 
     """Whether verification uses exact attention, and why (model.exact_attention null = auto)."""
     if run.model.exact_attention is not None:
         return run.model.exact_attention, "set explicitly"
+    if run.model.static:
+        return False, "auto: static shapes (exact attention gathers shapes that change from tree to tree)"
     if needs_exact_attention(precision.dtype):
         return True, f"auto: {precision.name} tree verification differs from plain decoding without it"
     return False, f"auto: {precision.name} tree verification already reproduces plain decoding"
@@ -94,6 +96,8 @@ def prepack_choice(run: RunConfig, precision: Precision) -> tuple[bool, str]:
     """Whether our loop multiplies float32 CPU linears by prepacked weights, and why (model.prepack null = auto)."""
     if run.model.prepack is not None:
         return run.model.prepack, "set explicitly"
+    if run.model.compile is not None:
+        return False, "auto: torch.compile chooses the kernels of the compiled forwards"
     on_cpu = not run.model.device_map and run.model.device == "cpu"
     if on_cpu and precision.dtype == torch.float32 and torch.backends.mkldnn.is_available():
         return True, "auto: float32 on CPU, where oneDNN's prepacked products beat MKL's over a few rows"
@@ -136,6 +140,8 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
+    if method.kind != GENERATE and m.static:  # named only when on: earlier run directories keep their names
+        identity.update(static=True, compile=m.compile, max_cache_len=m.max_cache_len)
     if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe
         identity["questions_from"] = BENCHMARKS[run.bench.questions].hub.describe()
     if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
@@ -318,9 +324,11 @@ def calibrated_tree(run: RunConfig, fmt: PromptFormat) -> tuple[TreeConfig, dict
 
 def make_generator(run: RunConfig, target, head, precision: Precision, profile: bool = False) -> SpeculativeGenerator:
     """Our decoding loop as the run configures it: its tree, exact attention and kernels."""
+    m = run.model
     return SpeculativeGenerator(target, head, **tree_shape(run.tree),
                                 exact_attention=exact_attention_choice(run, precision)[0],
-                                prepack=prepack_choice(run, precision)[0], profile=profile)
+                                prepack=prepack_choice(run, precision)[0], profile=profile,
+                                static=m.static, compile=m.compile, max_cache_len=m.max_cache_len)
 
 
 def load_head(run: RunConfig, target):
@@ -514,6 +522,7 @@ def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> di
         "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
         "exact_attention": exact, "exact_attention_reason": exact_reason,
         "prepack": prepack, "prepack_reason": prepack_reason,
+        "static": m.static, "compile": m.compile, "max_cache_len": m.max_cache_len,
         "prompt": plain(m.prompt), "method": plain(run.method),
         "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
         "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -94,6 +94,8 @@ def test_theta_only_belongs_to_mars():
     (["method.theta=-0.1"], "theta=-0.1"),
     (["method.margin=logprob_gap", "method.theta=-1"], "theta=-1"),
     (["method.margin=cosine"], "unknown mars.margin 'cosine'"),
+    (["model.compile=default"], "apply to static shapes: set model.static=true"),
+    (["model.static=true", "model.max_cache_len=0"], "model.max_cache_len must be an integer >= 1"),
     (["method=ears"], "rule 'ears' has no greedy form"),
     (["method=typical", "method.epsilon=2"], r"typical.epsilon=2.0 is outside \[0.0, 1.0\]"),
     (["tree.depth=-1"], "tree.depth must be an integer >= 1"),

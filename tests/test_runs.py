@@ -316,3 +316,17 @@ def test_the_submitit_launcher_runs_jobs_with_its_local_executor(standin, tmp_pa
     jobs = [json.loads(p.read_text())["job"] for p in sorted(out.glob("mars@*/summary.json"))]
     assert len(jobs) == 2 and os.getpid() not in {j["pid"] for j in jobs}
     assert len(list((tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))) == 2
+
+
+def test_static_shapes_run_through_eval_run_in_their_own_directories(standin, tmp_path):
+    """model.static reaches the generator; it names the run directory only when on (so the default's
+    directories keep their names), and strict greedy still equals vanilla."""
+    out = tmp_path / "out"
+    plain_dirs = directories(config(standin, out, "baselines=[vanilla]", "method=strict"))
+    cfg = config(standin, out, "baselines=[vanilla]", "method=strict", "model.static=true", "model.max_cache_len=256")
+    summary = run(cfg)
+    static_dirs = directories(cfg)
+    assert summary["settings"]["static"] is True and summary["settings"]["max_cache_len"] == 256
+    assert summary["methods"]["strict"]["identical_to_vanilla"] == 1.0
+    assert static_dirs["strict"] != plain_dirs["strict"] and static_dirs["vanilla"] != plain_dirs["vanilla"]
+    assert json.loads((static_dirs["strict"] / "identity.json").read_text())["static"] is True
