@@ -302,3 +302,35 @@ def test_self_distillation_continues_a_head_on_greedy_and_sampled_continuations(
     assert not torch.equal(seqs.input_ids[4:], greedy.input_ids)
     with pytest.raises(ValueError, match="eagle3 head but --kind is eagle1"):
         train([*args[:2], "--out", str(tmp_path / "other"), *args[4:], "--kind", "eagle1"])
+
+
+def test_training_data_from_a_hub_dataset_of_conversations(tmp_path):
+    """--data-hub reads ShareGPT ('conversations') and UltraChat ('messages') layouts through `datasets`
+    (here a dataset directory built in the test): the same tokens as the same records from a JSONL file."""
+    from transformers import AutoTokenizer
+
+    from eagle.train.data import corpus_tokens, hub_records, read_jsonl
+    from eagle.train.draft import parse_args, training_records
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "data" / "models" / "target")
+    layouts = {
+        "sharegpt": {"conversations": [{"from": "human", "value": "def add(a, b):"},
+                                       {"from": "gpt", "value": "    return a + b"}]},
+        "ultrachat": {"messages": [{"role": "user", "content": "def sub(a, b):"},
+                                   {"role": "assistant", "content": "    return a - b"}]},
+    }
+    for name, record in layouts.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "train.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(record) + "\n")
+        from_hub = corpus_tokens(tokenizer, hub_records(str(directory), "train"), "train", tmp_path)
+        from_jsonl = corpus_tokens(tokenizer, read_jsonl(directory / "train.jsonl"), "train", tmp_path)
+        assert from_hub.numel() > 0 and torch.equal(from_hub, from_jsonl)
+    args = parse_args(["--target", "t", "--out", "o", "--data-hub", str(tmp_path / "sharegpt"), "--data-split",
+                       "train"])
+    assert len(list(training_records(args))) == 2
+    both = parse_args(["--target", "t", "--out", "o", "--data-hub", "x", "--data-jsonl", "y"])
+    with pytest.raises(ValueError, match="--data-jsonl or --data-hub"):
+        training_records(both)
+    with pytest.raises(FileNotFoundError, match="could not load the dataset"):
+        list(hub_records(str(tmp_path / "missing"), "train"))

@@ -162,11 +162,32 @@ def tokenize_split(tokenizer, split: str, cache: Path, root: Path | None = None)
     return tokens
 
 
-def corpus_tokens(tokenizer, jsonl: str | None, split: str, cache_dir: Path) -> torch.Tensor:
-    """The token stream of the stdlib corpus split (cached) or of a JSONL file's texts."""
-    if jsonl is None:
+def corpus_tokens(tokenizer, records: Iterable[dict] | None, split: str, cache_dir: Path) -> torch.Tensor:
+    """The token stream of the stdlib corpus split (cached), or of `records`' texts (`record_text`)."""
+    if records is None:
         return tokenize_split(tokenizer, split, cache_dir / f"stdlib_{split}.pt")
-    return tokenize_texts(tokenizer, (record_text(r, tokenizer) for r in read_jsonl(jsonl)))
+    return tokenize_texts(tokenizer, (record_text(r, tokenizer) for r in records))
+
+
+def hub_records(spec: str, split: str = "train") -> Iterator[dict]:
+    """The rows of a Hugging Face dataset of conversations or texts, read with `datasets` (which caches
+    it): ShareGPT's `conversations` [{from, value}], UltraChat's / OpenAI's `messages` [{role, content}]
+    or `text`, as `record_text` reads them. spec: "ID[:CONFIG][@REVISION]" (ID may be a local dataset
+    directory). UltraChat-200k's split is "train_sft"."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(f"--data-hub needs the `datasets` package ({e}): pip install datasets") from None
+    spec, _, revision = spec.partition("@")
+    name, _, config = spec.partition(":")
+    try:
+        rows = datasets.load_dataset(name, config or None, split=split, revision=revision or None)
+    except Exception as e:  # offline, a missing dataset or split: one line naming what to do
+        raise FileNotFoundError(f"could not load the dataset {name!r} (config {config or None}, split {split!r}) "
+                                f"from the Hugging Face hub ({type(e).__name__}: {' '.join(str(e).split())[:300]}): "
+                                "check the id and --data-split, connect to the hub, or pass --data-jsonl") from None
+    for row in rows:
+        yield dict(row)
 
 
 def corpus_prompts(tokens: torch.Tensor, count: int, prompt_len: int, seed: int) -> list[list[int]]:

@@ -32,6 +32,7 @@ import os
 import random
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ from eagle.train.data import (
     corpus_prompts,
     corpus_tokens,
     generate_sequences,
+    hub_records,
     most_frequent_ids,
     read_jsonl,
     record_prompt,
@@ -58,8 +60,8 @@ from eagle.train.data import (
 )
 from eagle.train.ttt import ttt_loss
 
-DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "seq_len", "max_tokens", "generate", "prompt_len",
-                  "gen_temperature", "top_k", "seed")
+DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "data_hub", "data_split", "seq_len", "max_tokens", "generate",
+                  "prompt_len", "gen_temperature", "top_k", "seed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help='JSON overrides of the head config, e.g. \'{"intermediate_size": 1024}\'')
     data = ap.add_argument_group("data")
     data.add_argument("--data-jsonl", help="JSONL of {'text'} or chat records (default: the stdlib train split)")
+    data.add_argument("--data-hub", help="a Hugging Face dataset of such records instead, ID[:CONFIG][@REVISION] "
+                      "(ShareGPT 'conversations', UltraChat 'messages', or 'text'), read with `datasets`")
+    data.add_argument("--data-split", default="train", help="its split (UltraChat-200k: train_sft)")
     data.add_argument("--data-dir", help="where sequences and features are kept (default: <out>/data)")
     data.add_argument("--seq-len", type=int, default=2048)
     data.add_argument("--max-tokens", type=int, help="use at most this many training tokens (default: all)")
@@ -187,10 +192,20 @@ def check_data_dir(data_dir: Path, spec: dict) -> None:
         meta.write_text(json.dumps(spec, indent=2))
 
 
+def training_records(args: argparse.Namespace) -> Iterator[dict] | None:
+    """The records of --data-jsonl or --data-hub; None: the stdlib corpus."""
+    if args.data_jsonl and args.data_hub:
+        raise ValueError("give the training data once: --data-jsonl or --data-hub")
+    if args.data_hub:
+        return hub_records(args.data_hub, args.data_split)
+    return read_jsonl(args.data_jsonl) if args.data_jsonl else None
+
+
 def generation_prompts(args: argparse.Namespace, tokenizer, cache_dir: Path) -> list[list[int]]:
     count = args.max_tokens // args.seq_len if args.max_tokens else None
-    if args.data_jsonl:
-        prompts = [record_prompt(r, tokenizer) for r in read_jsonl(args.data_jsonl)]
+    records = training_records(args)
+    if records is not None:
+        prompts = [record_prompt(r, tokenizer) for r in records]
         return prompts[:count] if count else prompts
     if not count:
         raise ValueError("--generate from the stdlib corpus needs --max-tokens (how much to generate)")
@@ -215,7 +230,7 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
                 parts = [Sequences.load(data_dir / f"sequences.rank{r}.pt") for r in range(world)]
                 Sequences.concat(parts).save(path)
         elif accelerator.is_main_process:
-            tokens = corpus_tokens(tokenizer, args.data_jsonl, "train", data_dir)
+            tokens = corpus_tokens(tokenizer, training_records(args), "train", data_dir)
             count = args.max_tokens // args.seq_len if args.max_tokens else None
             chunk_tokens(tokens, args.seq_len, count, args.seed).save(path)
         accelerator.wait_for_everyone()
@@ -415,7 +430,7 @@ def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, 
                "lr": args.lr, "target": args.target, "init": args.init, "generate": args.generate,
                "gen_temperature": args.gen_temperature if args.generate else None}
     (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    if args.eval_sequences and (args.eval_jsonl or not args.data_jsonl):
+    if args.eval_sequences and (args.eval_jsonl or not (args.data_jsonl or args.data_hub)):
         report = run_evaluation(target, load_draft(final, target), tokenizer, args.eval_jsonl, args.seq_len,
                                 args.eval_sequences, max(args.ttt_steps, 1), data_dir)
         (final / "eval.json").write_text(json.dumps(report, indent=2))

@@ -24,7 +24,7 @@ import torch
 
 from eagle.heads import DraftHead
 from eagle.precision import resolve_dtype
-from eagle.train.data import Sequences, chunk_tokens, collect_features, corpus_tokens
+from eagle.train.data import Sequences, chunk_tokens, collect_features, corpus_tokens, read_jsonl
 from eagle.train.ttt import StepStats, ttt_loss
 
 
@@ -55,7 +55,7 @@ def evaluate_head(head: DraftHead, target_model, seqs: Sequences, steps: int = 3
 
 def heldout_data(tokenizer, jsonl: str | None, seq_len: int, count: int, cache_dir: Path, seed: int = 0):
     """(held-out sequences, their token stream): the stdlib held-out split, or a JSONL file of texts."""
-    tokens = corpus_tokens(tokenizer, jsonl, "heldout", cache_dir)
+    tokens = corpus_tokens(tokenizer, read_jsonl(jsonl) if jsonl else None, "heldout", cache_dir)
     return chunk_tokens(tokens, seq_len, count, seed), tokens
 
 
