@@ -26,6 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
+from eval.jsonl import read_jsonl
+
 
 def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int], new_tokens: list[int],
                   wall_time: list[float], extra: dict) -> dict:
@@ -57,21 +59,11 @@ def _parse(path: Path) -> tuple[list[dict], bool]:
     """(records, whether a torn last line was skipped)."""
     if not path.exists():
         return [], False
-    lines = path.read_text().split("\n")
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):  # no newline after it: torn by a kill
-                return records, True
-            raise ValueError(f"{path}:{n}: malformed JSON ({e.msg}); fix or remove that line") from None
+    lines = read_jsonl(path)
+    for n, record in lines.records:
         if not isinstance(record, dict) or "question_id" not in record:
             raise ValueError(f"{path}:{n}: not an answer record (a JSON object with 'question_id')")
-        records.append(record)
-    return records, False
+    return lines.values(), lines.torn
 
 
 def write_atomic(path: Path, text: str) -> None:

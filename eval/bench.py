@@ -15,7 +15,6 @@ multi-turn question is asked after the model's own answers to the earlier turns.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,23 +91,6 @@ def _question(record, where: str) -> Question:
     meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
     return Question(record["question_id"], list(turns), record.get("category", ""), meta,
                     list(reference) if isinstance(reference, list) else None)
-
-
-def _read_records(path: Path) -> list[tuple[int, object]]:
-    """(line number, parsed JSON) for every non-blank line; a malformed line names file:line and the fix."""
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path}:{n}: malformed JSON ({e.msg} at column {e.colno}). Each line of a question file is one "
-                    "JSON object; fix or delete that line (or restore the file from its source)."
-                ) from None
-    return records
 
 
 PROMPT_KINDS = ("chat", "fastchat", "completion")

@@ -28,8 +28,6 @@ str(question_id), as everywhere in `eval.score`.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import secrets
 import textwrap
@@ -37,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eval.bench import BENCH_DIR_ENV, bench_dir
+from eval.jsonl import read_jsonl
 from eval.sandbox import SandboxResult, run_sandboxed
 
 TASKS_FILE = "HumanEval.jsonl.gz"
@@ -53,13 +52,7 @@ def load_tasks(data_dir: str | Path | None = None) -> dict[int, dict]:
             f"no {TASKS_FILE} in {path.parent}: HumanEval's unit tests come from OpenAI's {TASKS_FILE} "
             f"(github.com/openai/human-eval, data/{TASKS_FILE}); put it next to humaneval.jsonl in the benchmark "
             f"directory, or point --data-dir / ${BENCH_DIR_ENV} at a directory that has it")
-    tasks = {}
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                task = json.loads(line)
-                tasks[int(task["task_id"].split("/")[1])] = task
-    return tasks
+    return {int(task["task_id"].split("/")[1]): task for task in read_jsonl(path).values()}
 
 
 # --- from answer to program -----------------------------------------------------------------------

@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from eval.jsonl import read_jsonl
+
 ENV_URL, ENV_KEY, ENV_MODEL = "MARS_JUDGE_URL", "MARS_JUDGE_KEY", "MARS_JUDGE_MODEL"
 DEFAULT_MODEL = "gpt-4"
 PROMPTS_FILE = "judge_prompts.jsonl"
@@ -89,16 +91,7 @@ def load_judge_prompts(directory: str | Path) -> dict[str, dict]:
     if not path.exists():
         raise FileNotFoundError(f"no {PROMPTS_FILE} in {path.parent}: the LLM judge needs FastChat's judge prompts "
                                 "next to the benchmark files")
-    prompts = {}
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: malformed JSON ({e.msg})") from None
-                prompts[record["name"]] = record
-    return prompts
+    return {record["name"]: record for record in read_jsonl(path).values()}
 
 
 def parse_rating(reply: str) -> float | None:

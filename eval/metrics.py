@@ -113,8 +113,10 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
+def ratio(value: float | None, base: float | None) -> float | None:
+    """`value` relative to a baseline's `base`: every speedup and quality recovery of the project. None
+    when either is missing or the base is 0 (a ratio to nothing is no figure)."""
+    return None if value is None or base is None or base == 0 else value / base
 
 
 def by_category(kept: dict[str, list[dict]], categories: dict, baseline: str, plain: Sequence[str]) -> dict[str, dict]:
@@ -130,9 +132,9 @@ def by_category(kept: dict[str, list[dict]], categories: dict, baseline: str, pl
     for figs in out.values():
         for cat, fig in figs.items():
             base = out.get(baseline, {}).get(cat)
-            fig["speedup"] = _ratio(fig["tokens_per_s"], base["tokens_per_s"]) if base else None
+            fig["speedup"] = ratio(fig["tokens_per_s"], base["tokens_per_s"]) if base else None
             rates = [out[m][cat]["tokens_per_s"] for m in plain if m in out and cat in out[m]]
-            fig["speedup_vs_fastest"] = _ratio(fig["tokens_per_s"], max(rates)) if rates else None
+            fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], max(rates)) if rates else None
     return out
 
 
@@ -148,17 +150,17 @@ def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate:
     for method, fig in figures.items():
         if baseline in figures and method != baseline:
             base = figures[baseline]
-            fig["speedup"] = _ratio(fig["tokens_per_s"], base["tokens_per_s"])
-            fig["speedup_per_question"] = _ratio(fig["mean_question_tokens_per_s"], base["mean_question_tokens_per_s"])
+            fig["speedup"] = ratio(fig["tokens_per_s"], base["tokens_per_s"])
+            fig["speedup_per_question"] = ratio(fig["mean_question_tokens_per_s"], base["mean_question_tokens_per_s"])
             same = [_tokens(a) == _tokens(b) for a, b in zip(kept[method], kept[baseline], strict=True)]
             fig["identical_to_vanilla"] = _mean(same)
         if generate in figures and method != generate:
-            fig["speedup_vs_generate"] = _ratio(fig["tokens_per_s"], figures[generate]["tokens_per_s"])
+            fig["speedup_vs_generate"] = ratio(fig["tokens_per_s"], figures[generate]["tokens_per_s"])
     timed = [m for m in plain if m in figures]
     if timed:
         fastest = max(timed, key=lambda m: figures[m]["tokens_per_s"])
         for fig in figures.values():
-            fig["speedup_vs_fastest"] = _ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
+            fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
             fig["fastest_plain"] = fastest
     if categories:
         for method, per in by_category(kept, categories, baseline, timed).items():

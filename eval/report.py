@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.config import GENERATE, STRICT, VANILLA, method_spec
+from eval.metrics import ratio
 from mars.rules.margin import Mars
 
 SUMMARY = "summary.json"
@@ -244,9 +245,9 @@ def _fill_ratios(entries: list[Entry]) -> None:
                     e.fig[name] = 1.0  # the baseline's own row, as in the paper's tables
             elif num is not None and den:
                 if set(ref.run_dirs) == set(e.run_dirs):
-                    e.fig[name] = num / den  # same run(s): exact, and the only way for combined shards
+                    e.fig[name] = ratio(num, den)  # same run(s): exact, and the only way for combined shards
                 elif e.value(name) is None:
-                    e.fig[name] = num / den
+                    e.fig[name] = ratio(num, den)
                     e.derived.add(name)
 
 

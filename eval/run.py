@@ -67,7 +67,7 @@ from eval.config import (
     sampling_of,
     validate,
 )
-from eval.metrics import format_table, margin_histogram, merged_stats, summarize
+from eval.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
 from mars.target import context_length
@@ -491,7 +491,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
         for key, reference in (("quality_recovery", STRICT), ("quality_recovery_vs_vanilla", VANILLA)):
             base = figures.get(reference, {}).get("quality", {}).get(metric)
             if method != reference and value is not None and base:
-                fig[key] = value / base
+                fig[key] = ratio(value, base)
     return metric
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.benchmarks import BENCHMARKS, ScoreContext, benchmark, question_records
+from eval.jsonl import read_jsonl
 
 # --- benchmark files and answer records ----------------------------------------------------------
 
@@ -66,18 +67,11 @@ def read_answer_file(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"answer file {path} does not exist")
-    lines = path.read_text().split("\n")
+    lines = read_jsonl(path)
+    if lines.torn:
+        warnings.warn(f"{path}: ignoring an incomplete last line (a run stopped mid-write)", stacklevel=2)
     records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):  # nothing after it, not even a newline: torn by a kill
-                warnings.warn(f"{path}:{n}: ignoring an incomplete last line (a run stopped mid-write)", stacklevel=2)
-                break
-            raise ValueError(f"{path}:{n}: malformed JSON ({e.msg}); fix or remove that line") from None
+    for n, record in lines.records:
         answer_turns(record, f"{path}:{n}")
         records.append(record)
     if not records:

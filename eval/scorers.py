@@ -262,13 +262,3 @@ def token_f1_vs_vanilla(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequ
 def exact_match_vs_vanilla(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -> float:
     """Fraction of turns identical to vanilla's after collapsing whitespace."""
     return _mean(_vs_vanilla_each(answers, vanilla), "exact_match_vs_vanilla")
-
-
-def quality_recovery(method_value: float | None, reference_value: float | None) -> float | None:
-    """The paper's quality recovery: method / reference (strict's, or vanilla's, figure).
-
-    None when either value is missing or the reference is 0 (a ratio to nothing is not a recovery).
-    """
-    if method_value is None or reference_value is None or reference_value == 0:
-        return None
-    return method_value / reference_value

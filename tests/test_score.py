@@ -25,6 +25,7 @@ from eval import score as S
 from eval import scorers as M
 from eval.bench import REPO_ROOT, bench_dir
 from eval.judge import JudgeError, judge_config, parse_rating
+from eval.metrics import ratio
 
 DATA = bench_dir()
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -202,10 +203,10 @@ def test_reference_free_needs_a_baseline() -> None:
 
 
 def test_quality_recovery() -> None:
-    assert M.quality_recovery(0.9, 1.0) == pytest.approx(0.9)
-    assert M.quality_recovery(50.0, 40.0) == pytest.approx(1.25)
-    assert M.quality_recovery(0.5, 0) is None and M.quality_recovery(0.5, None) is None
-    assert M.quality_recovery(None, 1.0) is None
+    assert ratio(0.9, 1.0) == pytest.approx(0.9)
+    assert ratio(50.0, 40.0) == pytest.approx(1.25)
+    assert ratio(0.5, 0) is None and ratio(0.5, None) is None
+    assert ratio(None, 1.0) is None
 
 
 # --- HumanEval: scored by eval.humaneval ----------------------------------------------------------

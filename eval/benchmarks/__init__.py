@@ -20,11 +20,13 @@ Question records (the JSONL layout): `question_id`, `category`, `turns` (user tu
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eval.bench import BENCH_DIR_ENV, Question, _question, _read_records, bench_path, question_file, resolve
+from eval.bench import BENCH_DIR_ENV, Question, _question, bench_path, question_file, resolve
+from eval.jsonl import read_jsonl
 
 BENCHMARKS: dict[str, Benchmark] = {}
 
@@ -157,7 +159,10 @@ def located_records(name: str, data_dir: str | Path | None = None, source: str =
         hint = (f"; or read it from the Hugging Face hub: bench.source=hub ({BENCHMARKS[name].hub.describe()})"
                 if name in BENCHMARKS and BENCHMARKS[name].hub is not None else "")
         raise FileNotFoundError(f"{e}{hint}") from None
-    return [(f"{path}:{n}", record) for n, record in _read_records(path)]
+    lines = read_jsonl(path)
+    if lines.torn:
+        warnings.warn(f"{path}: ignoring an incomplete last line", stacklevel=2)
+    return [(f"{path}:{n}", record) for n, record in lines.records]
 
 
 def question_records(name: str, data_dir: str | Path | None = None, source: str = "auto") -> list[dict]:

@@ -3,12 +3,11 @@ program run in the sandbox (`eval.sandbox`)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
-from eval.humaneval import TASKS_FILE  # the original tasks with their unit tests, next to humaneval.jsonl
+from eval.humaneval import TASKS_FILE
+from eval.jsonl import read_jsonl  # the original tasks with their unit tests, next to humaneval.jsonl
 
 INSTRUCTION = "Complete the code I provided.\n\n"  # the collected set's wording
 
@@ -32,8 +31,7 @@ class HumanEval(Benchmark):
         tasks = directory / TASKS_FILE if directory is not None else None
         if tasks is None or not tasks.exists():
             return  # chat formats do not need it; a completion model then gets the chat turn as text
-        with gzip.open(tasks, "rt", encoding="utf-8") as f:
-            prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in map(json.loads, f) if r}
+        prompts = {int(r["task_id"].split("/")[1]): r["prompt"] for r in read_jsonl(tasks).values()}
         for q in questions:
             if q.question_id in prompts:
                 q.meta.setdefault("completion_prompt", prompts[q.question_id])
