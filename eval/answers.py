@@ -1,5 +1,15 @@
 """Answer files and run directories: work is written as it finishes and never lost or mixed.
 
+The one place the run-directory layout is spelled (the runner, the report, tracking and the scripts
+use these names):
+
+    <out_dir>/<method>-T<temperature>-<run id>[-shard<i>of<n>]/     `directory_name`
+        identity.json            every setting that determines the method's answers (IDENTITY)
+        answers/<method>.jsonl   one line per answered question (`answers_file`)
+        skipped/<method>.jsonl   questions it could not answer, and why (kind=SKIPPED)
+        summary.json, config.yaml   the job whose method it is: its figures, its resolved config
+        .lock                    held by the job answering it
+
 Answer files use the EAGLE / MARS layout, one JSON line per question:
 
     {"question_id", "answer_id", "model_id", "tstamp",
@@ -41,9 +51,29 @@ def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int
     }
 
 
+SUMMARY, IDENTITY, CONFIG, LOCK = "summary.json", "identity.json", "config.yaml", ".lock"
+ANSWERS, SKIPPED = "answers", "skipped"  # the kinds of answer file
+
+
 def run_id(identity: dict) -> str:
     """A short stable hash of the settings that determine a run's answers (key order does not matter)."""
     return hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def directory_name(method: str, temperature: float, identity: dict, shard: tuple[int, int] | None = None) -> str:
+    """A method's run directory name: its display name, temperature and the hash of its identity."""
+    name = f"{method}-T{temperature:g}-{run_id(identity)}"
+    return name + (f"-shard{shard[0]}of{shard[1]}" if shard else "")
+
+
+def answers_file(directory: Path, method: str, kind: str = ANSWERS) -> Path:
+    """A method's answers (kind ANSWERS) or skipped questions (SKIPPED) in its run directory."""
+    return directory / kind / f"{method}.jsonl"
+
+
+def run_directory_of(answers: Path) -> Path | None:
+    """The run directory an answers file lies in (None for a file outside the layout)."""
+    return answers.parent.parent if answers.parent.name in (ANSWERS, SKIPPED) else None
 
 
 def read_answers(path: str | Path) -> list[dict]:

@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eval.answers import SUMMARY
 from eval.config import GENERATE, STRICT, VANILLA, method_spec
 from eval.metrics import ratio
 from mars.rules.margin import Mars
 
-SUMMARY = "summary.json"
 COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # a relaxation's exact cost (mars.cost)
 DASH = "–"
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)

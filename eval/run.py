@@ -46,7 +46,20 @@ from tqdm import tqdm
 from eagle.config import eos_token_ids
 from eagle.precision import DTYPES, Precision, cpu_name, needs_exact_attention, resolve_dtype
 from eval import quality
-from eval.answers import AnswerFile, answer_record, read_answers, run_id, write_atomic
+from eval.answers import (
+    ANSWERS,
+    CONFIG,
+    IDENTITY,
+    LOCK,
+    SKIPPED,
+    SUMMARY,
+    AnswerFile,
+    answer_record,
+    answers_file,
+    directory_name,
+    read_answers,
+    write_atomic,
+)
 from eval.bench import REPO_ROOT, PromptFormat, Question, encode, prompt_format, resolve
 from eval.benchmarks import BENCHMARKS, load_questions, resolved_source
 from eval.config import (
@@ -153,23 +166,20 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
     return identity
 
 
-def answer_path(directory: Path, method: MethodConfig, kind: str = "answers") -> Path:
-    """A method's answers file in its run directory (kind="skipped": the questions it could not answer)."""
-    return directory / kind / f"{method.name}.jsonl"
+def answer_path(directory: Path, method: MethodConfig, kind: str = ANSWERS) -> Path:
+    """A method's answers file in its run directory (kind SKIPPED: the questions it could not answer)."""
+    return answers_file(directory, method.name, kind)
 
 
 def run_directory(run: RunConfig, method: MethodConfig) -> Path:
-    name = f"{method.name}-T{run.sampling.temperature:g}-{run_id(method_identity(run, method))}"
-    shard = parse_shard(run.shard)
-    if shard:
-        name += f"-shard{shard[0]}of{shard[1]}"
+    name = directory_name(method.name, run.sampling.temperature, method_identity(run, method), parse_shard(run.shard))
     return resolve(run.out_dir) / name
 
 
 def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path) -> None:
     """Create a method's run directory, or check that an existing one holds answers to the same settings."""
     identity = json.loads(json.dumps(method_identity(run, method)))
-    path = directory / "identity.json"
+    path = directory / IDENTITY
     if path.exists():
         before = json.loads(path.read_text())
         if before != identity:
@@ -184,7 +194,7 @@ def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path) -
 @contextlib.contextmanager
 def directory_lock(directory: Path, wait: bool):
     """An exclusive lock on a run directory (held until exit); yields False if not waiting and it is taken."""
-    with open(directory / ".lock", "a") as handle:
+    with open(directory / LOCK, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -571,7 +581,7 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
 
 
 def answered(directory: Path, method: MethodConfig, ids: set) -> bool:
-    done = {r["question_id"] for sub in ("answers", "skipped")
+    done = {r["question_id"] for sub in (ANSWERS, SKIPPED)
             for r in read_answers(answer_path(directory, method, sub))}
     return ids <= done
 
@@ -604,13 +614,13 @@ def run(cfg: DictConfig | RunConfig) -> dict:
                          "resume=true (the default) to continue them, or move the run directories away")
     ids = {q.question_id for _, q in questions}
     pending = [m for m in methods if not answered(directories[m.name], m, ids)]
-    if not pending and (job_dir / "summary.json").exists():
-        summary = json.loads((job_dir / "summary.json").read_text())
+    if not pending and (job_dir / SUMMARY).exists():
+        summary = json.loads((job_dir / SUMMARY).read_text())
         if summary["settings"].get("methods") == list(directories) and summary["settings"]["questions"] == len(ids):
             print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
             return summary
     started = time.time()
-    OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / "config.yaml",
+    OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
                    resolve=True)
     from eval.tracking import start_tracking
 
@@ -633,7 +643,7 @@ def run(cfg: DictConfig | RunConfig) -> dict:
             fig["rule"] = {"name": m.kind, **m.rule().params()}
             fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
-    write_atomic(job_dir / "summary.json", text)
+    write_atomic(job_dir / SUMMARY, text)
     if config.summary_path:
         path = resolve(config.summary_path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -688,7 +698,7 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
     """Every method on every question it has not answered yet, appending each answer as it is made.
     Returns the methods that answered (or skipped) at least one question."""
     files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
-    skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, "skipped")) for m in methods}
+    skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, SKIPPED)) for m in methods}
     samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
 
     def done(m: MethodConfig, qid) -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eval import metrics
-from eval.answers import write_atomic
+from eval.answers import run_directory_of, write_atomic
 
 if TYPE_CHECKING:
     from eval.config import LoggingConfig
@@ -197,7 +197,8 @@ def run_tags(logging: LoggingConfig, model: str, bench: str, method: str, temper
 def artifact_name(model: str, bench: str, path: Path) -> str:
     """answers-<model>-<bench>-<run directory>: the same settings give the same artifact (a new version
     only when the answers changed), as W&B allows only letters, digits, '-', '_' and '.' in names."""
-    source = path.parent.parent.name if path.parent.name == "answers" else path.stem
+    directory = run_directory_of(path)
+    source = directory.name if directory is not None else path.stem
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"answers-{model}-{bench}-{source}")
     return name[:ARTIFACT_NAME_LIMIT]
 
