@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -249,3 +253,38 @@ def test_missing_input_exits_2_naming_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         zoo.main([str(tmp_path)])  # no --out
     assert e.value.code == 2
+
+
+# --- scripts/rule_zoo_embedded.sh -------------------------------------------------------------------
+
+def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report(tmp_path):
+    """The script with a stand-in `python` first on PATH: it records every call but the sweep's
+    `eval.zoo --baselines`, which the real interpreter answers. Each eval.run call must compose and validate."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    python, calls = shlex.quote(sys.executable), shlex.quote(str(log))
+    fake.write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *" --baselines "* ]]; then exec {python} "$@"; fi\n'
+                    f'printf "%q " "$@" >> {calls}\necho >> {calls}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "NUM_PROMPTS": "3",
+           "PYTHONPATH": str(REPO_ROOT)}
+    out = tmp_path / "zoo out"  # a space must survive the shell and Hydra
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "rule_zoo_embedded.sh"), str(out), "seed=7"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    t0, t1, report = (shlex.split(line) for line in log.read_text().splitlines())
+    assert report == ["-m", "eval.zoo", str(out / "summary_t0.json"), str(out / "summary_t1.json"), "--out", str(out)]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        for call, temperature in ((t0, 0.0), (t1, 1.0)):
+            assert call[:2] == ["-m", "eval.run"] and call[-1] == "seed=7"
+            run = validate(compose("config", overrides=call[2:]))
+            assert (run.model.name, run.bench.name, run.method.name) == ("embedded", "stdlib_heldout", "strict")
+            assert run.baselines == zoo.baselines(temperature) and run.sampling.temperature == temperature
+            assert (run.num_prompts, run.max_new_tokens, run.seed, run.tree.calibrate) == (3, 96, 7, True)
+            assert run.out_dir == str(out / "runs")
+            assert run.summary_path == str(out / f"summary_t{temperature:g}.json")
+    assert "rule_zoo_embedded:" in done.stdout and str(out / "pareto.png") in done.stdout
+    usage = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "rule_zoo_embedded.sh")], capture_output=True,
+                           text=True, env=env)
+    assert usage.returncode == 2 and "usage: scripts/rule_zoo_embedded.sh OUT" in usage.stderr
