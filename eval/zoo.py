@@ -300,20 +300,28 @@ def _setting(value: object) -> str:
     return DASH if value is None else str(value)
 
 
+def _key(run: dict) -> tuple[str, str, float]:
+    s = run["settings"]
+    return str(s["model"]), str(s["bench"]), float(s["temperature"])
+
+
 def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[tuple, str]) -> str:
     machines = sorted({str(r.get("machine", "unknown")) for r in runs})
-    parts = ["# Rule zoo", "", f"Machine: {'; '.join(machines)}", ""]
-    for key in SETTINGS:
-        values = sorted({_setting(r["settings"].get(key)) for r in runs if key in r["settings"]})
-        if values:
-            parts.append(f"- {key}: {'; '.join(values)}")
+    keys = [k for k in SETTINGS if any(k in r["settings"] for r in runs)]
+    values = {k: {_setting(r["settings"].get(k)) for r in runs} for k in keys}
+    common = [k for k in keys if len(values[k]) == 1]  # the rest is stated per temperature
+    parts = ["# Rule zoo", "", f"Machine: {'; '.join(machines)}", "",
+             "Settings of every run: " + "; ".join(f"{k} {next(iter(values[k]))}" for k in common) + "."]
     parts += ["", "Sweep (each rule from its mildest point to its most aggressive; ears at T > 0 only): "
               + "; ".join(f"{name}: " + ", ".join(make_rule(name, **_rounded(p)).display for p in sweep)
                           for name, sweep in SWEEP.items() if name != STRICT) + "."]
     for (model, bench), plot in plots.items():
         parts += ["", f"## {model}, {bench}", "", f"![Pareto plot]({plot})"]
         for g in (g for g in groups_ if (g.model, g.bench) == (model, bench)):
-            parts += ["", f"### Temperature {g.temperature:g}", "",
+            mine = [r for r in runs if _key(r) == (g.model, g.bench, g.temperature)]
+            own = "; ".join(f"{k} {'; '.join(sorted({_setting(r['settings'].get(k)) for r in mine}))}"
+                            for k in keys if k not in common and k not in ("model", "bench"))
+            parts += ["", f"### Temperature {g.temperature:g}", "", *([f"Settings: {own}.", ""] if own else []),
                       f"Fastest plain decoding timed: {g.fastest_plain or DASH}. Pareto front: the rules no other "
                       f"point beats on both speed ({g.speed}) and "
                       + ("KL per token" if g.sampled else "argmax mismatch")

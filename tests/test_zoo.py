@@ -73,9 +73,13 @@ T0 = {"strict": (1.45, 0.0, 0.50), "mars@0.9": (1.60, 0.05, 0.45), "typical@0.09
 T0_COST_FRONT, T0_QUALITY_FRONT = {"strict", "typical@0.09", "entropy@1"}, {"typical@0.09", "entropy@1"}
 
 
+TREES = {0.0: {"total_tokens": 8, "depth": 4, "branching": 2},  # as calibrated: greedy and sampled differ
+         1.0: {"total_tokens": 20, "depth": 6, "branching": 5, "adaptive": True}}
+
+
 def summary(temperature: float, methods: dict, model: str = "embedded", bench: str = "stdlib_heldout") -> dict:
     settings = {"model": model, "bench": bench, "temperature": temperature, "top_p": 1.0, "top_k": 0,
-                "questions": 8, "max_new_tokens": 96, "tree": {"total_tokens": 20, "depth": 4, "branching": 5},
+                "questions": 8, "max_new_tokens": 96, "tree": TREES[temperature],
                 "dtype": "float32", "seed": 0, "methods": list(methods), "shard": None}
     return {"machine": MACHINE, "settings": settings, "quality_metric": "parse_rate", "methods": methods}
 
@@ -198,6 +202,16 @@ def test_t0_table_has_mismatch_regret_quality_and_both_fronts(report):
     assert table["strict"][-3:] == ["1.00", "100%", "mismatch"] and table["mars@0.9"][-1] == ""
     assert {m for m, cells in table.items() if "mismatch" in cells[-1]} == T0_COST_FRONT
     assert {m for m, cells in table.items() if "quality" in cells[-1]} == T0_QUALITY_FRONT
+
+
+def test_settings_are_stated_once_and_the_tree_per_temperature(report):
+    text = (report / "report.md").read_text()
+    assert ("Settings of every run: model embedded; bench stdlib_heldout; questions 8; max_new_tokens 96; "
+            "dtype float32; seed 0; top_p 1.0; top_k 0.") in text
+    t1, t0 = text.split("### Temperature 1\n")[1].split("### Temperature 0\n")
+    assert "Settings: tree total_tokens 20, depth 6, branching 5, adaptive True." in t1
+    assert "Settings: tree total_tokens 8, depth 4, branching 2." in t0
+    assert "Fastest plain decoding timed: generate@bfloat16." in t0
 
 
 def test_zoo_json_holds_the_figures_and_fronts(report):
