@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The rule zoo on the embedded pair (data/models/{target,draft}), on a CPU: every verification rule swept
-# over its parameter range (eval/zoo.py SWEEP: mars theta 0.95-0.6, typical epsilon 0.25-0.04 with
-# delta = sqrt(epsilon), topm (m, alpha) (2, 0.7)-(3, 0.2), entropy h 3-0.5 nats, ears beta 0.05-0.6) at
-# temperature 0 and 1 (ears at 1 only: it has no greedy form). One eval.run job per temperature: strict
+# over its parameter range (eval/zoo.py SWEEP, and why: mars theta 0.98-0.6, typical epsilon 0.5-0.15 at
+# delta 100 then Medusa's 0.09 / 0.3, topm (m, alpha) (2, 0.7)-(3, 0.2), entropy h 5-1 nats, ears beta
+# 0.05-0.6) at temperature 0 and 1 (ears at 1 only: it has no greedy form). One eval.run job per temperature: strict
 # with model.generate (float32 and bf16), vanilla and every other rule point as baselines, all answered
 # question by question in one process, so every speed ratio of a temperature comes from one run. Then
 # the report: OUT/report.md (a table per temperature), OUT/pareto.png (speedup over the fastest plain

@@ -59,13 +59,13 @@ def figures(method: str, speed: float, tau: float = 1.0, relaxed: float = 0.0, c
 
 
 PLAIN = {"generate": 0.6, "generate@bfloat16": 1.0, "vanilla": 0.8}
-# T=1: (speed vs fastest, KL per token). Front by hand: strict, ears@0.1, mars@0.95, mars@0.9, typical@0.09,
-# typical@0.04[delta=0.2]. mars@0.8 loses to mars@0.9 (slower, costlier), topm@2 to typical@0.09, and entropy@1
-# has infinite KL on 2 tokens (so loses to the faster typical@0.04[delta=0.2]).
-T1 = {"strict": (1.50, 0.0), "mars@0.95": (1.55, 0.002), "mars@0.9": (1.60, 0.010), "mars@0.8": (1.58, 0.030),
-      "typical@0.09": (1.70, 0.050), "typical@0.04[delta=0.2]": (1.80, 0.300), "topm@2": (1.65, 0.060),
+# T=1: (speed vs fastest, KL per token). Front by hand: strict, ears@0.1, mars@0.98, mars@0.9,
+# typical@0.15[delta=100], typical@0.09. mars@0.8 loses to mars@0.9 (slower, costlier), topm@2 to
+# typical@0.15[delta=100], and entropy@1 has infinite KL on 2 tokens (so loses to the faster typical@0.09).
+T1 = {"strict": (1.50, 0.0), "mars@0.98": (1.55, 0.002), "mars@0.9": (1.60, 0.010), "mars@0.8": (1.58, 0.030),
+      "typical@0.15[delta=100]": (1.70, 0.050), "typical@0.09": (1.80, 0.300), "topm@2": (1.65, 0.060),
       "entropy@1": (1.75, 0.200), "ears@0.1": (1.52, 0.001)}
-T1_FRONT = {"strict", "ears@0.1", "mars@0.95", "mars@0.9", "typical@0.09", "typical@0.04[delta=0.2]"}
+T1_FRONT = {"strict", "ears@0.1", "mars@0.98", "mars@0.9", "typical@0.09", "typical@0.15[delta=100]"}
 # T=0: (speed, argmax mismatch, parse rate). Cost front: strict, typical@0.09 (beats mars@0.9 on both), entropy@1.
 # Quality front (higher quality, higher speed): typical@0.09 (beats strict and mars@0.9 on both), entropy@1.
 T0 = {"strict": (1.45, 0.0, 0.50), "mars@0.9": (1.60, 0.05, 0.45), "typical@0.09": (1.62, 0.04, 0.55),
@@ -130,7 +130,8 @@ def test_the_sweep_covers_every_builtin_rule_and_ears_only_when_sampling():
     assert greedy[0] == sampled[0] == "strict"
     assert not any(d.startswith("ears") for d in greedy) and sum(d.startswith("ears") for d in sampled) == 4
     assert sampled[:len(greedy)] == greedy and len(set(sampled)) == len(sampled) == 1 + 4 + 4 + 4 + 4 + 4
-    assert "typical@0.09" in greedy and "typical@0.04[delta=0.2]" in greedy  # δ = sqrt(ε): 0.3 is the default
+    assert greedy[greedy.index("typical@0.5[delta=100]"):][:4] == ["typical@0.5[delta=100]", "typical@0.3[delta=100]",
+                                                                   "typical@0.15[delta=100]", "typical@0.09"]
     assert zoo.baselines(0.0) == ["generate", "vanilla", *greedy[1:]]  # the job's method is strict
 
 
@@ -182,8 +183,8 @@ def test_pareto_keeps_exactly_the_undominated_points():
 
 def test_t1_table_has_every_rule_its_kl_and_its_front(report):
     table = rows((report / "report.md").read_text(), 1.0)
-    assert list(table) == ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.95", "mars@0.9", "mars@0.8",
-                           "typical@0.09", "typical@0.04[delta=0.2]", "topm@2", "entropy@1", "ears@0.1"]
+    assert list(table) == ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.98", "mars@0.9", "mars@0.8",
+                           "typical@0.15[delta=100]", "typical@0.09", "topm@2", "entropy@1", "ears@0.1"]
     assert table["mars@0.9"] == ["mars@0.9", "theta 0.9, margin logit_ratio, fallback strict", "1.60×", "2.00×", "3.20",
                                  "1.0%", "0.005", "0.01", "50.0", "1.00", "0%", "KL"]
     assert table["strict"][6:8] == ["0", "0"] and table["strict"][-1] == "KL"
@@ -216,8 +217,7 @@ def test_settings_are_stated_once_and_the_tree_per_temperature(report):
 
 def test_zoo_json_holds_the_figures_and_fronts(report):
     data = json.loads((report / "zoo.json").read_text())
-    assert data["sweep"]["typical"] == ["typical@0.25[delta=0.5]", "typical@0.16[delta=0.4]", "typical@0.09",
-                                        "typical@0.04[delta=0.2]"]
+    assert data["sweep"]["entropy"] == ["entropy@5", "entropy@4", "entropy@3", "entropy@1"]
     t1, t0 = data["groups"]
     assert (t1["temperature"], t0["temperature"], t1["plot"]) == (1.0, 0.0, "pareto.png")
     assert (t1["cost_figure"], t0["cost_figure"], t1["quality_moves"], t0["quality_moves"]) == \
