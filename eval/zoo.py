@@ -301,6 +301,9 @@ SETTINGS = ("model", "bench", "questions", "max_new_tokens", "tree", "dtype", "s
 
 
 def _setting(value: object) -> str:
+    if isinstance(value, dict) and {"total_tokens", "depth", "branching"} <= set(value):  # a tree
+        return (f"{value['total_tokens']} nodes / depth {value['depth']} / {value['branching']} children"
+                + (" (adaptive: at most)" if value.get("adaptive") else ""))
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
     return DASH if value is None else str(value)
@@ -407,8 +410,8 @@ def _panel(ax, group: Group, panel: str, style: dict) -> None:
         front.reverse()
     if front:
         fx, fy = zip(*front, strict=True)
-        ax.plot(fx, fy, color="black", ls="--", lw=1.1, zorder=3, drawstyle="steps-post" if panel == "cost" else None,
-                label="Pareto front")
+        # The edge of the region the front dominates: from each point across to the next one's x, then up to it.
+        ax.plot(fx, fy, color="black", ls="--", lw=1.1, zorder=3, drawstyle="steps-post", label="Pareto front")
         ax.scatter(fx, fy, s=170, facecolors="none", edgecolors="black", lw=0.9, zorder=3)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", zorder=1)
     if panel == "cost" and len(positive := [x for x in finite if x > 0]) > 1 and max(positive) / min(positive) > 100:

@@ -210,8 +210,8 @@ def test_settings_are_stated_once_and_the_tree_per_temperature(report):
     assert ("Settings of every run: model embedded; bench stdlib_heldout; questions 8; max_new_tokens 96; "
             "dtype float32; seed 0; top_p 1.0; top_k 0.") in text
     t1, t0 = text.split("### Temperature 1\n")[1].split("### Temperature 0\n")
-    assert "Settings: tree total_tokens 20, depth 6, branching 5, adaptive True." in t1
-    assert "Settings: tree total_tokens 8, depth 4, branching 2." in t0
+    assert "Settings: tree 20 nodes / depth 6 / 5 children (adaptive: at most)." in t1
+    assert "Settings: tree 8 nodes / depth 4 / 2 children." in t0
     assert "Fastest plain decoding timed: generate@bfloat16." in t0
 
 
