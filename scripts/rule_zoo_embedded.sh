@@ -34,7 +34,7 @@ start=$SECONDS
 # The sweep lives in eval/zoo.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
 lists="$(python -m eval.zoo --baselines 0 1)"
 common=(model=embedded bench=embedded method=strict "num_prompts=${NUM_PROMPTS:-16}"
-        "max_new_tokens=${MAX_NEW_TOKENS:-96}" "out_dir=\"$out/runs\"")
+        "max_new_tokens=${MAX_NEW_TOKENS:-80}" "out_dir=\"$out/runs\"")
 python -m eval.run "${common[@]}" sampling=t0 "baselines=${lists%%$'\n'*}" \
     "summary_path=\"$out/summary_t0.json\"" "$@"
 python -m eval.run "${common[@]}" sampling=t1 "baselines=${lists##*$'\n'}" \

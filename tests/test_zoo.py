@@ -295,7 +295,7 @@ def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report
             run = validate(compose("config", overrides=call[2:]))
             assert (run.model.name, run.bench.name, run.method.name) == ("embedded", "stdlib_heldout", "strict")
             assert run.baselines == zoo.baselines(temperature) and run.sampling.temperature == temperature
-            assert (run.num_prompts, run.max_new_tokens, run.seed, run.tree.calibrate) == (3, 96, 7, True)
+            assert (run.num_prompts, run.max_new_tokens, run.seed, run.tree.calibrate) == (3, 80, 7, True)
             assert run.out_dir == str(out / "runs")
             assert run.summary_path == str(out / f"summary_t{temperature:g}.json")
     assert "rule_zoo_embedded:" in done.stdout and str(out / "pareto.png") in done.stdout
