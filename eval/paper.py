@@ -4,18 +4,22 @@
     python -m eval.paper theta                              # run the θ ablation on this node's GPU(s), then report
     python -m eval.paper depth --launcher slurm -- hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=2
     python -m eval.paper main --models llama31_8b --target /models/Llama-3.1-8B-Instruct --draft /models/EAGLE3-8B
+    python -m eval.paper zoo --dry-run                      # the rule zoo: every rule's sweep (eval.zoo), T=0 and 1
 
 Song et al., "MARS: Unleashing the Power of Speculative Decoding via Margin-Aware Verification",
 Findings of ACL 2026, arXiv 2601.15498. Every experiment is one small declarative `Experiment`:
-models, benchmarks, the method under test, θ values, sampling preset (and temperature sweep), tree
+models, benchmarks, the method under test (a display name, `eval.config.method_spec`) and the values
+of its main parameter (θ for MARS), its baselines, sampling preset (and temperature sweep), tree
 preset (and depth sweep) and max_new_tokens. It becomes one `python -m eval.run -m ...` multirun per
-model (the model paths differ per model), one Hydra job per combination of the other settings, then
-one `python -m eval.report` over the experiment's output directory.
+model (the model paths differ per model; and per temperature when a baseline has no greedy form and
+drops out at T=0), one Hydra job per combination of the other settings, then one report (eval.report,
+or eval.zoo for the rule zoo) over the experiment's output directory.
 
-Every job is a MARS job: `eval.run` answers its `baselines` (generate, vanilla, strict) alongside it
-question by question, in run directories shared across jobs, so "strict vs MARS" needs no strict
-jobs of its own and a θ sweep times vanilla (and strict, at one tree) once per model × bench ×
-temperature. A rerun skips finished jobs and resumes unfinished ones.
+Each job's method is MARS but in the rule zoo, whose method is strict with every rule point of
+`eval.zoo.SWEEP` as a baseline. `eval.run` answers a job's `baselines` (generate, vanilla, strict by
+default) alongside it question by question, in run directories shared across jobs, so "strict vs
+MARS" needs no strict jobs of its own and a θ sweep times vanilla (and strict, at one tree) once per
+model × bench × temperature. A rerun skips finished jobs and resumes unfinished ones.
 
 Where the settings come from. The MARS release (github.com/5SSjw/MARS, mars/evaluation/*.sh) runs
 EAGLE-3 drafts with `--total-token 50 --depth 6 --top-k 10` (= this engine's `tree=paper`, 49 nodes
@@ -57,8 +61,11 @@ from pathlib import Path
 
 import yaml
 
+from eval import zoo
 from eval.bench import BENCH_DIR_ENV, REPO_ROOT, bench_path, resolve
-from eval.config import HUB_ID, SAMPLINGS, TREES
+from eval.config import GENERATE, HUB_ID, SAMPLINGS, STRICT, TREES, VANILLA, RuleMethod, method_spec
+from mars.rules import RULES, rule_class
+from mars.rules.margin import Mars
 
 CONFIGS = REPO_ROOT / "configs"
 HUMANEVAL_TESTS = "HumanEval.jsonl.gz"  # HumanEval's unit tests, needed to score pass@1
@@ -71,14 +78,19 @@ THETAS = (0.84, 0.86, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98)
 
 @dataclass(frozen=True)
 class Experiment:
-    """One table or ablation of the paper. Every job runs MARS (with strict, vanilla and
-    model.generate as its baselines); the sweeps are over θ, sampling temperature and tree depth."""
+    """One table or ablation of the paper. Every job runs `method` (MARS unless said otherwise) with
+    `baselines` answered alongside it; the sweeps are over the method's main parameter (θ for MARS),
+    sampling temperature and tree depth. Baselines without a greedy form (ears) are left out at T=0:
+    temperatures whose baselines differ get a multirun each."""
 
     name: str
     reproduces: str  # which table / figure of the paper
     models: tuple[str, ...]
     benches: tuple[str, ...]
-    thetas: tuple[float, ...] = (0.9,)
+    thetas: tuple[float, ...] = (0.9,)  # values of the method's main parameter (its rule's label); () = none swept
+    method: str = Mars.name  # the method under test, as method_spec reads it (a display name: mars, strict, ...)
+    baselines: tuple[str, ...] = (GENERATE, VANILLA, STRICT)  # display names, answered alongside every job
+    report: str = "eval.report"  # the module that reports on the experiment's output directory
     sampling: str = "t1"  # preset of configs: t0 | t1 | t02
     temperatures: tuple[float, ...] = ()  # a sampling.temperature sweep on top of the preset
     tree: str = "paper"  # 49 nodes, depth 7, 10 children (the MARS scripts' 50 / 6 / 10)
@@ -86,8 +98,16 @@ class Experiment:
     max_new_tokens: int = 1024
     gpus: str = ""  # what the default models need
 
+    def __post_init__(self):
+        method = method_spec(self.method)  # raises on an unknown method or bad parameters
+        for b in self.baselines:
+            method_spec(b)
+        if self.thetas and not (isinstance(method, RuleMethod) and rule_class(method.kind).label):
+            raise ValueError(f"experiment {self.name}: {self.method} has no main parameter to sweep (thetas)")
+
     def jobs_per_model(self) -> int:
-        return len(self.benches) * len(self.thetas) * max(1, len(self.temperatures)) * max(1, len(self.depths))
+        return (len(self.benches) * max(1, len(self.thetas)) * max(1, len(self.temperatures))
+                * max(1, len(self.depths)))
 
     def num_jobs(self, models: Sequence[str] | None = None) -> int:
         return len(models or self.models) * self.jobs_per_model()
@@ -118,6 +138,13 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
         "temperature", "temperature sweep: strict and MARS θ=0.9 at T = 0, 0.2, 0.5, 0.8, 1.0 (Qwen3-8B)",
         ("qwen3_8b",), ("humaneval", "wmt19"), sampling="t0", temperatures=(0.0, 0.2, 0.5, 0.8, 1.0),
         gpus="one 40-80 GB GPU per job (Qwen3-8B, bf16)"),
+    Experiment(
+        "zoo", "rule zoo: every verification rule over its parameter range (eval.zoo.SWEEP) as baselines of one "
+        "strict job per model × bench × temperature (T = 0, 1): speedup against KL per token / argmax mismatch "
+        "and quality",
+        MAIN_MODELS, ("mt_bench", "humaneval"), thetas=(), method=STRICT, baselines=tuple(zoo.baselines(1.0)),
+        sampling="t0", temperatures=(0.0, 1.0), report="eval.zoo",
+        gpus="as main (each job answers every rule point: ~20 methods per question)"),
 )}
 
 LAUNCHERS = ("basic", "gpus", "slurm")
@@ -233,6 +260,8 @@ def hydra_unquote(value: str) -> str:
 class Command:
     model: str
     overrides: list[str]
+    baselines: tuple[str, ...] = ()
+    temperatures: tuple[float, ...] = ()  # those it sweeps, when the experiment's are split between commands
 
     def argv(self, python: str = "python") -> list[str]:
         return [python, "-m", "eval.run", "-m", *self.overrides]
@@ -248,54 +277,99 @@ def merge(overrides: list[str], extra: Sequence[str]) -> list[str]:
     return [o for o in overrides if _key(o) not in keys] + list(extra)
 
 
+def runnable_baselines(baselines: Sequence[str], temperature: float) -> tuple[str, ...]:
+    """The baselines that can run at `temperature`: at T=0, those of rules with a greedy form."""
+    def runs(name: str) -> bool:
+        spec = method_spec(name)
+        return temperature > 0 or not isinstance(spec, RuleMethod) or rule_class(spec.kind).greedy_form
+    return tuple(b for b in baselines if runs(b))
+
+
+def method_overrides(exp: Experiment) -> list[str]:
+    """`method=<kind>`, the parameters its display name sets, and the sweep of its main parameter."""
+    spec = method_spec(exp.method)
+    overrides = [f"method={spec.kind}"]
+    if isinstance(spec, RuleMethod):
+        rule = spec.rule()
+        defaults = type(rule)().params()
+        label = rule.label
+        overrides += [f"method.{k}={v:g}" if isinstance(v, float) else f"method.{k}={v}"
+                      for k, v in rule.params().items() if v != defaults[k] and not (exp.thetas and k == label)]
+        if exp.thetas:
+            overrides.append(f"method.{label}={','.join(f'{t:g}' for t in exp.thetas)}")
+    return overrides
+
+
 def commands(exp: Experiment, models: Sequence[str], out: Path, launcher: str = "basic",
              num_prompts: int | None = None, target: str | None = None, draft: str | None = None,
              extra: Sequence[str] = ()) -> list[Command]:
-    """One multirun per model: its paths, then every other setting of the experiment (swept values
-    comma-separated), then `extra` (which replaces an experiment setting with the same key)."""
+    """One multirun per model (and per group of the experiment's temperatures that share their baselines):
+    its paths, then every other setting of the experiment (swept values comma-separated), then `extra`
+    (which replaces an experiment setting with the same key)."""
+    temperatures = exp.temperatures or (SAMPLINGS[exp.sampling].temperature,)
+    by_baselines: dict[tuple[str, ...], list[float]] = {}
+    for t in temperatures:
+        by_baselines.setdefault(runnable_baselines(exp.baselines, t), []).append(t)
+    split = len(by_baselines) > 1
     result = []
     for model in models:
-        overrides = [
-            f"model={model}",
-            f"bench={','.join(exp.benches)}",
-            "method=mars",
-            f"method.theta={','.join(f'{t:g}' for t in exp.thetas)}",
-            f"tree={exp.tree}",
-            *([f"tree.depth={','.join(map(str, exp.depths))}"] if exp.depths else []),
-            f"sampling={exp.sampling}",
-            *([f"sampling.temperature={','.join(f'{t:g}' for t in exp.temperatures)}"] if exp.temperatures else []),
-            f"max_new_tokens={exp.max_new_tokens}",
-            f"num_prompts={'null' if num_prompts is None else num_prompts}",
-            "out_dir=" + hydra_quote(f"{out}/${{model.name}}/${{bench.name}}"),
-            f"logging.group={exp.name}",
-            "hydra.sweep.dir=" + hydra_quote(f"{out}/sweeps/{model}"),
-        ]
-        if launcher != "basic":
-            overrides.append(f"hydra/launcher={launcher}")
-        config = model_config(model)
-        for role, given in (("target", target), ("draft", draft)):
-            path = model_path(model, role, given)
-            if path != str(config[role]):
-                overrides.append(f"model.{role}={hydra_quote(path)}")
-        result.append(Command(model, merge(overrides, extra)))
+        for baselines, temps in by_baselines.items():
+            sweep_dir = f"{out}/sweeps/{model}" + (f"/T{'-'.join(f'{t:g}' for t in temps)}" if split else "")
+            overrides = [
+                f"model={model}",
+                f"bench={','.join(exp.benches)}",
+                *method_overrides(exp),
+                f"baselines={zoo.hydra_list(baselines)}",
+                f"tree={exp.tree}",
+                *([f"tree.depth={','.join(map(str, exp.depths))}"] if exp.depths else []),
+                f"sampling={exp.sampling}",
+                *([f"sampling.temperature={','.join(f'{t:g}' for t in temps)}"] if exp.temperatures else []),
+                f"max_new_tokens={exp.max_new_tokens}",
+                f"num_prompts={'null' if num_prompts is None else num_prompts}",
+                "out_dir=" + hydra_quote(f"{out}/${{model.name}}/${{bench.name}}"),
+                f"logging.group={exp.name}",
+                "hydra.sweep.dir=" + hydra_quote(sweep_dir),
+            ]
+            if launcher != "basic":
+                overrides.append(f"hydra/launcher={launcher}")
+            config = model_config(model)
+            for role, given in (("target", target), ("draft", draft)):
+                path = model_path(model, role, given)
+                if path != str(config[role]):
+                    overrides.append(f"model.{role}={hydra_quote(path)}")
+            result.append(Command(model, merge(overrides, extra), baselines, tuple(temps) if split else ()))
     return result
 
 
-def report_argv(out: Path, models: Sequence[str], python: str = "python") -> list[str]:
-    """eval.report over the experiment: the run directories sit at <out>/<model>/<bench>/<run>/,
-    so each <out>/<model> is a parent of run directories two levels up."""
-    return [python, "-m", "eval.report", *(str(out / m) for m in models), "--out", str(out / "report")]
+def report_argv(out: Path, models: Sequence[str], python: str = "python", module: str = "eval.report") -> list[str]:
+    """The experiment's report module (eval.report, eval.zoo) over its output: the run directories sit
+    at <out>/<model>/<bench>/<run>/, so each <out>/<model> is a parent of run directories two levels up."""
+    return [python, "-m", module, *(str(out / m) for m in models), "--out", str(out / "report")]
 
 
 @dataclass
 class Job:
     model: str
     bench: str
-    method: str
-    theta: str
+    method: str  # its display name (mars@0.88, strict)
+    value: str  # its main parameter's value (θ for MARS), "-" for none
     depth: str
     sampling: str
     overrides: list[str]
+
+
+def job_method(values: dict[str, str]) -> tuple[str, str]:
+    """(display name, main parameter's value or "-") of the method a job's overrides set."""
+    kind = values["method"]
+    if kind not in RULES:
+        return method_spec(kind).name, "-"
+    params = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("method.")}
+    label = rule_class(kind).label
+    value = params.pop(label, None) if label else None
+    text = kind + (f"@{value}" if value is not None else "")
+    text += f"[{','.join(f'{k}={v}' for k, v in params.items())}]" if params else ""
+    spec = method_spec(text)
+    return spec.name, f"{getattr(spec, label):g}" if label else "-"
 
 
 def expand(command: Command) -> list[Job]:
@@ -311,8 +385,7 @@ def expand(command: Command) -> list[Job]:
         for override in overrides:
             key, _, value = override.partition("=")
             values[key.lstrip("+~")] = value
-        kind = values.get("method", "mars")
-        theta = values.get("method.theta", "0.9") if kind == "mars" else "-"
+        method, value = job_method(values)
         tree = values.get("tree", "paper")
         depth = values.get("tree.depth", str(TREES[tree].depth) if tree in TREES else "?")
         preset = values.get("sampling", "t0")
@@ -320,8 +393,7 @@ def expand(command: Command) -> list[Job]:
             sampling = f"T={float(values['sampling.temperature']):g}"
         else:
             sampling = f"{preset} (T={SAMPLINGS[preset].temperature:g})" if preset in SAMPLINGS else preset
-        jobs.append(Job(values.get("model", command.model), values.get("bench", "?"),
-                        f"mars@{float(theta):g}" if kind == "mars" else kind, theta, depth,
+        jobs.append(Job(values.get("model", command.model), values.get("bench", "?"), method, value, depth,
                         sampling, list(overrides)))
     return jobs
 
@@ -342,7 +414,7 @@ def check_runnable(exp: Experiment, cmds: Sequence[Command], launcher: str, data
             "experiments on GPU clusters; for the CPU pipeline use scripts/reproduce_embedded.sh "
             "(--dry-run prints the jobs without running them)")
     problems = []
-    for cmd in cmds:
+    for cmd in {cmd.model: cmd for cmd in cmds}.values():  # a model's commands share its paths
         config = model_config(cmd.model)
         paths = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in cmd.overrides if o.startswith("model.")}
         for role in ("target", "draft"):
@@ -407,12 +479,13 @@ def _print_plan(exp: Experiment, cmds: Sequence[Command], jobs: Sequence[Job], r
     print(f"# eval.paper {exp.name}: {exp.reproduces}")
     print(f"# GPUs: {exp.gpus}")
     for n, cmd in enumerate(cmds, 1):
-        print(f"# command {n}/{len(cmds)} ({cmd.model}):")
+        where = cmd.model + "".join(f", T={t:g}" for t in cmd.temperatures)
+        print(f"# command {n}/{len(cmds)} ({where}; baselines {', '.join(cmd.baselines)}):")
         print(shlex.join(cmd.argv()))
-    print(f"# {len(jobs)} jobs (each also answers its baselines generate, vanilla and strict, shared between jobs):")
-    print(f"#   {'job':>4}  {'model':<13} {'bench':<10} {'method':<10} {'theta':<6} {'depth':<6} sampling")
+    print(f"# {len(jobs)} jobs (each also answers its command's baselines, shared between jobs):")
+    print(f"#   {'job':>4}  {'model':<13} {'bench':<10} {'method':<10} {'param':<6} {'depth':<6} sampling")
     for n, job in enumerate(jobs, 1):
-        print(f"#   {n:>4}  {job.model:<13} {job.bench:<10} {job.method:<10} {job.theta:<6} {job.depth:<6} "
+        print(f"#   {n:>4}  {job.model:<13} {job.bench:<10} {job.method:<10} {job.value:<6} {job.depth:<6} "
               f"{job.sampling}")
     print("# report:")
     print(shlex.join(report))
@@ -435,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except NotRunnable as e:
             print(f"eval.paper: error: {e}", file=sys.stderr)
             return EXIT_NOT_RUNNABLE
-    _print_plan(exp, cmds, jobs, report_argv(out, args.models))
+    _print_plan(exp, cmds, jobs, report_argv(out, args.models, module=exp.report))
     if args.dry_run:
         return 0
     for n, cmd in enumerate(cmds, 1):
@@ -449,11 +522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not done:
         print(f"eval.paper: error: no results under {out} to report", file=sys.stderr)
         return EXIT_NOT_RUNNABLE
-    code = subprocess.run(report_argv(out, done, sys.executable), cwd=REPO_ROOT).returncode
+    code = subprocess.run(report_argv(out, done, sys.executable, exp.report), cwd=REPO_ROOT).returncode
     if code:
         print(f"eval.paper: error: the report failed (exit {code})", file=sys.stderr)
         return code
-    print(f"eval.paper: the {exp.name} table is in {out / 'report' / 'report.md'} (CSV: report.csv, plots alongside)")
+    print(f"eval.paper: the {exp.name} report is in {out / 'report' / 'report.md'} (its data and plots alongside)")
     return 0
 
 

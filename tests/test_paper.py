@@ -9,6 +9,7 @@ import re
 import shlex
 import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -17,27 +18,38 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import eval.config  # noqa: F401  (the structured configs, before any compose)
-from eval import paper
-from eval.config import SAMPLINGS, TREES, validate
+from eval import paper, zoo
+from eval.config import SAMPLINGS, TREES, method_spec, validate
 
 CONFIGS = paper.REPO_ROOT / "configs"
 SCRIPTS = paper.REPO_ROOT / "scripts" / "paper"
 WRAPPERS = {"main_table.sh": "main", "main_table_t0.sh": "main_t0", "quality_table.sh": "quality",
-            "theta_ablation.sh": "theta", "depth_ablation.sh": "depth", "temperature_sweep.sh": "temperature"}
+            "theta_ablation.sh": "theta", "depth_ablation.sh": "depth", "temperature_sweep.sh": "temperature",
+            "rule_zoo.sh": "zoo"}
 JOB_LINE = re.compile(r"^#\s{3,}\d+\s+(.*)$")  # "#      3  qwen3_8b  humaneval  mars@0.88  0.88  7  t02 (T=0.2)"
-JOBS = {"main": 4 * 5, "main_t0": 4 * 5, "quality": 4 * 5, "theta": 8 * 2, "depth": 4, "temperature": 5 * 2}
+JOBS = {"main": 4 * 5, "main_t0": 4 * 5, "quality": 4 * 5, "theta": 8 * 2, "depth": 4, "temperature": 5 * 2,
+        "zoo": 4 * 2 * 2}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def wrapper_without_gpu():
-    """scripts/paper/theta_ablation.sh run for real on this GPU-less machine, in the background."""
+    """scripts/paper/theta_ablation.sh run for real on this GPU-less machine, in the background; a thread
+    collects its output and the time it took (not the time until its test comes up)."""
     start = time.monotonic()
     process = subprocess.Popen(["bash", str(SCRIPTS / "theta_ablation.sh")], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    yield process, start
+    done: dict = {}
+
+    def collect():
+        done["stdout"], done["stderr"] = process.communicate()
+        done["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+    yield process, thread, done
     if process.poll() is None:  # its test was not selected
         process.kill()
-    process.communicate()
+    thread.join()
 
 
 def dry_run(capsys, *argv: str) -> tuple[list[list[str]], list[list[str]], list[str], str]:
@@ -47,7 +59,8 @@ def dry_run(capsys, *argv: str) -> tuple[list[list[str]], list[list[str]], list[
     lines = text.splitlines()
     runs = [shlex.split(line) for line in lines if line.startswith("python -m eval.run -m ")]
     jobs = [m.group(1).split() for m in map(JOB_LINE.match, lines) if m]
-    report = next(shlex.split(line) for line in lines if line.startswith("python -m eval.report "))
+    report = next(shlex.split(line) for line in lines
+                  if line.startswith(("python -m eval.report ", "python -m eval.zoo ")))
     return runs, jobs, report, text
 
 
@@ -72,28 +85,32 @@ def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
     exp = paper.EXPERIMENTS[name]
     out = tmp_path / "out dir,x=y"  # a space, a comma and '=' must survive the shell and Hydra
     runs, jobs, report, text = dry_run(capsys, name, "--out", str(out))
-    assert len(runs) == len(exp.models) and f"# {JOBS[name]} jobs" in text and len(jobs) == JOBS[name]
-    assert report == ["python", "-m", "eval.report", *(str(out / m) for m in exp.models), "--out", str(out / "report")]
+    split = name == "zoo"  # ears (no greedy form) is a baseline at T=1 only: a multirun per temperature
+    assert len(runs) == len(exp.models) * (2 if split else 1)
+    assert f"# {JOBS[name]} jobs" in text and len(jobs) == JOBS[name]
+    assert report == ["python", "-m", exp.report, *(str(out / m) for m in exp.models), "--out", str(out / "report")]
     expanded = [job for run in runs for job in hydra_jobs(run)]
     assert len(expanded) == JOBS[name]
+    kind = method_spec(exp.method).kind
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         hydra_cfg = compose("config", overrides=expanded[0], return_hydra_config=True).hydra
-        assert hydra_cfg.sweep.dir == str(out / "sweeps" / exp.models[0])
+        assert hydra_cfg.sweep.dir == str(out / "sweeps" / exp.models[0] / ("T0" if split else ""))
         seen = set()
         for overrides, printed in zip(expanded, jobs, strict=True):
             run = validate(compose("config", overrides=[o for o in overrides if not is_hydra(o)]))
-            model, bench, method, theta, depth = printed[:5]
-            assert (run.model.name, run.bench.name, run.method.name) == (model, bench, method)
-            assert f"{run.method.theta:g}" == theta and run.method.kind == "mars" and str(run.tree.depth) == depth
+            model, bench, method, value, depth = printed[:5]
+            assert (run.model.name, run.bench.name, run.method.name, run.method.kind) == (model, bench, method, kind)
+            assert value == (f"{run.method.theta:g}" if exp.thetas else "-") and str(run.tree.depth) == depth
             assert (run.tree.total_tokens, run.tree.branching) == (49, 10)  # the paper preset's
             assert f"T={run.sampling.temperature:g}" in " ".join(printed[5:])
             assert run.out_dir == str(out / model / run.bench.name)
             assert (run.max_new_tokens, run.num_prompts, run.logging.group) == (1024, None, name)
-            assert run.baselines == ["generate", "vanilla", "strict"]
-            seen.add((model, bench, theta, depth, run.sampling.temperature))
+            temperature = run.sampling.temperature
+            assert run.baselines == (zoo.baselines(temperature) if split else ["generate", "vanilla", "strict"])
+            seen.add((model, bench, value, depth, temperature))
     assert len(seen) == JOBS[name]  # no job twice
     assert {m for m, *_ in seen} == set(exp.models) and {b for _, b, *_ in seen} == set(exp.benches)
-    assert {float(t) for _, _, t, *_ in seen} == set(exp.thetas)
+    assert {float(t) for _, _, t, *_ in seen if t != "-"} == set(exp.thetas)
     assert {int(d) for *_, d, _ in seen} == set(exp.depths or [TREES[exp.tree].depth])
     assert {t for *_, t in seen} == set(exp.temperatures or [SAMPLINGS[exp.sampling].temperature])
 
@@ -106,6 +123,29 @@ def test_the_experiments_are_the_papers(capsys):
     assert (theta.models, theta.benches, theta.sampling) == (("qwen3_8b",), ("humaneval", "wmt19"), "t02")
     assert (depth.models, depth.benches, depth.depths) == (("qwen3_32b",), ("gsm8k",), (6, 9, 12, 15))
     assert set(paper.EXPERIMENTS["quality"].benches) == {"humaneval", "gsm8k", "wmt19", "sum", "mt_bench"}
+    assert all(e.method == "mars" and e.baselines == ("generate", "vanilla", "strict") and e.report == "eval.report"
+               for e in paper.EXPERIMENTS.values() if e.name != "zoo")
+
+
+def test_the_zoo_is_one_strict_job_per_temperature_with_every_rule_point_beside_it(capsys, tmp_path):
+    exp = paper.EXPERIMENTS["zoo"]
+    assert (exp.method, exp.thetas, exp.temperatures, exp.report) == ("strict", (), (0.0, 1.0), "eval.zoo")
+    runs, jobs, report, text = dry_run(capsys, "zoo", "--out", str(tmp_path), "--models", "llama31_8b")
+    t0, t1 = (next(o for o in run if o.startswith("baselines=")) for run in runs)
+    assert ("sampling.temperature=0" in runs[0]) and ("sampling.temperature=1" in runs[1])
+    assert '"topm@2[alpha=0.3]"' in t0 and "ears@0.1" in t1 and "ears" not in t0
+    assert [job[2:] for job in jobs] == [["strict", "-", "7", "T=0"]] * 2 + [["strict", "-", "7", "T=1"]] * 2
+    assert f"# command 2/2 (llama31_8b, T=1; baselines {', '.join(zoo.baselines(1.0))}):" in text
+    assert report == ["python", "-m", "eval.zoo", str(tmp_path / "llama31_8b"), "--out", str(tmp_path / "report")]
+
+
+def test_an_experiment_names_methods_the_catalog_knows():
+    with pytest.raises(ValueError, match="unknown method 'nosuchrule@1'"):
+        paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), baselines=("vanilla", "nosuchrule@1"))
+    with pytest.raises(ValueError, match="strict has no main parameter"):
+        paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="strict", thetas=(0.9,))
+    exp = paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="typical[delta=0.2]", thetas=(0.05, 0.1))
+    assert paper.method_overrides(exp) == ["method=typical", "method.delta=0.2", "method.epsilon=0.05,0.1"]
 
 
 @pytest.mark.parametrize("launcher,target", [("gpus", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
@@ -257,9 +297,9 @@ def test_a_wrapper_without_a_gpu_exits_2_with_one_line(wrapper_without_gpu):
     """One wrapper for real, started when this module's tests start so that it runs beside them (each
     costs ~8 CPU-seconds: `python -m eval.<module>` imports eval/__init__, which imports the engine,
     torch and transformers); every experiment's own stop is tested in-process above."""
-    process, start = wrapper_without_gpu
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2 and stdout == ""
-    (line,) = stderr.strip().splitlines()
+    process, thread, done = wrapper_without_gpu
+    thread.join(timeout=120)
+    assert process.returncode == 2 and done["stdout"] == ""
+    (line,) = done["stderr"].strip().splitlines()
     assert "no CUDA GPU" in line and "eval.paper theta" in line and "scripts/reproduce_embedded.sh" in line
-    assert time.monotonic() - start < 60
+    assert done["seconds"] < 60
