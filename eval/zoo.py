@@ -58,16 +58,21 @@ from pathlib import Path
 from eval.config import GENERATE, STRICT, VANILLA
 from eval.report import DASH, Entry, ReportError, find_summaries, format_quality, is_plain, merge_runs, read_summary
 from mars.rules import Rule, make_rule, rule_class
+from mars.rules.ears import Ears
+from mars.rules.entropy import EntropyGate
+from mars.rules.margin import Mars
+from mars.rules.topm import TopM
+from mars.rules.typical import Typical
 
 # --- the sweep --------------------------------------------------------------------------------------
 
 SWEEP: dict[str, tuple[dict, ...]] = {  # rule name: its points, from the mildest to the most aggressive
     STRICT: ({},),
-    "mars": tuple({"theta": t} for t in (0.98, 0.9, 0.8, 0.6)),
-    "typical": (*({"epsilon": e, "delta": 100.0} for e in (0.5, 0.3, 0.15)), {"epsilon": 0.09, "delta": 0.3}),
-    "topm": ({"m": 2, "alpha": 0.7}, {"m": 2, "alpha": 0.5}, {"m": 2, "alpha": 0.3}, {"m": 3, "alpha": 0.2}),
-    "entropy": tuple({"h": h} for h in (5.0, 4.0, 3.0, 1.0)),
-    "ears": tuple({"beta": b} for b in (0.05, 0.1, 0.3, 0.6)),
+    Mars.name: tuple({"theta": t} for t in (0.98, 0.9, 0.8, 0.6)),
+    Typical.name: (*({"epsilon": e, "delta": 100.0} for e in (0.5, 0.3, 0.15)), {"epsilon": 0.09, "delta": 0.3}),
+    TopM.name: ({"m": 2, "alpha": 0.7}, {"m": 2, "alpha": 0.5}, {"m": 2, "alpha": 0.3}, {"m": 3, "alpha": 0.2}),
+    EntropyGate.name: tuple({"h": h} for h in (5.0, 4.0, 3.0, 1.0)),
+    Ears.name: tuple({"beta": b} for b in (0.05, 0.1, 0.3, 0.6)),
 }
 PLAIN_METHODS = (GENERATE, VANILLA)  # the plain decoding every zoo job times (speedup_vs_fastest)
 
@@ -373,7 +378,7 @@ def zoo_json(groups_: Sequence[Group], plots: dict[tuple, str]) -> dict:
 
 # --- the plot ---------------------------------------------------------------------------------------
 
-MARKERS = {STRICT: "*", "mars": "o", "typical": "s", "topm": "D", "entropy": "^", "ears": "v"}
+MARKERS = {STRICT: "*", Mars.name: "o", Typical.name: "s", TopM.name: "D", EntropyGate.name: "^", Ears.name: "v"}
 
 
 def _style(rules: Sequence[str]) -> dict[str, tuple]:
