@@ -411,8 +411,9 @@ def check_runnable(exp: Experiment, cmds: Sequence[Command], launcher: str, data
     if launcher != "slurm" and not cuda_available():
         raise NotRunnable(
             f"no CUDA GPU is visible (torch.cuda.is_available() is False): eval.paper {exp.name} runs the paper's "
-            "experiments on GPU clusters; for the CPU pipeline use scripts/reproduce_embedded.sh "
-            "(--dry-run prints the jobs without running them)")
+            "experiments on GPU clusters; on a CPU use the embedded pair's scripts "
+            f"({'scripts/rule_zoo_embedded.sh' if exp.report == 'eval.zoo' else 'scripts/reproduce_embedded.sh'}; "
+            "--dry-run prints the jobs without running them)")
     problems = []
     for cmd in {cmd.model: cmd for cmd in cmds}.values():  # a model's commands share its paths
         config = model_config(cmd.model)
