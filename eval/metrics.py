@@ -125,7 +125,7 @@ def by_category(kept: dict[str, list[dict]], categories: dict, baseline: str, pl
     out: dict[str, dict] = {}
     for method, recs in kept.items():
         groups: dict[str, list[dict]] = {}
-        for r in recs:
+        for r in sorted(recs, key=lambda r: (str(type(r["question_id"])), r["question_id"])):  # file order
             groups.setdefault(str(categories.get(r["question_id"], "")), []).append(r)
         out[method] = {cat: {k: method_figures(rs)[k] for k in ("questions", "tokens_per_s", "tau")}
                        for cat, rs in groups.items()}
