@@ -25,6 +25,27 @@ from eagle.config import text_config
 DEFAULT_MAX_CACHE_LEN = 2048  # entries, when the caller names none and the model's context is longer
 
 
+class PathCache:
+    """What a cache of the target adapter adds to transformers': keeping a tree path and truncating,
+    layer by layer. Mixed into `mars.target.TreeCache` and `StaticTreeCache`, whose layers have
+    `keep(start, indices)` and `truncate(length)`."""
+
+    layers: list
+
+    def keep(self, start: int, indices: torch.Tensor) -> None:
+        """One gather per layer, with the indices copied once to each device the layers use."""
+        on_device: dict[torch.device, torch.Tensor] = {}
+        for layer in self.layers:
+            where = layer.keys.device if layer.is_initialized else indices.device
+            if where not in on_device:
+                on_device[where] = indices.to(where)
+            layer.keep(start, on_device[where])
+
+    def truncate(self, length: int) -> None:
+        for layer in self.layers:
+            layer.truncate(length)
+
+
 class StaticTreeLayer(StaticLayer):
     """A `StaticLayer` (full-capacity `keys`/`values` [1, kv_heads, max_cache_len, d] written at
     `cumulative_length`, a device tensor) that can drop its tail and keep a tree path."""
@@ -48,7 +69,7 @@ class StaticTreeLayer(StaticLayer):
         self.truncate(0)
 
 
-class StaticTreeCache(StaticCache):
+class StaticTreeCache(PathCache, StaticCache):
     """A `StaticCache` of `StaticTreeLayer`s, one per decoder layer, allocated at the first forward
     and then only written in place: its buffers keep their addresses for the generator's lifetime."""
 
@@ -57,18 +78,6 @@ class StaticTreeCache(StaticCache):
         self.max_cache_len = max_cache_len
         self.layers = [StaticTreeLayer(max_cache_len) for _ in range(text_config(config).num_hidden_layers)]
 
-    def keep(self, start: int, indices: torch.Tensor) -> None:
-        """One gather per layer, with the indices copied once to each device the layers use."""
-        on_device: dict[torch.device, torch.Tensor] = {}
-        for layer in self.layers:
-            where = layer.keys.device if layer.is_initialized else indices.device
-            if where not in on_device:
-                on_device[where] = indices.to(where)
-            layer.keep(start, on_device[where])
-
-    def truncate(self, length: int) -> None:
-        for layer in self.layers:
-            layer.truncate(length)
 
 
 class StaticMasks:

@@ -24,7 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
 from eagle.tree import DraftTree
-from mars.static import DEFAULT_MAX_CACHE_LEN, StaticMasks, StaticTreeCache, pad_to
+from mars.static import DEFAULT_MAX_CACHE_LEN, PathCache, StaticMasks, StaticTreeCache, pad_to
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 EXACT_ATTENTION = "mars_exact"
@@ -206,7 +206,7 @@ class PreallocatedLayer(DynamicLayer):
             self._views()
 
 
-class TreeCache(DynamicCache):
+class TreeCache(PathCache, DynamicCache):
     """A `DynamicCache` of `PreallocatedLayer`s, one per decoder layer, that can keep a tree path."""
 
     def __init__(self, config, capacity: int):
@@ -215,18 +215,6 @@ class TreeCache(DynamicCache):
         self.capacity = capacity
         self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
 
-    def keep(self, start: int, indices: torch.Tensor) -> None:
-        """One gather per layer, with the indices copied once to each device the layers use."""
-        on_device: dict[torch.device, torch.Tensor] = {}
-        for layer in self.layers:
-            where = layer._k.device if layer.is_initialized else indices.device
-            if where not in on_device:
-                on_device[where] = indices.to(where)
-            layer.keep(start, on_device[where])
-
-    def truncate(self, length: int) -> None:
-        for layer in self.layers:
-            layer.truncate(length)
 
 
 def context_length(config) -> int:
