@@ -30,7 +30,7 @@ import transformers
 
 from eagle.precision import DTYPES, resolve_dtype
 from eagle.scripted import ScriptedHead
-from eval.config import GENERATE, VANILLA
+from eval.config.methods import GENERATE, VANILLA
 from mars import SpeculativeGenerator
 from mars.rules.margin import Mars
 from mars.rules.strict import Strict

@@ -21,6 +21,9 @@ from mars.target import DeviceRoute, module_device, route_devices
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle", "mars", "eval")
 ALLOWED = {"eval": {"eval", "mars", "eagle"}, "mars": {"mars", "eagle"}, "eagle": {"eagle"}}
+# eval's layers, top first: a module imports its own layer and those below it. The top layer is the
+# commands (eval/*.py: python -m eval.run, eval.score, ...); every package below them has one place.
+EVAL_LAYERS = ("", "runner", "reporting", "benchmarks", "scoring", "runs", "config")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -121,6 +124,24 @@ def test_imports_run_from_eval_to_mars_to_eagle():
     upward = [(module, imported) for module, imports in project_imports().items() for imported in imports
               if imported.split(".")[0] not in ALLOWED[module.split(".")[0]]]
     assert upward == []
+
+
+def eval_layer(module: str) -> int:
+    """The index in EVAL_LAYERS of an eval module (eval.runner.job -> runner; eval.run -> the commands)."""
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in EVAL_LAYERS) else ""
+    return EVAL_LAYERS.index(package)
+
+
+def test_eval_imports_run_from_commands_down_to_config():
+    graph = project_imports()
+    packages = {p.name for p in (REPO / "eval").iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(EVAL_LAYERS) - {""}  # a new package gets a place in the order
+    upward = [(module, imported) for module, imports in graph.items() if module.startswith("eval.")
+              for imported in imports if imported.startswith("eval.") and imported != "eval"
+              and eval_layer(imported) < eval_layer(module)]
+    assert upward == []
+    assert eval_layer("eval.run") == 0 and eval_layer("eval.runner.job") == 1 and eval_layer("eval.config") == 6
 
 
 def test_project_modules_import_no_cycle():

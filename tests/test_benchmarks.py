@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from helpers import save_standin_pair
 
-from eval.bench import REPO_ROOT
 from eval.benchmarks import (
     BENCHMARKS,
     Benchmark,
@@ -25,7 +24,8 @@ from eval.benchmarks import (
     question_records,
     register_benchmark,
 )
-from eval.score import score
+from eval.benchmarks.scoring import score
+from eval.config.paths import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -136,7 +136,7 @@ class Riddles(Benchmark):
 def test_a_benchmark_defined_outside_eval_runs_through_eval_run_and_eval_score(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from eval.run import run
+    from eval.runner.job import run
 
     data = tmp_path / "bench"
     data.mkdir()

@@ -7,8 +7,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from eval.bench import REPO_ROOT
-from eval.config import PLAIN, SAMPLINGS, TREES, RuleMethod, RunConfig, WandbMode, method_spec, parse_shard, validate
+from eval.config.methods import PLAIN, RuleMethod, method_spec
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import SAMPLINGS, TREES, RunConfig, WandbMode, parse_shard, validate
 from mars.rules import RULES
 
 CONFIGS = REPO_ROOT / "configs"

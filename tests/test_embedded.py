@@ -18,7 +18,8 @@ from eagle import Eagle3Head, load_draft
 from eagle.train.corpus import read_source, stdlib_files
 from eagle.train.data import chunk_tokens, tokenize_texts
 from eagle.train.evaluate import evaluate_head
-from eval.bench import PromptFormat, Question, encode
+from eval.benchmarks.prompting import PromptFormat, encode
+from eval.benchmarks.questions import Question
 from mars import SpeculativeGenerator
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"

@@ -11,21 +11,16 @@ import torch
 import transformers
 from hydra import compose, initialize_config_dir
 
-from eval import quality
-from eval.answers import AnswerFile, answer_record, read_answers
-from eval.bench import (
-    BENCH_DIR_ENV,
-    DEFAULT_BENCH_DIR,
-    REPO_ROOT,
-    PromptFormat,
-    Question,
-    bench_dir,
-    encode,
-)
 from eval.benchmarks import load_questions
-from eval.config import method_spec, sampling_of, validate
-from eval.metrics import format_table
+from eval.benchmarks.prompting import PromptFormat, encode
+from eval.benchmarks.questions import Question
+from eval.config.methods import method_spec
+from eval.config.paths import BENCH_DIR_ENV, DEFAULT_BENCH_DIR, REPO_ROOT, bench_dir
+from eval.config.schema import sampling_of, validate
 from eval.prompts import build_prompts, extract_prompts
+from eval.reporting.metrics import format_table
+from eval.runs.layout import AnswerFile, answer_record, read_answers
+from eval.scoring import quality
 
 SOURCE = '''"""A module."""
 

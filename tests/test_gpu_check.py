@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from eval.bench import REPO_ROOT
+from eval.config.paths import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"

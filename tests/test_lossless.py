@@ -22,14 +22,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import (
-    chi_square_pvalue,
-    emitted,
-    make_tree,
-    marginal,
-    tiny_generator,
-    tree_outcome_distribution,
-)
+from helpers import chi_square_pvalue, emitted, make_tree, marginal, tiny_generator, tree_outcome_distribution
 
 from mars import SpeculativeGenerator
 from mars.adaptive import AdaptiveTree, CycleCosts

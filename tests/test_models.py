@@ -23,9 +23,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from eagle import load_draft
-from eval.bench import REPO_ROOT, PromptFormat, Question, encode, prompt_format
 from eval.benchmarks import load_questions
-from eval.run import tree_shape
+from eval.benchmarks.prompting import PromptFormat, encode, prompt_format
+from eval.benchmarks.questions import Question
+from eval.config.paths import REPO_ROOT
+from eval.runner.models import tree_shape
 from mars import SpeculativeGenerator
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -17,12 +17,14 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-import eval.config  # noqa: F401  (the structured configs, before any compose)
-from eval import paper, zoo
-from eval.config import SAMPLINGS, TREES, method_spec, validate
+from eval import paper
+from eval.config.methods import method_spec
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import SAMPLINGS, TREES, validate
+from eval.reporting import experiments, paper_jobs, zoo
 
-CONFIGS = paper.REPO_ROOT / "configs"
-SCRIPTS = paper.REPO_ROOT / "scripts" / "paper"
+CONFIGS = REPO_ROOT / "configs"
+SCRIPTS = REPO_ROOT / "scripts" / "paper"
 WRAPPERS = {"main_table.sh": "main", "main_table_t0.sh": "main_t0", "quality_table.sh": "quality",
             "theta_ablation.sh": "theta", "depth_ablation.sh": "depth", "temperature_sweep.sh": "temperature",
             "rule_zoo.sh": "zoo"}
@@ -75,14 +77,14 @@ def is_hydra(override: str) -> bool:
 
 
 def test_experiments_name_known_configs():
-    for exp in paper.EXPERIMENTS.values():
-        assert set(exp.models) <= set(paper.model_names()) and exp.num_jobs() == JOBS[exp.name]
+    for exp in experiments.EXPERIMENTS.values():
+        assert set(exp.models) <= set(experiments.model_names()) and exp.num_jobs() == JOBS[exp.name]
         assert all((CONFIGS / "bench" / f"{b}.yaml").exists() for b in exp.benches)
 
 
-@pytest.mark.parametrize("name", list(paper.EXPERIMENTS))
+@pytest.mark.parametrize("name", list(experiments.EXPERIMENTS))
 def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
-    exp = paper.EXPERIMENTS[name]
+    exp = experiments.EXPERIMENTS[name]
     out = tmp_path / "out dir,x=y"  # a space, a comma and '=' must survive the shell and Hydra
     runs, jobs, report, text = dry_run(capsys, name, "--out", str(out))
     split = name == "zoo"  # ears (no greedy form) is a baseline at T=1 only: a multirun per temperature
@@ -116,19 +118,19 @@ def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
 
 
 def test_the_experiments_are_the_papers(capsys):
-    main, theta, depth = (paper.EXPERIMENTS[n] for n in ("main", "theta", "depth"))
+    main, theta, depth = (experiments.EXPERIMENTS[n] for n in ("main", "theta", "depth"))
     assert main.benches == ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum") and main.sampling == "t1"
-    assert paper.EXPERIMENTS["main_t0"].sampling == "t0" and main.thetas == (0.9,) and main.tree == "paper"
+    assert experiments.EXPERIMENTS["main_t0"].sampling == "t0" and main.thetas == (0.9,) and main.tree == "paper"
     assert [round(t, 2) for t in theta.thetas] == [0.84, 0.86, 0.88, 0.90, 0.92, 0.94, 0.96, 0.98]
     assert (theta.models, theta.benches, theta.sampling) == (("qwen3_8b",), ("humaneval", "wmt19"), "t02")
     assert (depth.models, depth.benches, depth.depths) == (("qwen3_32b",), ("gsm8k",), (6, 9, 12, 15))
-    assert set(paper.EXPERIMENTS["quality"].benches) == {"humaneval", "gsm8k", "wmt19", "sum", "mt_bench"}
+    assert set(experiments.EXPERIMENTS["quality"].benches) == {"humaneval", "gsm8k", "wmt19", "sum", "mt_bench"}
     assert all(e.method == "mars" and e.baselines == ("generate", "vanilla", "strict") and e.report == "eval.report"
-               for e in paper.EXPERIMENTS.values() if e.name != "zoo")
+               for e in experiments.EXPERIMENTS.values() if e.name != "zoo")
 
 
 def test_the_zoo_is_one_strict_job_per_temperature_with_every_rule_point_beside_it(capsys, tmp_path):
-    exp = paper.EXPERIMENTS["zoo"]
+    exp = experiments.EXPERIMENTS["zoo"]
     assert (exp.method, exp.thetas, exp.temperatures, exp.report) == ("strict", (), (0.0, 1.0), "eval.zoo")
     runs, jobs, report, text = dry_run(capsys, "zoo", "--out", str(tmp_path), "--models", "llama31_8b")
     t0, t1 = (next(o for o in run if o.startswith("baselines=")) for run in runs)
@@ -141,11 +143,11 @@ def test_the_zoo_is_one_strict_job_per_temperature_with_every_rule_point_beside_
 
 def test_an_experiment_names_methods_the_catalog_knows():
     with pytest.raises(ValueError, match="unknown method 'nosuchrule@1'"):
-        paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), baselines=("vanilla", "nosuchrule@1"))
+        experiments.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), baselines=("vanilla", "nosuchrule@1"))
     with pytest.raises(ValueError, match="strict has no main parameter"):
-        paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="strict", thetas=(0.9,))
-    exp = paper.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="typical[delta=0.2]", thetas=(0.05, 0.1))
-    assert paper.method_overrides(exp) == ["method=typical", "method.delta=0.2", "method.epsilon=0.05,0.1"]
+        experiments.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="strict", thetas=(0.9,))
+    exp = experiments.Experiment("x", "-", ("qwen3_8b",), ("gsm8k",), method="typical[delta=0.2]", thetas=(0.05, 0.1))
+    assert paper_jobs.method_overrides(exp) == ["method=typical", "method.delta=0.2", "method.epsilon=0.05,0.1"]
 
 
 @pytest.mark.parametrize("launcher,target", [("gpus", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
@@ -179,9 +181,9 @@ def test_model_paths_from_options_env_and_models_dir(capsys, tmp_path, monkeypat
     monkeypatch.setenv("MARS_DRAFT_QWEN3_32B", str(draft))
     monkeypatch.setenv("MARS_MODELS_DIR", str(tmp_path / "models"))
     (tmp_path / "models" / "Qwen" / "Qwen3-32B").mkdir(parents=True)
-    assert paper.model_path("qwen3_32b", "target") == str(tmp_path / "models" / "Qwen" / "Qwen3-32B")
-    assert paper.model_path("qwen3_32b", "draft") == str(draft)  # the env var, though it does not exist (yet)
-    assert paper.model_path("qwen3_8b", "target") == "Qwen/Qwen3-8B"  # not under MARS_MODELS_DIR: the hub id
+    assert experiments.model_path("qwen3_32b", "target") == str(tmp_path / "models" / "Qwen" / "Qwen3-32B")
+    assert experiments.model_path("qwen3_32b", "draft") == str(draft)  # the env var, though it does not exist (yet)
+    assert experiments.model_path("qwen3_8b", "target") == "Qwen/Qwen3-8B"  # not under MARS_MODELS_DIR: the hub id
     runs, *_ = dry_run(capsys, "depth", "--out", str(tmp_path))
     assert f'model.target="{tmp_path}/models/Qwen/Qwen3-32B"' in runs[0] and f'model.draft="{draft}"' in runs[0]
 
@@ -199,36 +201,37 @@ def test_bad_arguments_exit_2(capsys):
 
 def test_model_path_check_names_the_path(tmp_path, monkeypatch):
     missing = tmp_path / "no" / "such" / "model"
-    assert str(missing) in paper.model_path_problem(str(missing))
+    assert str(missing) in experiments.model_path_problem(str(missing))
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "config.json").write_text("{}")
-    assert paper.model_path_problem(str(tmp_path / "tiny")) is None
-    assert "is a file" in paper.model_path_problem(str(tmp_path / "tiny" / "config.json"))
+    assert experiments.model_path_problem(str(tmp_path / "tiny")) is None
+    assert "is a file" in experiments.model_path_problem(str(tmp_path / "tiny" / "config.json"))
     # a hub id counts only when the local Hugging Face cache has it
     import huggingface_hub.constants as hf
 
     monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    problem = paper.model_path_problem("mars-spec-test/tiny-model")
+    problem = experiments.model_path_problem("mars-spec-test/tiny-model")
     assert "mars-spec-test/tiny-model" in problem and "Hugging Face cache" in problem
     repo = tmp_path / "hub" / "models--mars-spec-test--tiny-model"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text("0" * 40)
     (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
     (repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
-    assert paper.model_path_problem("mars-spec-test/tiny-model") is None
+    assert experiments.model_path_problem("mars-spec-test/tiny-model") is None
 
 
-@pytest.mark.parametrize("name", list(paper.EXPERIMENTS))
+@pytest.mark.parametrize("name", list(experiments.EXPERIMENTS))
 def test_without_a_gpu_every_experiment_stops_with_one_line(name, capsys):
     assert paper.main([name]) == 2  # this machine has no GPU; nothing is printed but the reason
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
-    cpu_script = "rule_zoo_embedded.sh" if paper.EXPERIMENTS[name].report == "eval.zoo" else "reproduce_embedded.sh"
+    zoo_like = experiments.EXPERIMENTS[name].report == "eval.zoo"
+    cpu_script = "rule_zoo_embedded.sh" if zoo_like else "reproduce_embedded.sh"
     assert "no CUDA GPU" in err and f"scripts/{cpu_script}" in err  # the embedded pair's version of it
 
 
 def test_missing_models_and_benchmark_files_are_named(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(paper, "cuda_available", lambda: True)
+    monkeypatch.setattr(paper_jobs, "cuda_available", lambda: True)
     (tmp_path / "draft").mkdir()
     argv = ["theta", "--out", str(tmp_path / "out"), "--target", str(tmp_path / "nope"),
             "--draft", str(tmp_path / "draft")]
@@ -246,7 +249,7 @@ def test_missing_models_and_benchmark_files_are_named(capsys, tmp_path, monkeypa
 
 
 def test_a_run_launches_the_printed_sweeps_then_the_report(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(paper, "cuda_available", lambda: True)
+    monkeypatch.setattr(paper_jobs, "cuda_available", lambda: True)
     (tmp_path / "m").mkdir()
     out = tmp_path / "out"
     calls = []
@@ -263,7 +266,7 @@ def test_a_run_launches_the_printed_sweeps_then_the_report(capsys, tmp_path, mon
     text = capsys.readouterr().out
     printed = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m eval.")]
     assert [argv[1:] for argv, _ in calls] == [p[1:] for p in printed]  # exactly what --dry-run prints
-    assert all(cwd == paper.REPO_ROOT for _, cwd in calls) and calls[-1][0][2] == "eval.report"
+    assert all(cwd == REPO_ROOT for _, cwd in calls) and calls[-1][0][2] == "eval.report"
     assert str(out / "report" / "report.md") in text
 
     calls.clear()
@@ -290,7 +293,7 @@ def test_each_wrapper_execs_eval_paper_from_the_repository_root(tmp_path):
         done = subprocess.run(["bash", str(path), "--dry-run", "--", "out_dir=a b"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == [str(paper.REPO_ROOT), "-m", "eval.paper", name, "--dry-run", "--",
+        assert done.stdout.splitlines() == [str(REPO_ROOT), "-m", "eval.paper", name, "--dry-run", "--",
                                             "out_dir=a b"]
 
 

@@ -1,4 +1,4 @@
-"""GPU placement arithmetic (eval.placement), on CPU with published model configs: one GPU when the
+"""GPU placement arithmetic (eval.runner.placement), on CPU with published model configs: one GPU when the
 target and decoding's headroom fit, spread with that headroom kept free when they do not."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import torch
 import transformers
 from hydra import compose, initialize_config_dir
 
-import eval.run as run_module
-from eval.bench import REPO_ROOT
-from eval.config import validate
-from eval.placement import GiB, decoding_headroom, plan, weight_bytes
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import validate
+from eval.runner import models
+from eval.runner.placement import GiB, decoding_headroom, plan, weight_bytes
 
 LLAMA31_8B = transformers.LlamaConfig(
     vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -55,9 +55,9 @@ def test_eval_run_places_by_the_plan(monkeypatch, tmp_path):
     run = validate(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(run_module, "gpu_bytes", lambda index: 80 * GiB)
-    assert run_module.placement(run, None, torch.bfloat16) == {"device_map": {"": 0}}
-    assert run_module.placement(run, [1], torch.bfloat16) == {"device_map": {"": 1}}
-    monkeypatch.setattr(run_module, "gpu_bytes", lambda index: 12 * GiB)  # two 12 GB GPUs: spread
-    spread = run_module.placement(run, None, torch.bfloat16)
+    monkeypatch.setattr(models, "gpu_bytes", lambda index: 80 * GiB)
+    assert models.placement(run, None, torch.bfloat16) == {"device_map": {"": 0}}
+    assert models.placement(run, [1], torch.bfloat16) == {"device_map": {"": 1}}
+    monkeypatch.setattr(models, "gpu_bytes", lambda index: 12 * GiB)  # two 12 GB GPUs: spread
+    spread = models.placement(run, None, torch.bfloat16)
     assert spread["device_map"] == "auto" and set(spread["max_memory"]) == {0, 1}

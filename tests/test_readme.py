@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from eval.bench import REPO_ROOT
+from eval.config.paths import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -33,7 +33,7 @@ def test_the_example_rule_runs_and_relaxes_only_where_it_says(tmp_path):
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     plugin = tmp_path / "confident.py"
     plugin.write_text(code)
-    from eval.config import load_plugins
+    from eval.config.methods import load_plugins
     from mars.rules import RULES, make_rule
 
     if "confident" not in RULES:  # imported once per session (the registry refuses a second class)

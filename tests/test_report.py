@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import DASH, ReportError, generate_cell, is_plain, load_runs, main, merge_runs, table
+from eval.report import main
+from eval.reporting.summaries import ReportError, is_plain, load_runs, merge_runs
+from eval.reporting.tables import DASH, generate_cell, table
 
 # --- synthetic fixtures ---------------------------------------------------------------------------
 
@@ -50,7 +52,7 @@ def fake_questions(model: str, bench: str, temperature: float, method: str, n: i
 
 
 def fake_figures(qs: list[dict], method: str) -> dict:
-    """One method's figures pooled as eval.metrics pools them."""
+    """One method's figures pooled as eval.reporting.metrics pools them."""
     tokens, seconds, cycles = (sum(q[k] for q in qs) for k in ("tokens", "seconds", "cycles"))
     counts = [0] * (len(EDGES) - 1)
     for m in (m for q in qs for m in q["margins"]):

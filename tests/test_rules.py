@@ -212,9 +212,9 @@ def test_a_rule_defined_outside_mars_runs_through_eval_run(tmp_path):
     run directory and the summary's method are named from the rule's parameters."""
     from hydra import compose, initialize_config_dir
 
-    from eval.bench import REPO_ROOT
-    from eval.config import register as register_configs
-    from eval.run import run
+    from eval.config.paths import REPO_ROOT
+    from eval.config.schema import register as register_configs
+    from eval.runner.job import run
 
     register_configs()  # the Hydra schemas of rules registered since eval.config was imported
     standin = save_standin_pair(tmp_path / "standin")
@@ -233,7 +233,7 @@ def test_a_rule_defined_outside_mars_runs_through_eval_run(tmp_path):
 
 
 def test_plugins_register_rules_from_a_file(tmp_path):
-    from eval.config import load_plugins
+    from eval.config.methods import load_plugins
 
     plugin = tmp_path / "confident.py"
     plugin.write_text(

@@ -19,15 +19,17 @@ import torch
 from helpers import save_standin_pair
 from hydra import compose, initialize_config_dir
 
-from eval.answers import AnswerFile, read_answers
-from eval.bench import REPO_ROOT
-from eval.config import validate
-from eval.report import load_runs, merge_runs
-from eval.run import check_offload, claim_gpus, job_methods, run, run_directory
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import validate
+from eval.reporting.summaries import load_runs, merge_runs
+from eval.runner.directories import job_methods, run_directory
+from eval.runner.job import run
+from eval.runner.models import check_offload, claim_gpus
+from eval.runs.layout import AnswerFile, read_answers
 from mars.calibrate import CANDIDATES, TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-# float32 on a CPU: model.generate is also timed in bf16 (eval.run.job_methods)
+# float32 on a CPU: model.generate is also timed in bf16 (eval.runner.directories.job_methods)
 METHODS = ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.9"]
 
 

@@ -1,9 +1,9 @@
-"""The sandbox (eval.sandbox) and HumanEval pass@1 scoring (eval.humaneval).
+"""The sandbox (eval.scoring.sandbox) and HumanEval pass@1 scoring (eval.scoring.humaneval).
 
 Hostile snippets are only ever run through run_sandboxed. Every hostile run checks that the call
 returned in bounded time, that the harm did not happen (files outside the sandbox untouched, this
 process and a sacrificial process alive, no connection reached a listener of ours) and that no
-sandboxed process is left over. The HumanEval tasks come from `eval.bench.bench_dir()`
+sandboxed process is left over. The HumanEval tasks come from `eval.config.paths.bench_dir()`
 ($MARS_BENCH_DIR in CI).
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from eval import humaneval as H
-from eval.bench import REPO_ROOT
-from eval.sandbox import OUTPUT_LIMIT, TEMP_PREFIX, SandboxResult, run_sandboxed, sandbox_layers, sandbox_user
+from eval.config.paths import REPO_ROOT
+from eval.scoring import humaneval as H
+from eval.scoring.sandbox import OUTPUT_LIMIT, TEMP_PREFIX, SandboxResult, run_sandboxed, sandbox_layers, sandbox_user
 
 try:
     import psutil

@@ -1,6 +1,6 @@
-"""Benchmark quality scoring (eval.score), the LLM judge (eval.judge) and the `python -m eval.score` CLI.
+"""Benchmark quality scoring (eval.score), the LLM judge (eval.scoring.judge) and the `python -m eval.score` CLI.
 
-The benchmark files come from `eval.bench.bench_dir()` ($MARS_BENCH_DIR in CI). The judge is only
+The benchmark files come from `eval.config.paths.bench_dir()` ($MARS_BENCH_DIR in CI). The judge is only
 ever pointed at a fake chat-completions server that this module starts on 127.0.0.1.
 """
 
@@ -21,11 +21,11 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from eval import score as S
-from eval import scorers as M
-from eval.bench import REPO_ROOT, bench_dir
-from eval.judge import JudgeError, judge_config, parse_rating
-from eval.metrics import ratio
+from eval.benchmarks import scoring as S
+from eval.config.paths import REPO_ROOT, bench_dir
+from eval.reporting.metrics import ratio
+from eval.scoring import text as M
+from eval.scoring.judge import JudgeError, judge_config, parse_rating
 
 DATA = bench_dir()
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -209,17 +209,17 @@ def test_quality_recovery() -> None:
     assert ratio(None, 1.0) is None
 
 
-# --- HumanEval: scored by eval.humaneval ----------------------------------------------------------
+# --- HumanEval: scored by eval.scoring.humaneval ----------------------------------------------------------
 
 def test_humaneval_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wiring: score() hands the records to eval.humaneval.score_humaneval and reports its pass@1."""
+    """The wiring: score() hands the records to eval.scoring.humaneval.score_humaneval and reports its pass@1."""
     calls = []
 
     def fake(records, data_dir=None, timeout=10.0, workers=2, tasks=None):
         calls.append((len(records), data_dir))
         return {"n": len(records), "pass@1": 0.5, "per_question": {"0": {"passed": True}, "1": {"passed": False}}}
 
-    monkeypatch.setitem(sys.modules, "eval.humaneval", types.SimpleNamespace(score_humaneval=fake))
+    monkeypatch.setitem(sys.modules, "eval.scoring.humaneval", types.SimpleNamespace(score_humaneval=fake))
     records = [record(0, "    return True\n"), record(1, "    return False\n")]
     assert S.score("humaneval", records, DATA) == {"bench": "humaneval", "n": 2, "pass@1": 0.5, "metric": "pass@1"}
     assert S.score("humaneval", records, DATA, per_question=True)["per_question"]["1"] == {"passed": False}

@@ -1,4 +1,4 @@
-"""W&B logging of an evaluation job (eval/tracking.py), against the real wandb package in offline mode.
+"""W&B logging of an evaluation job (eval/reporting/tracking.py), against the real wandb package in offline mode.
 
 Every W&B file goes under the test's tmp_path (home, cache, config, data and temp directories, and
 a .netrc that does not exist, so no real credentials are found). Offline runs keep no summary file:
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from eval import tracking
-from eval.answers import AnswerFile, answer_record
-from eval.config import LoggingConfig, WandbMode
-from eval.metrics import method_figures
+from eval.config.schema import LoggingConfig, WandbMode
+from eval.reporting import tracking
+from eval.reporting.metrics import method_figures
+from eval.runs.layout import AnswerFile, answer_record
 from mars.stats import VerifyStats
 
 MODEL, BENCH, METHOD = "tiny", "embedded", "mars@0.9"
@@ -38,7 +38,7 @@ SUMMARY = {
 
 
 def record(question_id: int, new_tokens: list[int], cycles: list[int], seconds: list[float]) -> dict:
-    """An answer record as eval.run writes it, with the `eval` fields eval.metrics needs."""
+    """An answer record as eval.run writes it, with the `eval` fields eval.reporting.metrics needs."""
     turns = len(new_tokens)
     extra = {"method": METHOD, "token_ids": [[1] * n for n in new_tokens], "max_new_tokens": [64] * turns,
              "parses": [None] * turns, "loglik": [None] * turns, "loglik_tokens": [0] * turns,
@@ -220,7 +220,7 @@ def test_offline_run_logs_progress_summary_tags_and_answers(wandb_env: Path, cap
 
     history = [folded(h.item) for h in of_type(records, "history")]
     taus = [h[f"{METHOD}/tau"] for h in history if f"{METHOD}/tau" in h]
-    assert taus == pytest.approx([16 / 5, 36 / 12, 36 / 12])  # running, as eval.metrics defines tau
+    assert taus == pytest.approx([16 / 5, 36 / 12, 36 / 12])  # running, as eval.reporting.metrics defines tau
 
     answers = {a.name: a for a in of_type(records, "artifact") if a.type == "answers"}
     own = "answers-tiny-embedded-mars_0.9-T0-0123456789"

@@ -20,9 +20,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from eval import zoo
-from eval.bench import REPO_ROOT
-from eval.config import method_spec, validate
+from eval import zoo as zoo_command
+from eval.config.methods import method_spec
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import validate
+from eval.reporting import zoo, zoo_tables
 from mars.rules import RULES, make_rule
 from mars.rules.base import TargetView
 
@@ -110,7 +112,7 @@ def write(path: Path, data: dict) -> Path:
 def report(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("zoo")
     files = [write(root / "summary_t0.json", t0_summary()), write(root / "summary_t1.json", t1_summary())]
-    assert zoo.main([*map(str, files), "--out", str(root / "out")]) == 0
+    assert zoo_command.main([*map(str, files), "--out", str(root / "out")]) == 0
     return root / "out"
 
 
@@ -161,7 +163,7 @@ def test_each_rule_relaxes_at_least_as_much_at_each_next_point():
 @pytest.mark.parametrize("temperature,preset", [(0.0, "t0"), (1.0, "t1")])
 def test_the_baselines_line_composes_into_a_valid_zoo_job(temperature, preset, capsys):
     """What `python -m eval.zoo --baselines T` prints is one Hydra value that eval.run's config accepts."""
-    assert zoo.main(["--baselines", f"{temperature:g}"]) == 0
+    assert zoo_command.main(["--baselines", f"{temperature:g}"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert OverridesParser.create().parse_override(f"baselines={line}").value() == zoo.baselines(temperature)
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
@@ -240,7 +242,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_the_plot_has_a_cost_panel_per_temperature_and_a_quality_panel_where_quality_moves(report):
     groups = zoo.groups(zoo.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
-    assert [(g.temperature, panel) for g, panel in zoo.panels(groups)] == [(1.0, "cost"), (0.0, "cost"),
+    assert [(g.temperature, panel) for g, panel in zoo_tables.panels(groups)] == [(1.0, "cost"), (0.0, "cost"),
                                                                             (0.0, "quality")]
     width, height = png_size(report / "pareto.png")
     assert width > 2.5 * height  # three panels side by side
@@ -252,7 +254,7 @@ def test_run_dirs_and_several_models_give_one_plot_each_and_count_shared_answers
     copy = write(tmp_path / "summary_a.json", t1_summary(model="model-a"))  # eval.run's summary_path copy
     write(tmp_path / "runs" / "b" / "strict-T0-y" / "summary.json", t0_summary(model="model-b", bench="gsm8k"))
     out = tmp_path / "out"
-    assert zoo.main([str(tmp_path / "runs"), str(copy), "--out", str(out)]) == 0
+    assert zoo_command.main([str(tmp_path / "runs"), str(copy), "--out", str(out)]) == 0
     data = json.loads((out / "zoo.json").read_text())
     assert [(g["model"], g["bench"], g["plot"]) for g in data["groups"]] == [
         ("model-a", "stdlib_heldout", "pareto_model-a_stdlib_heldout.png"),
@@ -262,10 +264,10 @@ def test_run_dirs_and_several_models_give_one_plot_each_and_count_shared_answers
 
 
 def test_missing_input_exits_2_naming_it(tmp_path, capsys):
-    assert zoo.main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "out")]) == 2
+    assert zoo_command.main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "out")]) == 2
     assert f"{tmp_path / 'nope.json'}: no such file or directory" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        zoo.main([str(tmp_path)])  # no --out
+        zoo_command.main([str(tmp_path)])  # no --out
     assert e.value.code == 2
 
 

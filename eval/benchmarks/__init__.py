@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eval.bench import BENCH_DIR_ENV, Question, _question, bench_path, question_file, resolve
-from eval.jsonl import read_jsonl
+from eval.benchmarks.questions import Question, _question, question_file
+from eval.config.paths import BENCH_DIR_ENV, bench_path, resolve
+from eval.runs.jsonl import read_jsonl
 
 BENCHMARKS: dict[str, Benchmark] = {}
 
@@ -51,7 +52,7 @@ class ScoreContext:
 
     records: list[dict]  # the answer records as read (HumanEval runs them)
     baseline: dict[str, list[str]] | None = None  # the same model's vanilla answers, where given
-    judge: Any = None  # an LLM judge's configuration (eval.judge), where configured
+    judge: Any = None  # an LLM judge's configuration (eval.scoring.judge), where configured
     data_dir: str | Path | None = None
     per_question: bool = False
     extra: dict = field(default_factory=dict)

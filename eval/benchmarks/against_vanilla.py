@@ -1,19 +1,19 @@
 """Sets without references (MT-bench, Alpaca, NQ as collected here), scored against the same model's
 vanilla answers, as the MARS paper does (a lossless method scores 100 / 100 / 1.0 by construction),
-and by an LLM judge where one is configured (`eval.judge`)."""
+and by an LLM judge where one is configured (`eval.scoring.judge`)."""
 
 from __future__ import annotations
 
 import warnings
 
-from eval.bench import bench_dir
 from eval.benchmarks import Benchmark, ScoreContext
-from eval.scorers import VS_VANILLA, _mean, _vs_vanilla_each
+from eval.config.paths import bench_dir
+from eval.scoring.text import VS_VANILLA, _mean, _vs_vanilla_each
 
 
 def score_against_vanilla(name: str, answers: dict[str, list[str]], questions: dict[str, dict],
                           context: ScoreContext) -> tuple[dict, dict]:
-    from eval.judge import judge_answers, judge_config, load_judge_prompts
+    from eval.scoring.judge import judge_answers, judge_config, load_judge_prompts
 
     config = judge_config(**(context.judge or {}))
     if context.judge and config is None:

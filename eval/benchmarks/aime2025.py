@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
 from eval.benchmarks.gsm8k import score_final_numbers
-from eval.scorers import aime_reference_answer
+from eval.scoring.text import aime_reference_answer
 
 INSTRUCTION = ("Solve the following math problem step by step. At the end, Present the answer in LaTeX format: "
                "\\boxed{Your answer}.\n\n")  # the collected set's wording

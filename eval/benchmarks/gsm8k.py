@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
-from eval.scorers import extract_final_number, gsm8k_reference_answer, numbers_equal
+from eval.scoring.text import extract_final_number, gsm8k_reference_answer, numbers_equal
 
 
 def score_final_numbers(answers: dict[str, list[str]], questions: dict[str, dict], gold_of) -> tuple[dict, dict]:

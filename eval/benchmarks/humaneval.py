@@ -1,13 +1,13 @@
 """HumanEval (Chen et al. 2021): pass@1 of the answers' code against the official unit tests, each
-program run in the sandbox (`eval.sandbox`)."""
+program run in the sandbox (`eval.scoring.sandbox`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
-from eval.humaneval import TASKS_FILE
-from eval.jsonl import read_jsonl  # the original tasks with their unit tests, next to humaneval.jsonl
+from eval.runs.jsonl import read_jsonl  # the original tasks with their unit tests, next to humaneval.jsonl
+from eval.scoring.humaneval import TASKS_FILE
 
 INSTRUCTION = "Complete the code I provided.\n\n"  # the collected set's wording
 
@@ -38,7 +38,7 @@ class HumanEval(Benchmark):
 
     def score(self, answers: dict[str, list[str]], questions: dict[str, dict],
               context: ScoreContext) -> tuple[dict, dict]:
-        from eval.humaneval import score_humaneval
+        from eval.scoring.humaneval import score_humaneval
 
         tasks = {int(q["question_id"]): q["task"] for q in questions.values() if "task" in q} or None
         result = score_humaneval(context.records, data_dir=context.data_dir, tasks=tasks)

@@ -16,7 +16,7 @@ from eval.benchmarks.against_vanilla import AgainstVanilla, score_against_vanill
 from eval.benchmarks.gsm8k import score_final_numbers
 from eval.benchmarks.sum import score_summaries
 from eval.benchmarks.wmt19 import score_translation
-from eval.scorers import _squash, gsm8k_reference_answer, token_f1
+from eval.scoring.text import _squash, gsm8k_reference_answer, token_f1
 
 
 def _flat(references) -> list[str]:

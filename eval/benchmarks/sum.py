@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
 from eval.benchmarks.wmt19 import first_reference
-from eval.scorers import ROUGE_TYPES, rouge_each
+from eval.scoring.text import ROUGE_TYPES, rouge_each
 
 
 def score_summaries(answers: dict[str, list[str]], questions: dict[str, dict]) -> tuple[dict, dict]:

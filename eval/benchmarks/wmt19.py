@@ -5,7 +5,7 @@ from __future__ import annotations
 import sacrebleu
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
-from eval.scorers import bleu_chrf
+from eval.scoring.text import bleu_chrf
 
 INSTRUCTION = "Translate the following Chinese text to English.\n\n"  # the collected set's wording
 

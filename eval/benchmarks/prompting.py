@@ -15,83 +15,9 @@ multi-turn question is asked after the model's own answers to the earlier turns.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR_ENV = "MARS_BENCH_DIR"
-DEFAULT_BENCH_DIR = "../shared/data/bench"  # relative to the repository root
-
-
-@dataclass
-class Question:
-    question_id: int | str
-    turns: list[str]
-    category: str = ""
-    meta: dict = field(default_factory=dict)  # e.g. file and name of a stdlib prompt; completion_prompt
-    reference: list[str] | None = None  # reference answers, where the set has them
-
-
-def resolve(path: str | Path) -> Path:
-    """A path as given if absolute, else relative to the repository root (not the working directory)."""
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
-def bench_path(data_dir: str | Path | None = None) -> Path:
-    """Where the public sets are looked for: `data_dir`, else $MARS_BENCH_DIR, else ../shared/data/bench
-    (which may not exist; `bench_dir` checks)."""
-    return resolve(data_dir or os.environ.get(BENCH_DIR_ENV) or DEFAULT_BENCH_DIR)
-
-
-def bench_dir(data_dir: str | Path | None = None) -> Path:
-    """The directory of the public sets (`bench_path`), or a FileNotFoundError saying how to get them."""
-    directory = bench_path(data_dir)
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"benchmark data directory {directory} does not exist. Point bench.data_dir (or ${BENCH_DIR_ENV}) at a "
-            "directory of <set>.jsonl files (eval/benchmarks/ lists the sets). The public originals are the "
-            "question files in the data directories of the EAGLE (github.com/SafeAILab/EAGLE) and MARS "
-            "(github.com/5SSjw/MARS) releases; the project expects them in ../shared/data/bench next to the "
-            "repository."
-        )
-    return directory
-
-
-def question_file(name: str, data_dir: str | Path | None = None) -> Path:
-    """`name` is a public set (looked up in the bench directory) or a path to a .jsonl file."""
-    if name.endswith(".jsonl"):
-        path = resolve(name)
-        if not path.exists():
-            raise FileNotFoundError(f"question file {path} does not exist")
-        return path
-    path = bench_dir(data_dir) / f"{name}.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}")
-    return path
-
-
-def _question(record, where: str) -> Question:
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: a question is a JSON object, got {type(record).__name__}")
-    if "turns" in record:
-        turns = record["turns"]
-    elif "prompt" in record:
-        turns = [record["prompt"]]
-    else:
-        raise ValueError(f"{where}: a question needs 'turns' (list of user turns) or 'prompt'")
-    if isinstance(turns, str):
-        turns = [turns]
-    if "question_id" not in record or not turns or not all(isinstance(t, str) for t in turns):
-        raise ValueError(f"{where}: a question needs a 'question_id' and non-empty string turns")
-    reference = record.get("reference")
-    if isinstance(reference, str):  # a single reference answer; the public sets give lists
-        reference = [reference]
-    meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
-    return Question(record["question_id"], list(turns), record.get("category", ""), meta,
-                    list(reference) if isinstance(reference, list) else None)
-
+from eval.benchmarks.questions import Question
 
 PROMPT_KINDS = ("chat", "fastchat", "completion")
 PROMPT_KEYS = ("format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs")

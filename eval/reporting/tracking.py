@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eval import metrics
-from eval.answers import run_directory_of, write_atomic
+from eval.reporting import metrics
+from eval.runs.layout import run_directory_of, write_atomic
 
 if TYPE_CHECKING:
-    from eval.config import LoggingConfig
+    from eval.config.schema import LoggingConfig
 
 RUN_ID_FILE = "wandb_run_id"
 TAG_LIMIT = 64  # W&B rejects longer tags
@@ -63,7 +63,7 @@ def _number(value: Any) -> bool:
 @dataclass
 class RunningTotals:
     """Pooled figures of one method over the questions answered so far by this process, by the same
-    functions as the job's summary (`eval.metrics`), so the last logged values of a run answered in
+    functions as the job's summary (`eval.reporting.metrics`), so the last logged values of a run answered in
     one go equal the summary's."""
 
     questions: int = 0
@@ -112,7 +112,7 @@ class Tracker:
     def log_question(self, method: str, record: dict, done: int, total: int) -> None:
         """Log `method`'s running figures after it answered a question, so a killed job still shows its progress.
 
-        `record` is the answer record just appended (`eval.answers.answer_record`); `done` of
+        `record` is the answer record just appended (`eval.runs.layout.answer_record`); `done` of
         `total` questions of this process's work are under way. The totals count only what this
         process answered: a resumed job's earlier answers are in its summary, not in these curves.
         """
@@ -312,7 +312,7 @@ def start_tracking(logging: LoggingConfig, directory: Path, config: dict, *, mod
                    temperature: float, sweep: str | None = None) -> Tracker:
     """Open the job's W&B run (see the module docstring), or a Tracker that does nothing when disabled.
 
-    `logging` is the job's `eval.config.LoggingConfig`, `directory` its run directory (W&B's files
+    `logging` is the job's `eval.config.schema.LoggingConfig`, `directory` its run directory (W&B's files
     go under it), `config` the resolved config as plain data (the run's config), `sweep` the Hydra
     sweep's name when the job is part of a multirun (the default group).
     """

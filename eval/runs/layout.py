@@ -36,7 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
-from eval.jsonl import read_jsonl
+from eval.runs.jsonl import read_jsonl
 
 
 def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int], new_tokens: list[int],

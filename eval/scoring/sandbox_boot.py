@@ -1,6 +1,6 @@
 """The sandboxed process's own program: `python -I -S sandbox_boot.py PROGRAM WORKDIR LIMITS SITE_DIRS USER`.
 
-Run by `eval.sandbox` in a fresh interpreter for each sample (see its docstring for the layers). In
+Run by `eval.scoring.sandbox` in a fresh interpreter for each sample (see its docstring for the layers). In
 order: set the resource limits and move into WORKDIR (`_setup`); read PROGRAM; install the
 Python-level guards (`_guard`); import what PROGRAM imports (`_preload`); drop to USER ("uid:gid",
 when started as root); then compile and run PROGRAM as __main__. After the drop the process can

@@ -17,38 +17,33 @@ before anything else runs. Groups and their options:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import re
-import sys
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from mars.rules import RULES, Rule, make_rule, rule_class
-from mars.rules.strict import Strict
+from eval.config.methods import (
+    GENERATE,
+    PLAIN,
+    STRICT,
+    VANILLA,
+    Dtype,
+    GenerateConfig,
+    MethodConfig,
+    RuleMethod,
+    method_spec,
+    rule_schema,
+)
+from mars.rules import RULES, make_rule
 
 if TYPE_CHECKING:
     from mars.sampling import SamplingConfig
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
-SPEC = re.compile(r"^(\w+)(?:@([^\[\]]+))?(?:\[(.*)\])?$")  # a rule's display name: name@value[k=v,...]
-GENERATE, VANILLA = "generate", "vanilla"
-STRICT = Strict.name  # the lossless rule: the reference of quality recovery and tree calibration
-PLAIN = (GENERATE, VANILLA)  # the methods that decode one token at a time; every other method is a rule
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a model given as a Hugging Face hub id (owner/name)
-
-
-class Dtype(Enum):
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
-    auto = "auto"
 
 
 class PromptKind(Enum):
@@ -70,7 +65,7 @@ def _positive(name: str, value: Any, minimum: int = 1) -> None:
 
 @dataclass
 class PromptConfig:
-    """How questions become prompts (eval.bench.PromptFormat)."""
+    """How questions become prompts (eval.benchmarks.prompting.PromptFormat)."""
 
     format: PromptKind = PromptKind.chat
     fastchat_template: str | None = None
@@ -88,7 +83,7 @@ class ModelConfig:
     dtype: Dtype = Dtype.auto  # auto: bf16 on GPUs and CPUs with native bf16 matmuls, else float32 (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
     # auto: one GPU when the target and what decoding needs beside it fit, else spread over the job's GPUs
-    # with that headroom kept free (eval/placement.py); balanced / sequential / ...: transformers' own.
+    # with that headroom kept free (eval/runner/placement.py); balanced / sequential / ...: transformers' own.
     device_map: str | None = None
     max_memory: Any = None  # a dict per GPU index, e.g. {0: 70GiB, 1: 70GiB}
     headroom_gib: float | None = None  # with device_map=auto: GiB kept free beside the weights (null: estimated)
@@ -117,59 +112,10 @@ class BenchConfig:
     name: str = MISSING
     questions: str = MISSING  # a set's name in data_dir, or a .jsonl path
     data_dir: str | None = None
-    quality: list[str] = field(default_factory=list)  # extra figures of eval/quality.py: parses, loglik
+    quality: list[str] = field(default_factory=list)  # extra figures of eval/scoring/quality.py: parses, loglik
     # local: <questions>.jsonl in data_dir; hub: the benchmark's Hugging Face dataset (eval/benchmarks/,
     # through `datasets`); auto: the local file when there, else the hub
     source: str = "auto"
-
-
-@dataclass
-class MethodConfig:
-    """The method under test. `kind`: generate (transformers' model.generate), vanilla (our plain
-    decoding), or a verification rule of `mars.rules` (strict, mars, typical, ...: `RuleMethod`)."""
-
-    kind: str = MISSING
-
-    @property
-    def name(self) -> str:
-        return self.kind
-
-
-@dataclass
-class GenerateConfig(MethodConfig):
-    """transformers' `model.generate`, in the model's precision or in `dtype` (the target loaded a second
-    time in it): on a CPU without bf16 matrix instructions the run verifies in float32 but plain decoding
-    is fastest in bf16, and speedups are quoted against the fastest plain decoding timed."""
-
-    kind: str = GENERATE
-    dtype: Dtype | None = None  # null: the model's (model.dtype as resolved)
-
-    @property
-    def name(self) -> str:
-        return GENERATE if self.dtype is None else f"{GENERATE}@{self.dtype.value}"
-
-
-@dataclass
-class RuleMethod(MethodConfig):
-    """Our speculative loop verified by rule `kind`. Each registered rule gets a subclass with its
-    parameters as typed fields (`rule_schema`): `method=typical method.epsilon=0.05`."""
-
-    def rule(self) -> Rule:
-        return make_rule(self.kind, **{f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "kind"})
-
-    @property
-    def name(self) -> str:
-        """The rule's display name at these parameters (mars@0.9): run directories and reports use it."""
-        return self.rule().display
-
-
-def rule_schema(name: str) -> type[RuleMethod]:
-    """The Hydra schema of `method=<name>`: `kind` plus the rule's parameters, typed and defaulted as
-    the rule declares them."""
-    cls = rule_class(name)
-    hints = get_type_hints(cls)
-    params = [(f.name, hints[f.name], field(default=f.default)) for f in fields(cls)]
-    return make_dataclass(f"{cls.__name__}Method", [("kind", str, field(default=name)), *params], bases=(RuleMethod,))
 
 
 @dataclass
@@ -227,44 +173,6 @@ class RunConfig:
     gpus_per_job: int | None = None  # claim this many free GPUs of the node by lock file (joblib launcher)
 
 
-def method_spec(spec: str) -> MethodConfig:
-    """A method from its short form, the way tables name it: generate, generate@<dtype>, vanilla, or a
-    rule's display name, <rule>[@<value of its main parameter>][[<param>=<value>,...]] (strict,
-    mars@0.9, typical@0.05[delta=0.2])."""
-    spec = str(spec).strip()
-    if spec == GENERATE:
-        return GenerateConfig()
-    if spec == VANILLA:
-        return MethodConfig(kind=VANILLA)
-    if spec.startswith(f"{GENERATE}@"):
-        try:
-            return GenerateConfig(dtype=Dtype(spec[len(GENERATE) + 1:]))
-        except ValueError:
-            pass
-    match = SPEC.match(spec)
-    if match and match.group(1) in RULES:
-        name, label, extra = match.groups()
-        cls, values = rule_schema(name), {}
-        try:
-            if label is not None:
-                if rule_class(name).label is None:
-                    raise ValueError(f"rule {name!r} has no main parameter to give after '@'")
-                values[rule_class(name).label] = label
-            for item in filter(None, (extra or "").split(",")):
-                key, _, value = item.partition("=")
-                values[key.strip()] = value.strip()
-            hints = get_type_hints(cls)
-            typed = {k: hints[k](v) if k in hints else v for k, v in values.items()}
-            method = cls(**typed)
-            method.rule()  # checks the values
-            return method
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"bad method {spec!r}: {error}") from error
-    raise ValueError(f"unknown method {spec!r}: use 'generate', 'generate@<dtype>' (bfloat16, float16, float32), "
-                     f"'vanilla' or a rule ({', '.join(RULES)}), optionally with its main parameter and others: "
-                     "e.g. mars@0.9, typical@0.05[delta=0.2]")
-
-
 def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
     """The engine's sampling settings for a method (plain decoding: strict, which it does not use);
     raises on a bad temperature or rule parameter."""
@@ -272,17 +180,6 @@ def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfi
 
     rule = method.rule() if isinstance(method, RuleMethod) else make_rule("strict")
     return SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, rule=rule)
-
-
-def plain(value: Any) -> Any:
-    """A config dataclass (or any nesting of them) as JSON-ready Python: dicts, lists, enum values."""
-    if is_dataclass(value):
-        return plain(asdict(value))
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value.value if isinstance(value, Enum) else value
 
 
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
@@ -345,23 +242,6 @@ TREES = {
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 
 
-def load_plugins(spec: str | None = None) -> None:
-    """Import the modules named by MARS_PLUGINS (paths to .py files or module names, separated by
-    os.pathsep), so that the rules they register are methods: MARS_PLUGINS=my_rule.py python -m eval.run
-    method=my_rule."""
-    for item in filter(None, (spec if spec is not None else os.environ.get("MARS_PLUGINS", "")).split(os.pathsep)):
-        if item.endswith(".py"):
-            path = Path(item).resolve()
-            if not path.exists():
-                raise FileNotFoundError(f"MARS_PLUGINS names {item}, which does not exist")
-            module_spec = importlib.util.spec_from_file_location(f"mars_plugin_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            importlib.import_module(item)
-
-
 def register() -> None:
     """Put the schemas and presets into Hydra's ConfigStore (done on import of this module)."""
     cs = ConfigStore.instance()
@@ -376,7 +256,4 @@ def register() -> None:
         cs.store(group="sampling", name=name, node=sampling)
     for mode in WandbMode:
         cs.store(group="logging", name=mode.value, node=LoggingConfig(mode=mode))
-
-
-load_plugins()
 register()

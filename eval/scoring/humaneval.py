@@ -1,10 +1,10 @@
 """HumanEval pass@1 of answer files: each answer is turned into a program and run against the task's unit tests.
 
 The tasks (prompt, entry point, canonical solution, tests) come from OpenAI's `HumanEval.jsonl.gz` in
-the benchmark directory (`eval.bench.bench_dir`); task "HumanEval/<n>" is question_id n of
+the benchmark directory (`eval.config.paths.bench_dir`); task "HumanEval/<n>" is question_id n of
 `humaneval.jsonl`. One sample per question, so pass@1 is the fraction of questions whose program
 exits cleanly after running all of its unit tests. Every program runs in its own sandboxed process
-(`eval.sandbox.run_sandboxed`), a few at a time from a small thread pool.
+(`eval.scoring.sandbox.run_sandboxed`), a few at a time from a small thread pool.
 
 How an answer becomes a solution (`assemble_solution`):
 
@@ -34,9 +34,9 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eval.bench import BENCH_DIR_ENV, bench_dir
-from eval.jsonl import read_jsonl
-from eval.sandbox import SandboxResult, run_sandboxed
+from eval.config.paths import BENCH_DIR_ENV, bench_dir
+from eval.runs.jsonl import read_jsonl
+from eval.scoring.sandbox import SandboxResult, run_sandboxed
 
 TASKS_FILE = "HumanEval.jsonl.gz"
 CODE_LANGUAGES = ("", "python", "py", "python3")  # fence info strings taken as Python code

@@ -52,14 +52,14 @@ Containment, from the kernel up (`sandbox_layers()` reports what is active on a 
 
 6. Privileges: a harness running as root starts the child as root (the namespaces need it), and the
    child drops to nobody:nogroup (`sandbox_user()`; no supplementary groups, saved IDs too) before
-   the code runs, after loading what the code imports under the guards (`eval/sandbox_boot.py`): an
+   the code runs, after loading what the code imports under the guards (`eval/scoring/sandbox_boot.py`): an
    interpreter installed where only root may enter (/root/.pyenv) cannot load modules afterwards.
    The code then reads only what any user may: not the caller's ~/.netrc (a W&B key), hub tokens or
    other private files, and the kernel refuses what a bypass of (4) would write outside its working
    directory (owned by nobody; its parent directory lets it in but not list). A harness that is not
    root runs the code as its own (unprivileged) user.
 
-The sandboxed process's program is `eval/sandbox_boot.py`, run by path. Not contained: disk use by
+The sandboxed process's program is `eval/scoring/sandbox_boot.py`, run by path. Not contained: disk use by
 many files (each capped at FILE_SIZE_MB; all deleted after the run), reading what every user may
 read, and a module the code imports only at run time (e.g. inside a function) from where the
 unprivileged user cannot read it: that import fails.
@@ -82,8 +82,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval import sandbox_boot
-from eval.sandbox_boot import CPU_EXCEEDED, SETUP_FAILED
+from eval.scoring import sandbox_boot
+from eval.scoring.sandbox_boot import CPU_EXCEEDED, SETUP_FAILED
 
 TEMP_PREFIX = "mars-sandbox-"  # every sandbox directory (and so every sandboxed command line) contains it
 OUTPUT_LIMIT = 4096  # bytes of stdout+stderr kept in SandboxResult.output (head and tail)

@@ -15,13 +15,13 @@ Definitions (all pooled over the questions every method answered):
                            (the reference tools' "tau" divides by the last loop index instead, which
                            overstates it; they also credit a bonus token when EOS ends a path early)
   relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
-  parse_rate, loglik       see `eval.quality`; token_prob = exp(loglik)
+  parse_rate, loglik       see `eval.scoring.quality`; token_prob = exp(loglik)
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
   margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
   phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.generate.PHASES`: prefill,
                            draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
                            and each phase's share of the total
-Task quality and its recovery (method / strict) are added by `eval.run.score_quality`.
+Task quality and its recovery (method / strict) are added by `eval.runner.job.score_quality`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from eval.config import GENERATE, VANILLA
-from eval.quality import token_prob
+from eval.config.methods import GENERATE, VANILLA
+from eval.scoring.quality import token_prob
 from mars.stats import VerifyStats
 
 # Histogram ranges per margin metric; values outside fall into the end bins.

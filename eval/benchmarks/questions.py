@@ -1,0 +1,53 @@
+"""A benchmark question, and the JSONL file it is read from (a registered set's file in the
+benchmark directory, or a path to any .jsonl of the same layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.config.paths import bench_dir, resolve
+
+
+@dataclass
+class Question:
+    question_id: int | str
+    turns: list[str]
+    category: str = ""
+    meta: dict = field(default_factory=dict)  # e.g. file and name of a stdlib prompt; completion_prompt
+    reference: list[str] | None = None  # reference answers, where the set has them
+
+
+def question_file(name: str, data_dir: str | Path | None = None) -> Path:
+    """`name` is a public set (looked up in the bench directory) or a path to a .jsonl file."""
+    if name.endswith(".jsonl"):
+        path = resolve(name)
+        if not path.exists():
+            raise FileNotFoundError(f"question file {path} does not exist")
+        return path
+    path = bench_dir(data_dir) / f"{name}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}")
+    return path
+
+
+def _question(record, where: str) -> Question:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a question is a JSON object, got {type(record).__name__}")
+    if "turns" in record:
+        turns = record["turns"]
+    elif "prompt" in record:
+        turns = [record["prompt"]]
+    else:
+        raise ValueError(f"{where}: a question needs 'turns' (list of user turns) or 'prompt'")
+    if isinstance(turns, str):
+        turns = [turns]
+    if "question_id" not in record or not turns or not all(isinstance(t, str) for t in turns):
+        raise ValueError(f"{where}: a question needs a 'question_id' and non-empty string turns")
+    reference = record.get("reference")
+    if isinstance(reference, str):  # a single reference answer; the public sets give lists
+        reference = [reference]
+    meta = {k: v for k, v in record.items() if k not in ("question_id", "turns", "prompt", "category", "reference")}
+    return Question(record["question_id"], list(turns), record.get("category", ""), meta,
+                    list(reference) if isinstance(reference, list) else None)

@@ -1,0 +1,240 @@
+"""Run summaries (summary.json, written by `eval.run`) read and merged into report entries.
+
+An entry is one (model, bench, temperature, method) with its figures. Methods of several run
+directories sit side by side, shards of one run combine, and ratios a run lacked a baseline for are
+filled in from another run's (marked `*`); see `eval.report` for the rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.config.methods import GENERATE, STRICT, VANILLA, method_spec
+from eval.reporting.metrics import ratio
+from eval.runs.layout import SUMMARY
+from mars.rules.margin import Mars
+
+COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # a relaxation's exact cost (mars.cost)
+FASTEST_PLAIN = "<fastest plain>"  # the plain-decoding method (generate in any precision, vanilla) with most tokens/s
+RATIOS = {  # figure: (the method it is relative to, the figure divided)
+    "speedup": (VANILLA, "tokens_per_s"),
+    "speedup_vs_generate": (GENERATE, "tokens_per_s"),
+    "speedup_vs_fastest": (FASTEST_PLAIN, "tokens_per_s"),
+    "quality_recovery": (STRICT, "quality"),
+    "quality_recovery_vs_vanilla": (VANILLA, "quality"),
+}
+SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
+                "questions", "methods", "shard")
+
+
+class ReportError(ValueError):
+    """Bad input: a missing or malformed summary, or runs that cannot be merged."""
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+def find_summaries(path: Path, depth: int = 3) -> list[Path]:
+    """`path`/summary.json, or else every summary.json up to `depth` levels below `path`
+    (<out>/<model>/<bench>/<run dir>/summary.json is three)."""
+    if not path.is_dir():
+        raise ReportError(f"{path}: not a directory")
+    if (path / SUMMARY).exists():
+        return [path / SUMMARY]
+    found = sorted({f for level in range(1, depth + 1) for f in path.glob("*/" * level + SUMMARY)})
+    if not found:
+        raise ReportError(f"{path}: no {SUMMARY} in it or up to {depth} levels below")
+    return found
+
+
+def _problem(data: object) -> str | None:
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    settings, methods = data.get("settings"), data.get("methods")
+    if not isinstance(settings, dict):
+        return "no 'settings' object"
+    missing = [k for k in ("model", "bench", "temperature") if settings.get(k) is None]
+    if missing:
+        return f"settings lack {', '.join(missing)}"
+    if not isinstance(settings["temperature"], (int, float)):
+        return f"settings.temperature is {settings['temperature']!r}, not a number"
+    if not isinstance(methods, dict) or not all(isinstance(f, dict) for f in methods.values()):
+        return "no 'methods' object mapping each method to its figures"
+    return None
+
+
+def read_summary(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ReportError(f"{file}: cannot read: {e}") from e
+    problem = _problem(data)
+    if problem:
+        raise ReportError(f"{file}: malformed summary: {problem}")
+    data["run_dir"] = str(file.parent)
+    return data
+
+
+def load_runs(run_dirs: Iterable[str | Path]) -> list[dict]:
+    """The summaries under `run_dirs` (each with "run_dir" added), each file once however often it is named."""
+    files = {f.resolve(): f for d in run_dirs for f in find_summaries(Path(d))}
+    return [read_summary(f) for f in files.values()]
+
+
+# --- merging ----------------------------------------------------------------------------------
+
+@dataclass
+class Entry:
+    """One (model, bench, temperature, method) with its figures, merged over the run dirs that hold it."""
+
+    model: str
+    bench: str
+    temperature: float
+    method: str
+    fig: dict
+    quality_metric: str | None
+    run_dirs: list[str]
+    derived: set[str] = field(default_factory=set)  # ratios computed against another run dir's baseline
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rule(self) -> dict:
+        """The rule and its parameters ({} for plain decoding), as the run recorded them; runs from
+        before rules were plugins are read back from the method's name."""
+        if "rule" in self.fig:
+            return self.fig["rule"]
+        if is_plain(self.method):
+            return {}
+        try:
+            spec = method_spec(self.method)
+        except ValueError:
+            return {}
+        return {"name": spec.kind, **spec.rule().params()}
+
+    @property
+    def theta(self) -> float | None:
+        """MARS's theta (the x axis of theta sweeps), None for other methods."""
+        return self.rule.get("theta") if self.rule.get("name") == Mars.name else None
+
+    def value(self, name: str) -> float | None:
+        """A numeric figure; "quality" is the headline metric's value. None when absent or not finite."""
+        v = (self.fig.get("quality") or {}).get(self.quality_metric) if name == "quality" else self.fig.get(name)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def is_plain(method: str) -> bool:
+    """Plain decoding: transformers' model.generate (in the run's precision or `generate@<dtype>`) or vanilla."""
+    return method == VANILLA or method.partition("@")[0] == GENERATE
+
+
+def method_order(method: str, theta: float | None = None) -> tuple:
+    """generate (each precision), vanilla, strict, then MARS from the strictest θ down, then anything else by name."""
+    fixed = {GENERATE: 0, VANILLA: 1, STRICT: 2}
+    if method.partition("@")[0] == GENERATE:
+        return 0, 0.0, method
+    if method in fixed:
+        return fixed[method], 0.0, method
+    return (3, -theta, method) if theta is not None else (4, 0.0, method)
+
+
+def _wmean(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
+    if any(v is None for v in values):
+        return None
+    if not sum(weights):  # e.g. vanilla's tau, 1.0 over zero cycles
+        return values[0] if len(set(values)) == 1 else None
+    return sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+
+
+def combine_shards(figs: Sequence[dict]) -> dict:
+    """One method's figures pooled over shards (how each figure pools: the module docstring)."""
+    questions = [f.get("questions") or 0 for f in figs]
+    tokens = [f.get("tokens") or 0 for f in figs]
+    out = {"questions": sum(questions), "tokens": sum(tokens), "seconds": sum(f.get("seconds") or 0 for f in figs)}
+    out["tokens_per_s"] = out["tokens"] / out["seconds"] if out["seconds"] else None
+    cycles = [f.get("cycles") for f in figs]
+    if all(isinstance(c, (int, float)) for c in cycles):
+        out["cycles"] = sum(cycles)
+    out["tau"] = _wmean([f.get("tau") for f in figs], cycles if "cycles" in out else questions)
+    out["relaxed_frac"] = _wmean([f.get("relaxed_frac") for f in figs], tokens)
+    for cost in COSTS:  # per emitted token: weighted by tokens (verified positions, up to the prefill's token)
+        if any(f.get(cost) is not None for f in figs):
+            out[cost] = _wmean([f.get(cost) for f in figs], tokens)
+    rates = [f.get("acceptance_rate_by_depth") or {} for f in figs]
+    depths = sorted({d for r in rates for d in r}, key=lambda d: (len(d), d))
+    out["acceptance_rate_by_depth"] = {d: _wmean([r.get(d) for r in rates], questions) for d in depths}
+    scores = [f.get("quality") or {} for f in figs]
+    quality = {k: _wmean([s.get(k) for s in scores], questions) for k in {k for s in scores for k in s}}
+    if any(v is not None for v in quality.values()):
+        out["quality"] = {k: v for k, v in sorted(quality.items()) if v is not None}
+    hists = [f.get("margin_histogram") for f in figs]
+    if all(hists) and all(h.get("edges") == hists[0].get("edges") for h in hists):
+        counts = [sum(c) for c in zip(*(h["counts"] for h in hists), strict=True)]
+        out["margin_histogram"] = {**hists[0], "counts": counts}
+    return out
+
+
+def _combine(key: tuple, items: list[tuple[dict, dict]]) -> Entry:
+    dirs = [run["run_dir"] for run, _ in items]
+    metric = next((run["quality_metric"] for run, _ in items if run.get("quality_metric")), None)
+    entry = Entry(*key, fig=dict(items[0][1]), quality_metric=metric, run_dirs=dirs)
+    if len(items) == 1:
+        return entry
+    shards = [run["settings"].get("shard") for run, _ in items]
+    for i in range(len(items)):
+        for j in range(i + 1, len(items)):
+            if shards[i] is None or shards[i] == shards[j]:
+                raise ReportError(f"model {key[0]}, bench {key[1]}, T={key[2]:g}, method {key[3]} is in both "
+                                  f"{dirs[i]} and {dirs[j]}, which are not distinct shards; pass only one of them")
+    totals = {str(s).partition("/")[2] for s in shards}
+    if len(totals) > 1:
+        raise ReportError(f"shards {shards} of {key} in {dirs} disagree on the number of shards")
+    total = totals.pop()
+    if total.isdigit() and int(total) != len(shards):
+        entry.notes.append(f"{len(shards)} of {total} shards present ({', '.join(map(str, shards))})")
+    entry.fig = combine_shards([fig for _, fig in items])
+    return entry
+
+
+def _fill_ratios(entries: list[Entry]) -> None:
+    groups: dict[tuple, dict[str, Entry]] = defaultdict(dict)
+    for e in entries:
+        groups[e.model, e.bench, e.temperature][e.method] = e
+    for e in entries:
+        group = groups[e.model, e.bench, e.temperature]
+        for name, (reference, figure) in RATIOS.items():
+            if reference == FASTEST_PLAIN:
+                timed = [p for p in group.values() if is_plain(p.method) and p.value(figure) is not None]
+                reference = max(timed, key=lambda p: p.value(figure)).method if timed else reference
+            ref = group.get(reference)
+            num, den = e.value(figure), ref.value(figure) if ref else None
+            if e.method == reference:
+                if num is not None:
+                    e.fig[name] = 1.0  # the baseline's own row, as in the paper's tables
+            elif num is not None and den:
+                if set(ref.run_dirs) == set(e.run_dirs):
+                    e.fig[name] = ratio(num, den)  # same run(s): exact, and the only way for combined shards
+                elif e.value(name) is None:
+                    e.fig[name] = ratio(num, den)
+                    e.derived.add(name)
+
+
+def merge_runs(runs: Sequence[dict]) -> list[Entry]:
+    """Entries of all runs, ordered by model, temperature, bench, method (see the module docstring)."""
+    parts: dict[tuple, dict[str, tuple[dict, dict]]] = defaultdict(dict)
+    for run in runs:
+        s = run["settings"]
+        for method, fig in run["methods"].items():
+            # Jobs of a sweep share their baselines' run directories: each answers directory counts once
+            # (from the summary that covers most of its questions).
+            answers = str(fig.get("run_dir") or f"{run['run_dir']}#{method}")
+            key = str(s["model"]), str(s["bench"]), float(s["temperature"]), method
+            seen = parts[key].get(answers)
+            if seen is None or (fig.get("questions") or 0) > (seen[1].get("questions") or 0):
+                parts[key][answers] = (run, fig)
+    entries = [_combine(key, list(items.values())) for key, items in parts.items()]
+    _fill_ratios(entries)
+    return sorted(entries, key=lambda e: (e.model, e.temperature, e.bench, method_order(e.method, e.theta)))

@@ -1,0 +1,167 @@
+"""The report's tables: the paper's layout per temperature, exact costs, per-category figures
+(Spec-Bench), report.md and report.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from eval.reporting.summaries import COSTS, SETTING_KEYS, Entry, method_order
+
+DASH = "–"
+PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
+CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
+               "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
+               "quality_recovery", "quality_recovery_vs_vanilla", *COSTS, "rule", "run_dirs", "derived"]
+NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac",
+                   "quality", "quality_recovery", "quality_recovery_vs_vanilla", *COSTS)
+
+
+def format_quality(value: float | None, metric: str | None) -> str:
+    """Fractions (pass@k, accuracy, exact match, parse rate) in percent; BLEU, chrF, ROUGE, judge scores raw."""
+    if value is None:
+        return DASH
+    if metric and (metric in PERCENT_METRICS or metric.startswith("pass@")):
+        return f"{100 * value:.1f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3f}"
+
+
+def _fmt(e: Entry, name: str, suffix: str = "") -> str:
+    v = e.value(name)
+    return DASH if v is None else f"{v:.2f}{suffix}" + ("*" if name in e.derived else "")
+
+
+def cell(e: Entry | None) -> str:
+    """`speedup× / τ / quality (recovery)`, `–` for each missing figure."""
+    if e is None:
+        return DASH
+    quality = format_quality(e.value("quality"), e.quality_metric)
+    return f"{_fmt(e, 'speedup', '×')} / {_fmt(e, 'tau')} / {quality} ({_fmt(e, 'quality_recovery')})"
+
+
+def generate_cell(e: Entry | None) -> str:
+    return DASH if e is None else _fmt(e, "speedup_vs_generate", "×")
+
+
+def fastest_cell(e: Entry | None) -> str:
+    return DASH if e is None else _fmt(e, "speedup_vs_fastest", "×")
+
+
+def cost_cell(e: Entry | None) -> str:
+    """The relaxation's exact cost per token: `TV / KL` when sampling, `mismatch / regret` when greedy."""
+    if e is None:
+        return DASH
+    pair = ("argmax_mismatch", "logprob_regret") if e.temperature == 0 else ("tv_per_token", "kl_per_token")
+    values = [e.value(k) for k in pair]
+    return DASH if all(v is None for v in values) else " / ".join(DASH if v is None else f"{v:.4f}" for v in values)
+
+
+def table(entries: Sequence[Entry], temperature: float,
+          render: Callable[[Entry | None], str] = cell) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of one temperature's table: rows model × method, one column per benchmark."""
+    sub = [e for e in entries if e.temperature == temperature]
+    benches = sorted({e.bench for e in sub})
+    metric = {b: next((e.quality_metric for e in sub if e.bench == b and e.quality_metric), None) for b in benches}
+    header = ["model", "method"] + [f"{b} ({metric[b]})" if metric[b] and render is cell else b for b in benches]
+    found = {(e.model, e.method, e.bench): e for e in sub}
+    order = {(e.model, e.method): method_order(e.method, e.theta) for e in sub}
+    rows = sorted(order, key=lambda row: (row[0], order[row]))
+    return header, [[m, meth] + [render(found.get((m, meth, b))) for b in benches] for m, meth in rows]
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def _setting(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return DASH if value is None else str(value)
+
+
+def category_tables(entries: Sequence[Entry]) -> list[str]:
+    """Spec-Bench's leaderboard layout for runs with per-category figures: per model x bench x temperature,
+    rows methods, columns question categories, cells speedup over vanilla / over the fastest plain
+    decoding / tau."""
+    parts: list[str] = []
+    groups: dict[tuple, list[Entry]] = defaultdict(list)
+    for e in entries:
+        if e.fig.get("by_category"):
+            groups[(e.model, e.bench, e.temperature)].append(e)
+    for (model, bench, t), group in sorted(groups.items()):
+        categories = list(dict.fromkeys(c for e in group for c in e.fig["by_category"]))
+
+        def cell(fig: dict | None) -> str:
+            if not fig:
+                return DASH
+            parts_ = [f"{fig[k]:.2f}×" if isinstance(fig.get(k), (int, float)) else DASH
+                      for k in ("speedup", "speedup_vs_fastest")]
+            return " / ".join([*parts_, f"{fig['tau']:.2f}" if isinstance(fig.get("tau"), (int, float)) else DASH])
+
+        rows = [[e.method, *(cell(e.fig["by_category"].get(c)) for c in categories)]
+                for e in sorted(group, key=lambda e: method_order(e.method, e.theta))]
+        parts += ["", f"## Per category: {model}, {bench}, temperature {t:g}", "",
+                  "Each cell: speedup over vanilla× / over the fastest plain decoding× / τ.", "",
+                  markdown_table(["method", *categories], rows)]
+    return parts
+
+
+def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Sequence[str]) -> str:
+    machines = sorted({str(r.get("machine", "unknown")) for r in runs})
+    keys = [k for k in SETTING_KEYS if any(k in r["settings"] for r in runs)]
+    values = {k: {_setting(r["settings"].get(k)) for r in runs} for k in keys}
+    common = [k for k in keys if len(values[k]) == 1]  # stated once; the rest per run dir
+    varying = [k for k in keys if k not in common]
+    parts = ["# Evaluation report", "", f"Machine: {'; '.join(machines)}", "",
+             "Settings of every run: " + "; ".join(f"{k} = {next(iter(values[k]))}" for k in common), "",
+             markdown_table(["run dir", *varying],
+                            [[r["run_dir"], *(_setting(r["settings"].get(k)) for k in varying)] for r in runs])]
+    for t in sorted({e.temperature for e in entries}):
+        parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
+                  markdown_table(*table(entries, t))]
+        for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
+                              (fastest_cell, "Speedup over the fastest plain decoding timed in the run"),
+                              (cost_cell, "Exact cost of the relaxation per emitted token (mars/cost.py): "
+                                          + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
+            header, rows = table(entries, t, render)
+            rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
+            if rows:
+                parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
+    parts += category_tables(entries)
+    parts += ["", "## Legend", "",
+              "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
+              "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",
+              "- **speedup vs fastest**: tokens/s over the fastest plain decoding timed in the same run "
+              "(`model.generate` in every precision timed, e.g. `generate@bfloat16`, and vanilla).",
+              "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
+              "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
+              "and exact match in percent, BLEU / chrF / ROUGE raw.",
+              "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss).",
+              "- `*`: computed against the baseline (vanilla or strict) from another run dir, i.e. a separate "
+              "job: not interleaved question by question, so machine drift is not controlled.",
+              "- `–`: figure not available."]
+    notes = [f"- {e.model} / {e.bench} / T={e.temperature:g} / {e.method}: {n}" for e in entries for n in e.notes]
+    if notes:
+        parts += ["", "## Notes", "", *notes]
+    parts += ["", "## Plots", "", *(f"- [{p}]({p})" for p in plots)]
+    return "\n".join(parts) + "\n"
+
+
+def write_csv(entries: Sequence[Entry], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for e in entries:
+            row = {**{c: e.value(c) for c in NUMERIC_COLUMNS}, "model": e.model, "bench": e.bench,
+                   "temperature": e.temperature, "method": e.method,
+                   "theta": e.theta, "questions": e.fig.get("questions"), "quality_metric": e.quality_metric,
+                   "rule": json.dumps(e.rule, sort_keys=True) if e.rule else None,
+                   "run_dirs": ";".join(e.run_dirs), "derived": ";".join(sorted(e.derived))}
+            writer.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])

@@ -1,0 +1,117 @@
+"""A job's methods and their run directories: the identity that names each (every setting that
+affects its answers), claiming and locking a directory, and what it already holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+from pathlib import Path
+
+import torch
+
+from eagle.precision import Precision
+from eval.benchmarks import BENCHMARKS, resolved_source
+from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
+from eval.config.paths import resolve
+from eval.config.schema import RunConfig, parse_shard
+from eval.runner.models import exact_attention_choice, run_precision, tree_shape
+from eval.runs.layout import ANSWERS, IDENTITY, LOCK, SKIPPED, answers_file, directory_name, read_answers, write_atomic
+
+
+def job_methods(run: RunConfig, precision: Precision | None = None) -> list[MethodConfig]:
+    """The baselines, then the method under test (each once).
+
+    With `model.generate` among them on a CPU running float32 (no native bf16 matrix instructions),
+    `model.generate` in bf16 joins them: such CPUs still decode one token at a time fastest in bf16,
+    and speedups are quoted against the fastest plain decoding timed (`speedup_vs_fastest`)."""
+    methods: dict[str, MethodConfig] = {}
+    for method in [*(method_spec(b) for b in run.baselines), run.method]:
+        methods.setdefault(method.name, method)
+    precision = precision or run_precision(run)
+    on_cpu = not run.model.device_map and run.model.device == "cpu"
+    ordered = list(methods.values())
+    bf16 = GenerateConfig(dtype=Dtype.bfloat16)
+    if on_cpu and precision.dtype == torch.float32 and GENERATE in methods and bf16.name not in methods:
+        ordered.insert(list(methods).index(GENERATE) + 1, bf16)
+    return ordered
+
+
+def method_dtype(method: MethodConfig, precision: Precision) -> str:
+    """The precision a method decodes in: the run's, or a `generate@<dtype>` baseline's own."""
+    return method.dtype.value if isinstance(method, GenerateConfig) and method.dtype else precision.name
+
+
+def method_identity(run: RunConfig, method: MethodConfig) -> dict:
+    """Every setting that affects one method's answers (and nothing that only affects its timing)."""
+    m = run.model
+    identity = {
+        "method": method.name, "target": m.target, "tokenizer": m.tokenizer,
+        "dtype": method_dtype(method, run_precision(run)),  # as resolved: auto decodes differently per machine
+        "device": "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device,  # not the GPU's index
+        "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
+        "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
+    }
+    if method.kind != GENERATE and m.static:  # named only when on: earlier run directories keep their names
+        identity.update(static=True, compile=m.compile, max_cache_len=m.max_cache_len)
+    if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe
+        identity["questions_from"] = BENCHMARKS[run.bench.questions].hub.describe()
+    if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
+        identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
+    if isinstance(method, RuleMethod):
+        identity.update(draft=m.draft, tree=tree_shape(run.tree))  # the tree used, however it was chosen
+        rule = method.rule()  # its main parameter is in the name; the others here, as values
+        identity.update({k: v for k, v in rule.params().items() if k != rule.label})
+    return identity
+
+
+def answer_path(directory: Path, method: MethodConfig, kind: str = ANSWERS) -> Path:
+    """A method's answers file in its run directory (kind SKIPPED: the questions it could not answer)."""
+    return answers_file(directory, method.name, kind)
+
+
+def run_directory(run: RunConfig, method: MethodConfig) -> Path:
+    name = directory_name(method.name, run.sampling.temperature, method_identity(run, method), parse_shard(run.shard))
+    return resolve(run.out_dir) / name
+
+
+def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path) -> None:
+    """Create a method's run directory, or check that an existing one holds answers to the same settings."""
+    identity = json.loads(json.dumps(method_identity(run, method)))
+    path = directory / IDENTITY
+    if path.exists():
+        before = json.loads(path.read_text())
+        if before != identity:
+            changed = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
+            raise ValueError(f"{directory} holds a run with other settings ({', '.join(changed)} differ): "
+                             "move it away or choose another out_dir")
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(identity, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path, wait: bool):
+    """An exclusive lock on a run directory (held until exit); yields False if not waiting and it is taken."""
+    with open(directory / LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def answered(directory: Path, method: MethodConfig, ids: set) -> bool:
+    done = {r["question_id"] for sub in (ANSWERS, SKIPPED)
+            for r in read_answers(answer_path(directory, method, sub))}
+    return ids <= done
+
+
+def job_records(methods: list[MethodConfig], directories: dict[str, Path], ids: set) -> dict[str, list[dict]]:
+    return {m.name: [r for r in read_answers(answer_path(directories[m.name], m))
+                     if r["question_id"] in ids] for m in methods}

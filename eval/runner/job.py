@@ -1,0 +1,295 @@
+"""Evaluate a decoding method on a target + draft pair: speed, acceptance, relaxation and task quality.
+
+    python -m eval.run                                     # quickstart: embedded pair, held-out stdlib prompts
+    python -m eval.run num_prompts=64 max_new_tokens=128   # the full embedded benchmark
+    python -m eval.run bench=humaneval num_prompts=null    # HumanEval pass@1 (completion prompts on the code model)
+    python -m eval.run method=strict sampling=t1           # strict verification at temperature 1
+    python -m eval.run -m method.theta=0.84,0.88,0.92,0.96 bench=embedded,humaneval   # a sweep: one job each
+    python -m eval.run model=llama31_8b bench=mt_bench max_new_tokens=1024 num_prompts=null   # on a GPU
+
+A job answers its `method` (generate: transformers' `model.generate`; vanilla: our plain decoding;
+strict: lossless verification; mars: margin-aware verification) and its `baselines` (default
+generate, vanilla, strict). For every question every method still to answer runs before the next
+question starts, in an order rotated per question, so slow drift of the machine's speed affects all
+alike.
+
+Each method's answers live in a run directory of their own, <out_dir>/<method>-T<temperature>-<id>
+(+ -shard<i>of<n>), where <id> hashes every setting that affects that method's answers: vanilla's
+directory does not depend on the tree or θ, so every job of a θ sweep shares one vanilla baseline
+and the first job to need it answers it (a lock file keeps two parallel jobs from answering the same
+directory). Rerunning resumes; other settings never touch it. Answers are appended to
+answers/<method>.jsonl as each question finishes; questions that cannot fit the context are listed
+with the reason in skipped/<method>.jsonl. The job's run directory (its method's) gets summary.json
+(speed figures of every method, task quality scored by `eval.score`, recovery against strict) and
+config.yaml (the resolved config). A job whose answers and summary are complete is skipped without
+loading a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eagle.precision import DTYPES, cpu_name
+from eval.benchmarks import BENCHMARKS, load_questions
+from eval.benchmarks.prompting import PromptFormat, prompt_format
+from eval.benchmarks.questions import Question
+from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, MethodConfig, RuleMethod, plain
+from eval.config.paths import resolve
+from eval.config.schema import RunConfig, parse_shard, validate
+from eval.reporting.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
+from eval.runner.answering import Evaluator, answer_questions
+from eval.runner.directories import (
+    answer_path,
+    answered,
+    claim_run_directory,
+    directory_lock,
+    job_methods,
+    job_records,
+    method_dtype,
+    run_directory,
+)
+from eval.runner.models import (
+    calibrated_tree,
+    claim_gpus,
+    exact_attention_choice,
+    load_head,
+    load_target,
+    load_tokenizer,
+    make_generator,
+    model_source,
+    prepack_choice,
+    run_precision,
+)
+from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
+from eval.scoring import quality
+
+# --- quality ------------------------------------------------------------------------------------
+
+def question_categories(run: RunConfig, questions: list[tuple[int, Question]]) -> dict | None:
+    """{question_id: category} for a benchmark reported per category (Spec-Bench), else None."""
+    spec = BENCHMARKS.get(run.bench.questions)
+    return {q.question_id: q.category for _, q in questions} if spec is not None and spec.by_category else None
+
+
+def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[str, dict]) -> str | None:
+    """Add each method's task quality (`quality`, `quality_recovery` vs strict and vs vanilla) to `figures`.
+
+    Public benchmarks are scored by `eval.score`; the embedded stdlib prompts by their parse rate
+    and token probability. Returns the headline metric's name (None when nothing is scored).
+    """
+    bench, metric = run.bench.name, None
+    if bench in BENCHMARKS:
+        from eval.benchmarks.scoring import score
+
+        # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
+        plain_answers = records.get(VANILLA) or records.get(GENERATE)
+        if plain_answers is None and run.sampling.temperature == 0:
+            plain_answers = records.get(STRICT)
+        for method, recs in records.items():
+            try:
+                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers, source=run.bench.source)
+            except (ValueError, FileNotFoundError, RuntimeError) as e:  # RuntimeError: an unreachable judge
+                # The answers are on disk; a scoring failure must not lose the run's summary.
+                figures[method]["quality_error"] = str(e)
+                continue
+            metric = result["metric"]
+            figures[method]["quality"] = {k: v for k, v in result.items() if k not in ("bench", "n", "metric")}
+    elif any("parse_rate" in fig for fig in figures.values()):
+        metric = "parse_rate"
+        for fig in figures.values():
+            fig["quality"] = {k: fig[k] for k in ("parse_rate", "token_prob") if k in fig}
+    if metric is None:
+        return None
+    for method, fig in figures.items():
+        value = fig.get("quality", {}).get(metric)
+        for key, reference in (("quality_recovery", STRICT), ("quality_recovery_vs_vanilla", VANILLA)):
+            base = figures.get(reference, {}).get("quality", {}).get(metric)
+            if method != reference and value is not None and base:
+                fig[key] = ratio(value, base)
+    return metric
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine() -> str:
+    text = f"{cpu_name()}, {cores()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+    if torch.cuda.is_available():
+        text += f", {torch.cuda.get_device_name(0)}"
+    return text
+
+
+def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> dict:
+    import transformers
+
+    m = run.model
+    precision = run_precision(run)
+    exact, exact_reason = exact_attention_choice(run, precision)
+    prepack, prepack_reason = prepack_choice(run, precision)
+    return {
+        "model": m.name, "target": m.target, "draft": m.draft, "dtype": precision.name,
+        "dtype_requested": m.dtype.value, "dtype_reason": precision.reason,
+        "device": m.device_map or m.device, "bench": run.bench.name, "questions": questions,
+        "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
+        "exact_attention": exact, "exact_attention_reason": exact_reason,
+        "prepack": prepack, "prepack_reason": prepack_reason,
+        "static": m.static, "compile": m.compile, "max_cache_len": m.max_cache_len,
+        "prompt": plain(m.prompt), "method": plain(run.method),
+        "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
+        "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "shard": run.shard,
+        "order": "per question every method still to answer, order rotated by question"
+                 + ("; warm-up run first" if run.warmup else ""),
+        "speedup": "ratio of total tokens/s to vanilla's (speedup), to model.generate's in the run's precision "
+                   "(speedup_vs_generate) and to the fastest plain decoding timed in the run, model.generate in "
+                   "any precision or vanilla (speedup_vs_fastest); speedup_per_question: ratio of mean "
+                   "per-question tokens/s (EAGLE tools). Baselines answered by an earlier job of a sweep were "
+                   "timed then, not interleaved with this method",
+    }
+
+
+def sweep_name() -> str | None:
+    """The multirun's sweep directory name (the W&B group of its jobs), None outside a Hydra multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+
+
+# --- the job ------------------------------------------------------------------------------------
+
+def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Question]]]:
+    """What can be checked before a model loads: prompt format, quality figures, questions, model paths.
+
+    Returns the questions this job answers with their index in the whole set (seeds and the method
+    order follow it, so a shard answers exactly what the unsharded run does).
+    """
+    unknown = set(run.bench.quality) - set(quality.FIGURES)
+    if unknown:
+        raise ValueError(f"unknown quality figures {sorted(unknown)}; known: {quality.FIGURES}")
+    fmt = prompt_format({"prompt": plain(run.model.prompt)})
+    questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts,
+                                              run.bench.source)))
+    shard = parse_shard(run.shard)
+    if shard:
+        questions = questions[shard[0]::shard[1]]
+    model_source(run.model.target, "target model")  # a missing local path or malformed hub id, before any load
+    model_source(run.model.draft, "draft model")
+    return fmt, questions
+
+
+def run(cfg: DictConfig | RunConfig) -> dict:
+    """One job: answer what is missing, then write the job's summary (see the module docstring)."""
+    config = validate(cfg)  # value ranges, before anything else
+    fmt, questions = check_settings(config)  # bad settings fail before any model loads
+    precision = run_precision(config)
+    exact, exact_reason = exact_attention_choice(config, precision)
+    prepack, prepack_reason = prepack_choice(config, precision)
+    print(f"precision: {precision.name} ({precision.reason}); exact attention {'on' if exact else 'off'} "
+          f"({exact_reason}); prepacked linears {'on' if prepack else 'off'} ({prepack_reason})")
+    calibration = None
+    if config.tree.calibrate:  # before the run directories: their names include the tree
+        config = replace(config, tree=(tree := calibrated_tree(config, fmt))[0])
+        calibration = tree[1]
+    methods = job_methods(config, precision)
+    directories = {m.name: run_directory(config, m) for m in methods}
+    for m in methods:
+        claim_run_directory(config, m, directories[m.name])
+    job_dir = directories[config.method.name]
+    if not config.resume and any(read_answers(answer_path(directories[m.name], m)) for m in methods):
+        raise ValueError(f"{job_dir.parent} already holds answers for these settings and resume=false: rerun with "
+                         "resume=true (the default) to continue them, or move the run directories away")
+    ids = {q.question_id for _, q in questions}
+    pending = [m for m in methods if not answered(directories[m.name], m, ids)]
+    if not pending and (job_dir / SUMMARY).exists():
+        summary = json.loads((job_dir / SUMMARY).read_text())
+        if summary["settings"].get("methods") == list(directories) and summary["settings"]["questions"] == len(ids):
+            print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
+            return summary
+    started = time.time()
+    OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
+                   resolve=True)
+    from eval.reporting.tracking import start_tracking
+
+    tracker = start_tracking(config.logging, job_dir, plain(config), model=config.model.name, bench=config.bench.name,
+                             method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
+    answered_now = answer_pending(config, fmt, questions, pending, directories, tracker) if pending else []
+    records = job_records(methods, directories, ids)
+    summary = {"machine": machine(), "settings": {**settings(config, len(ids), directories),
+                                                  "tree_calibration": calibration},
+               "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
+                       "answered": answered_now},  # the methods this job added answers to
+               "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
+                                    categories=question_categories(config, questions))}
+    summary["quality_metric"] = score_quality(config, records, summary["methods"])
+    margins = {name: merged_stats(recs).gates for name, recs in records.items()}
+    for m in methods:
+        fig = summary["methods"][m.name]
+        fig["run_dir"] = str(directories[m.name])
+        if isinstance(m, RuleMethod):
+            fig["rule"] = {"name": m.kind, **m.rule().params()}
+            fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
+    text = json.dumps(summary, indent=2) + "\n"
+    write_atomic(job_dir / SUMMARY, text)
+    if config.summary_path:
+        path = resolve(config.summary_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+    print(format_table(summary["methods"], summary["quality_metric"]))
+    print(f"run: {job_dir}")
+    tracker.finish(summary, {m.name: answer_path(directories[m.name], m) for m in methods}, margins)
+    return summary
+
+
+def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[int, Question]],
+                   pending: list[MethodConfig], directories: dict[str, Path], tracker) -> list[str]:
+    """Load the models and answer the pending methods: first those no other job is answering, together
+    (interleaved), then each of the others once the job answering it has let go of its directory.
+    Returns the methods that got new answers."""
+    torch.set_num_threads(config.threads or cores())
+    torch.manual_seed(config.seed)
+    with contextlib.ExitStack() as stack:
+        gpus = None
+        if config.gpus_per_job or chosen_launcher() == "gpus":
+            gpus, handles = claim_gpus(config.gpus_per_job or 1, torch.cuda.device_count())
+            for handle in handles:
+                stack.callback(handle.close)
+            print(f"job GPUs: {gpus}")
+        tokenizer = load_tokenizer(config)
+        precision = run_precision(config)
+        target = load_target(config, precision.dtype, gpus)
+        head = load_head(config, target)
+        gen = stack.enter_context(make_generator(config, target, head, precision, profile=config.profile))
+        plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
+                        if method_dtype(m, precision) != precision.name}
+        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
+        held, waiting = [], []
+        for m in pending:
+            (held if stack.enter_context(directory_lock(directories[m.name], wait=False)) else waiting).append(m)
+        answered = answer_questions(config, evaluator, held, questions, directories, tracker) if held else set()
+        for m in waiting:
+            print(f"waiting for {directories[m.name]}: another job is answering {m.name}")
+            with directory_lock(directories[m.name], wait=True):
+                answered |= answer_questions(config, evaluator, [m], questions, directories, tracker)
+    return [m.name for m in pending if m.name in answered]
+
+
+def chosen_launcher() -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("hydra/launcher") if HydraConfig.initialized() else None
