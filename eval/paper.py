@@ -75,8 +75,6 @@ from eval.reporting.paper_jobs import (
 EXIT_NOT_RUNNABLE = 2
 
 
-# --- CLI ----------------------------------------------------------------------------------------
-
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []

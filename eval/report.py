@@ -34,7 +34,6 @@ from eval.reporting.plots import write_plots
 from eval.reporting.summaries import ReportError, load_runs, merge_runs
 from eval.reporting.tables import report_markdown, write_csv
 
-# --- command line -----------------------------------------------------------------------------
 
 def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> list[Path]:
     """report.md, report.csv and the plots for `run_dirs` into `out`; returns the paths written."""

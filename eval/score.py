@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from eval.benchmarks import BENCHMARKS, benchmark
 from eval.benchmarks.scoring import read_answer_file, score
 
-# --- command line --------------------------------------------------------------------------------
 
 def _describe(result: dict) -> list[str]:
     lines = [f"{result['bench']}: {result['n']} questions scored"]
