@@ -15,7 +15,8 @@ temperature, method):
 - the same key in run dirs with distinct `settings.shard` labels ("0/2", "1/2") are shards of one run
   and are combined: questions, tokens, seconds and margin-histogram counts are summed; tokens_per_s is
   tokens / seconds; tau is weighted by cycles (by questions when a shard lacks `cycles`), relaxed_frac
-  by tokens, and the per-question means (quality metrics, per-depth acceptance rates) by questions.
+  by tokens, and the per-question means (quality metrics, per-depth acceptance rates) by questions;
+  per-category figures (Spec-Bench) pool the same way, category by category.
   That is exact for per-question means, an approximation for corpus-level scores (BLEU, chrF) and for
   acceptance rates when shards verified different numbers of positions per question. Ratios are then
   recomputed from the combined figures.

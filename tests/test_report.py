@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eval.report import main
+from eval.reporting.metrics import category_speedups
 from eval.reporting.summaries import ReportError, is_plain, load_runs, merge_runs
 from eval.reporting.tables import DASH, generate_cell, table
 
@@ -36,7 +37,7 @@ def fake_questions(model: str, bench: str, temperature: float, method: str, n: i
     rng = random.Random(f"{model}|{bench}|{temperature}|{method}")
     speculative = not is_plain(method)
     out = []
-    for _ in range(n):
+    for i in range(n):
         tokens = rng.randint(100, 128)
         quality = ({"pass@1": float(rng.random() < 0.4)} if bench == "humaneval"
                    else {"bleu": rng.uniform(20, 35), "chrf": rng.uniform(45, 60)})
@@ -47,6 +48,7 @@ def fake_questions(model: str, bench: str, temperature: float, method: str, n: i
             "accepted": [rng.randint(0, POSITIONS) for _ in range(DEPTHS)] if speculative else [],
             "margins": [2 * rng.betavariate(5, 2) - 0.5 for _ in range(30)] if speculative else [],
             "quality": quality,
+            "category": f"category{i % 3}",
         })
     return out
 
@@ -69,11 +71,28 @@ def fake_figures(qs: list[dict], method: str) -> dict:
     }
 
 
+def fake_categories(qs: list[dict]) -> dict[str, dict]:
+    """Per-category sums and rates, as eval.reporting.metrics.by_category writes them (before speedups)."""
+    out = {}
+    for cat in dict.fromkeys(q["category"] for q in qs):
+        part = [q for q in qs if q["category"] == cat]
+        tokens, seconds, cycles = (sum(q[k] for q in part) for k in ("tokens", "seconds", "cycles"))
+        out[cat] = {"questions": len(part), "tokens": tokens, "seconds": seconds, "cycles": cycles,
+                    "tokens_per_s": tokens / seconds,
+                    "tau": sum(q["tokens"] - 1 for q in part) / cycles if cycles else 1.0}
+    return out
+
+
 def fake_summary(model: str, bench: str, temperature: float, methods: list[str], shard: tuple[int, int] | None = None,
                  n: int = 12) -> dict:
     """A summary.json as eval.run writes it (ratios only against baselines in the same run)."""
     pick = slice(shard[0], None, shard[1]) if shard else slice(None)
-    figs = {m: fake_figures(fake_questions(model, bench, temperature, m, n)[pick], m) for m in methods}
+    questions = {m: fake_questions(model, bench, temperature, m, n)[pick] for m in methods}
+    figs = {m: fake_figures(qs, m) for m, qs in questions.items()}
+    categories = {m: fake_categories(qs) for m, qs in questions.items()}
+    category_speedups(categories, "vanilla", [m for m in methods if is_plain(m)])
+    for m, fig in figs.items():
+        fig["by_category"] = categories[m]
     metric = BENCHES[bench][0]
     for m, fig in figs.items():
         for key, ref in (("speedup", "vanilla"), ("speedup_vs_generate", "generate")):
@@ -191,6 +210,11 @@ def test_shards_equal_unsharded(tmp_path):
         assert e.fig["quality"] == pytest.approx(whole[m].fig["quality"])
         assert e.fig["acceptance_rate_by_depth"] == pytest.approx(whole[m].fig["acceptance_rate_by_depth"])
         assert e.fig["margin_histogram"]["counts"] == whole[m].fig["margin_histogram"]["counts"]
+        # Spec-Bench's per-category figures pool too: sums, then rates and speedups from the pooled sums.
+        assert e.fig["by_category"].keys() == whole[m].fig["by_category"].keys() == {f"category{i}" for i in range(3)}
+        for cat, fig in e.fig["by_category"].items():
+            assert fig == pytest.approx(whole[m].fig["by_category"][cat], rel=1e-12, abs=1e-12), (m, cat)
+        assert e.fig["by_category"]["category0"]["speedup"] != 1.0 or m == "vanilla"
 
 
 def test_missing_shard_is_noted(tmp_path):

@@ -119,23 +119,31 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return None if value is None or base is None or base == 0 else value / base
 
 
+CATEGORY_FIGURES = ("questions", "tokens", "seconds", "cycles", "tokens_per_s", "tau")  # summed ones pool over shards
+
+
 def by_category(kept: dict[str, list[dict]], categories: dict, baseline: str, plain: Sequence[str]) -> dict[str, dict]:
-    """Per method, per question category: questions, tokens/s, tau, and speedups over `baseline` and the
-    fastest of `plain` in that category (Spec-Bench's leaderboard layout)."""
+    """Per method, per question category: questions, tokens, seconds, cycles, tokens/s, tau, and speedups
+    over `baseline` and the fastest of `plain` in that category (Spec-Bench's leaderboard layout)."""
     out: dict[str, dict] = {}
     for method, recs in kept.items():
         groups: dict[str, list[dict]] = {}
         for r in sorted(recs, key=lambda r: (str(type(r["question_id"])), r["question_id"])):  # file order
             groups.setdefault(str(categories.get(r["question_id"], "")), []).append(r)
-        out[method] = {cat: {k: method_figures(rs)[k] for k in ("questions", "tokens_per_s", "tau")}
-                       for cat, rs in groups.items()}
-    for figs in out.values():
-        for cat, fig in figs.items():
-            base = out.get(baseline, {}).get(cat)
-            fig["speedup"] = ratio(fig["tokens_per_s"], base["tokens_per_s"]) if base else None
-            rates = [out[m][cat]["tokens_per_s"] for m in plain if m in out and cat in out[m]]
-            fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], max(rates)) if rates else None
+        out[method] = {cat: {k: method_figures(rs)[k] for k in CATEGORY_FIGURES} for cat, rs in groups.items()}
+    category_speedups(out, baseline, plain)
     return out
+
+
+def category_speedups(figures: dict[str, dict[str, dict]], baseline: str, plain: Sequence[str]) -> None:
+    """Set each category's `speedup` (over `baseline`) and `speedup_vs_fastest` (over the fastest of
+    `plain` in that category) in `figures` = {method: {category: figures}}, from tokens_per_s."""
+    for figs in figures.values():
+        for cat, fig in figs.items():
+            base = figures.get(baseline, {}).get(cat)
+            fig["speedup"] = ratio(fig["tokens_per_s"], base["tokens_per_s"]) if base else None
+            rates = [figures[m][cat]["tokens_per_s"] for m in plain if m in figures and cat in figures[m]]
+            fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], max(rates)) if rates else None
 
 
 def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate: str = GENERATE,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.config.methods import GENERATE, STRICT, VANILLA, method_spec
-from eval.reporting.metrics import ratio
+from eval.reporting.metrics import category_speedups, ratio
 from eval.runs.layout import SUMMARY
 from mars.rules.margin import Mars
 
@@ -174,6 +174,27 @@ def combine_shards(figs: Sequence[dict]) -> dict:
     if all(hists) and all(h.get("edges") == hists[0].get("edges") for h in hists):
         counts = [sum(c) for c in zip(*(h["counts"] for h in hists), strict=True)]
         out["margin_histogram"] = {**hists[0], "counts": counts}
+    if categories := _pool_categories([f.get("by_category") for f in figs]):
+        out["by_category"] = categories  # its speedups: _fill_category_ratios, once every method is pooled
+    return out
+
+
+def _pool_categories(parts: list[dict | None]) -> dict | None:
+    """Per-category figures summed over shards (tau weighted by cycles); None unless every shard has them
+    with their sums (summaries written before they carried tokens, seconds and cycles do not)."""
+    if not parts or not all(parts) or any("seconds" not in c for p in parts for c in p.values()):
+        return None
+    out: dict[str, dict] = {}
+    for part in parts:
+        for cat, fig in part.items():
+            pooled = out.setdefault(cat, {"questions": 0, "tokens": 0, "seconds": 0.0, "cycles": 0, "_tau": 0.0})
+            for k in ("questions", "tokens", "seconds", "cycles"):
+                pooled[k] += fig[k]
+            pooled["_tau"] += fig["tau"] * fig["cycles"]  # tau * cycles = the cycles' tokens
+    for fig in out.values():
+        fig["tokens_per_s"] = fig["tokens"] / fig["seconds"] if fig["seconds"] else None
+        cycle_tokens = fig.pop("_tau")
+        fig["tau"] = cycle_tokens / fig["cycles"] if fig["cycles"] else 1.0
     return out
 
 
@@ -199,10 +220,24 @@ def _combine(key: tuple, items: list[tuple[dict, dict]]) -> Entry:
     return entry
 
 
+def _fill_category_ratios(group: dict[str, Entry]) -> None:
+    """Per-category speedups of pooled shards, against the baselines pooled from the same shards."""
+    for e in group.values():
+        figs = e.fig.get("by_category") or {}
+        if all("speedup" in f for f in figs.values()):
+            continue  # as the run computed them
+        same = {m: {c: dict(f) for c, f in o.fig["by_category"].items()} for m, o in group.items()
+                if o.fig.get("by_category") and set(o.run_dirs) == set(e.run_dirs)}
+        category_speedups(same, VANILLA, [m for m in same if is_plain(m)])
+        e.fig["by_category"] = same[e.method]
+
+
 def _fill_ratios(entries: list[Entry]) -> None:
     groups: dict[tuple, dict[str, Entry]] = defaultdict(dict)
     for e in entries:
         groups[e.model, e.bench, e.temperature][e.method] = e
+    for group in groups.values():
+        _fill_category_ratios(group)
     for e in entries:
         group = groups[e.model, e.bench, e.temperature]
         for name, (reference, figure) in RATIOS.items():
