@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eval.config.schema import LoggingConfig, WandbMode
-from eval.reporting import tracking
+from eval.reporting import tracking, wandb_items
 from eval.reporting.metrics import method_figures
 from eval.runs.layout import AnswerFile, answer_record
 from mars.stats import VerifyStats
@@ -143,7 +143,7 @@ def test_running_totals_match_the_summary_definitions():
 
 
 def test_summary_items_flat_numeric_and_headline():
-    items = tracking.summary_items(SUMMARY, METHOD)
+    items = wandb_items.summary_items(SUMMARY, METHOD)
     assert items["speedup"] == items[f"{METHOD}/speedup"] == 2.0
     assert items["tau"] == 3.25 and items["tokens_per_s"] == 80.0 and items["relaxed_frac"] == 0.05
     assert items["quality"] == items[f"{METHOD}/quality"] == 0.45  # the headline metric's value
@@ -153,16 +153,16 @@ def test_summary_items_flat_numeric_and_headline():
     assert "speedup_vs_generate" not in items  # None is no figure
     assert not any(k.startswith(f"{METHOD}/margin_histogram") or k.endswith(("run_dir", "quality_error"))
                    for k in items)
-    assert tracking.acceptance_rows(SUMMARY) == [[METHOD, 0, 0.9], [METHOD, 1, 0.7], [METHOD, 2, 0.5]]
+    assert wandb_items.acceptance_rows(SUMMARY) == [[METHOD, 0, 0.9], [METHOD, 1, 0.7], [METHOD, 2, 0.5]]
 
 
 def test_names_tags_and_artifact_names():
     cfg = logging_config(WandbMode.offline, tags=["ablation", "y" * 100, "ablation"])
-    tags = tracking.run_tags(cfg, MODEL, BENCH, METHOD, 0.2)
+    tags = wandb_items.run_tags(cfg, MODEL, BENCH, METHOD, 0.2)
     assert tags == [f"model:{MODEL}", f"bench:{BENCH}", f"method:{METHOD}", "T:0.2", "ablation", "y" * 64]
-    assert tracking.run_name(cfg, MODEL, BENCH, METHOD, 1.0) == f"{MODEL}-{BENCH}-{METHOD}-T1"
-    assert tracking.run_name(logging_config(WandbMode.offline, name="mine"), MODEL, BENCH, METHOD, 1.0) == "mine"
-    name = tracking.artifact_name("org/model 8B", BENCH, Path("/out/mars@0.9-T0-0123456789/answers/mars@0.9.jsonl"))
+    assert wandb_items.run_name(cfg, MODEL, BENCH, METHOD, 1.0) == f"{MODEL}-{BENCH}-{METHOD}-T1"
+    assert wandb_items.run_name(logging_config(WandbMode.offline, name="mine"), MODEL, BENCH, METHOD, 1.0) == "mine"
+    name = wandb_items.artifact_name("org/model 8B", BENCH, Path("/out/mars@0.9-T0-0123456789/answers/mars@0.9.jsonl"))
     assert name == "answers-org_model_8B-embedded-mars_0.9-T0-0123456789"
 
 

@@ -24,32 +24,20 @@ Containment, from the kernel up (`sandbox_layers()` reports what is active on a 
 3. Process group: the child starts a new session (`start_new_session=True`); on timeout, and after
    every run in any case, the whole group is killed with SIGKILL (leftover grandchildren included),
    and the call waits (up to GROUP_EXIT_WAIT) until no member of it is alive.
-4. Python-level guards installed by the bootstrap, in the spirit of the HumanEval harness's
-   "reliability guard":
-   - refused: process creation (os.fork/forkpty/system/popen/exec*/spawn*/posix_spawn*,
-     subprocess.Popen, _posixsubprocess.fork_exec; multiprocessing, ctypes, resource and psutil
-     cannot be imported), signalling (os.kill/killpg/pidfd_open, signal.pidfd_send_signal),
-     os.chown/fchown/lchown/fchmod/lchmod/chflags/link/symlink/mkfifo/mknod/chroot/chdir/fchdir,
-     identity and session changes (os.setuid... setsid/setpgid/setpgrp), shutil.rmtree/move/chown,
-     builtins.exit/quit/help (faulthandler is disabled too);
-   - allowed inside the temporary directory only: writing (open, io.FileIO, os.open), os.mkdir,
-     remove/unlink/rmdir/rename/replace/truncate/chmod/utime (so tempfile works there), never in
-     their dir_fd or file-descriptor forms;
-   - network: creating a socket and name resolution (getaddrinfo, gethostbyname...) raise;
-     socket.socketpair() (a connected local pair: asyncio's self-pipe) is allowed.
-   os.putenv stays: it only affects this process (which cannot start another), and numpy's import
-   needs it. Modules that are slow to import (subprocess, socket, shutil) are patched when the code
-   first imports them, by a meta-path hook that also re-patches a module the code deletes from
-   sys.modules and imports afresh. The temporary directory is also the working directory, $HOME and
-   $TMPDIR. These guards stop accidents and naive misbehaviour, not a determined attacker: Python
-   code can dig an original back up (`_imp.create_builtin` gives a fresh, unpatched `posix`), and
-   then only (1)-(3) hold; the tests check that they do.
+4. Python-level guards installed by the bootstrap (`sandbox_boot._guard` lists them), in the spirit
+   of the HumanEval harness's "reliability guard": no process creation, signalling, identity or
+   session changes, sockets (but a connected local pair) or name resolution; writing, renaming and
+   deleting only inside the temporary directory (also the working directory, $HOME and $TMPDIR);
+   multiprocessing, ctypes, resource and psutil cannot be imported. Modules slow to import are
+   patched when the code first imports them (a meta-path hook, which also re-patches a module the
+   code deletes and imports afresh). These guards stop accidents and naive misbehaviour, not a
+   determined attacker: Python code can dig an original back up (`_imp.create_builtin` gives a
+   fresh, unpatched `posix`), and then (1)-(3) and (6) hold; the tests check that they do.
 5. The interpreter runs with `-I -S` (isolated: no PYTHON* variables, no user site, no script
    directory; no site module: its .pth processing would cost 55 ms per run here) and gets the
    site-packages directories on sys.path as plain directories, so installed packages (numpy...)
    import as they would for the harness. The environment is minimal: PATH, HOME and TMPDIR (the
    temporary directory) and a UTF-8 locale; no proxies, no PYTHONPATH, nothing else inherited.
-
 6. Privileges: a harness running as root starts the child as root (the namespaces need it), and the
    child drops to nobody:nogroup (`sandbox_user()`; no supplementary groups, saved IDs too) before
    the code runs, after loading what the code imports under the guards (`eval/scoring/sandbox_boot.py`): an

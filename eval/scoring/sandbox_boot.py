@@ -210,6 +210,13 @@ def _file_guards(workdir):
 
 
 def _guard(workdir):
+    """Refuse process creation (os.fork/forkpty/system/popen/exec*/spawn*/posix_spawn*, subprocess.Popen,
+    _posixsubprocess.fork_exec), signalling (os.kill/killpg/pidfd_open, signal.pidfd_send_signal), identity
+    and session changes (os.setuid... setsid/setpgid/setpgrp), os.chown/fchown/lchown/fchmod/lchmod/chflags/
+    link/symlink/mkfifo/mknod/chroot/chdir/fchdir, shutil.rmtree/move/chown, sockets and name resolution
+    (socket.socketpair stays: asyncio's self-pipe), builtins.exit/quit/help and faulthandler; allow writing
+    (open, io.FileIO, os.open), mkdir, remove/unlink/rmdir/rename/replace/truncate/chmod/utime inside
+    `workdir` only, never in their dir_fd or descriptor forms. os.putenv stays (numpy's import needs it)."""
     import builtins
     import faulthandler
 
