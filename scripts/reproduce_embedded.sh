@@ -12,11 +12,8 @@
 # `wandb sync OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ $# -lt 1 || "$1" == *=* ]]; then
-    echo "usage: scripts/reproduce_embedded.sh OUT_DIR [eval.run overrides...]" >&2
-    exit 2
-fi
-out="$(mkdir -p "$1" && cd "$1" && pwd)"
+source scripts/out_dir.sh
+out="$(out_dir "usage: scripts/reproduce_embedded.sh OUT_DIR [eval.run overrides...]" "$@")"
 shift
 export MARS_BENCH_DIR="${MARS_BENCH_DIR:-$(cd .. && pwd)/shared/data/bench}"
 common=(model=embedded "bench=embedded,humaneval" "sampling=t0,t1"

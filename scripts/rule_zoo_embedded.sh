@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rule zoo on the embedded pair (data/models/{target,draft}), on a CPU: every verification rule swept
-# over its parameter range (eval/zoo.py SWEEP, and why: mars theta 0.98-0.6, typical epsilon 0.5-0.15 at
+# over its parameter range (eval/reporting/zoo.py SWEEP, and why: mars theta 0.98-0.6, typical epsilon 0.5-0.15 at
 # delta 100 then Medusa's 0.09 / 0.3, topm (m, alpha) (2, 0.7)-(3, 0.2), entropy h 5-1 nats, ears beta
 # 0.05-0.6) at temperature 0 and 1 (ears at 1 only: it has no greedy form). One eval.run job per temperature: strict
 # with model.generate (float32 and bf16), vanilla and every other rule point as baselines, all answered
@@ -24,14 +24,11 @@
 # Rerunning resumes: finished answers are kept, and a finished job only rewrites its summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ $# -lt 1 || "$1" == *=* ]]; then
-    echo "usage: scripts/rule_zoo_embedded.sh OUT [eval.run overrides...]" >&2
-    exit 2
-fi
-out="$(mkdir -p "$1" && cd "$1" && pwd)"
+source scripts/out_dir.sh
+out="$(out_dir "usage: scripts/rule_zoo_embedded.sh OUT [eval.run overrides...]" "$@")"
 shift
 start=$SECONDS
-# The sweep lives in eval/zoo.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
+# The sweep lives in eval/reporting/zoo.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
 lists="$(python -m eval.zoo --baselines 0 1)"
 common=(model=embedded bench=embedded method=strict "num_prompts=${NUM_PROMPTS:-16}"
         "max_new_tokens=${MAX_NEW_TOKENS:-80}" "out_dir=\"$out/runs\"")

@@ -72,7 +72,7 @@ def test_model_config_composes_with_every_field(name):
     assert set(model.prompt) == {"format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs"}
     fmt = prompt_format(model)  # validates the block (fastchat template names, kinds)
     assert isinstance(fmt, PromptFormat)
-    # the model's tree preset is passed to SpeculativeGenerator as keyword arguments (eval/run.py)
+    # the model's tree preset is passed to SpeculativeGenerator as keyword arguments (eval/runner/models.py)
     tree = tree_shape(OmegaConf.to_object(cfg.tree))
     accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
     assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)

@@ -168,7 +168,7 @@ class RunConfig:
     # every phase boundary, which slows a GPU run: for diagnosis, not for speed figures.
     profile: bool = False
     resume: bool = True  # a rerun continues its run directories (false: refuse to reuse one with answers)
-    out_dir: str = MISSING  # run directories go under it (eval/run.py)
+    out_dir: str = MISSING  # run directories go under it (eval/runner/directories.py)
     summary_path: str | None = None  # an extra copy of the job's summary.json
     gpus_per_job: int | None = None  # claim this many free GPUs of the node by lock file (joblib launcher)
 
