@@ -12,7 +12,8 @@ from eval.config.methods import GENERATE, STRICT, VANILLA
 from eval.reporting.summaries import Entry, method_order
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (imported when a plot is drawn: matplotlib is slow to import)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never open a window
@@ -27,7 +28,7 @@ def _slug(*parts: object) -> str:
 
 def _colors(entries: Iterable[Entry]) -> dict[str, object]:
     """One colour per method across every plot: baselines fixed, MARS along a colormap by θ."""
-    plt = _pyplot()
+    plt = pyplot()
     fixed = {GENERATE: "tab:brown", VANILLA: "tab:gray", STRICT: "black"}
     methods = sorted({(method_order(e.method, e.theta), e.method) for e in entries})
     mars = [m for o, m in methods if o[0] == 3]
@@ -39,7 +40,7 @@ def _colors(entries: Iterable[Entry]) -> dict[str, object]:
 
 def _save(fig, out: Path, name: str, written: list[str]) -> None:
     fig.savefig(out / name, dpi=100, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     written.append(name)
 
 
@@ -50,7 +51,7 @@ def _methods(entries: Iterable[Entry]) -> list[Entry]:
 def plot_by_bench(entries: list[Entry], figure: str, title: str, ylabel: str, out: Path, name: str,
                   written: list[str], colors: dict) -> None:
     """Grouped bars, benchmark on x, one bar per method; one panel per model × temperature."""
-    plt = _pyplot()
+    plt = pyplot()
     groups = sorted({(e.model, e.temperature) for e in entries})
     benches = sorted({e.bench for e in entries})
     fig, axes = plt.subplots(len(groups), 1, figsize=(3 + 2.2 * len(benches), 3.4 * len(groups)), squeeze=False)
@@ -76,7 +77,7 @@ def plot_by_bench(entries: list[Entry], figure: str, title: str, ylabel: str, ou
 
 def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) -> None:
     """Margin histograms, per-depth acceptance and (with MARS) the θ sweep of one model × bench × temperature."""
-    plt = _pyplot()
+    plt = pyplot()
     e0 = group[0]
     where = f"{e0.model}, {e0.bench}, temperature {e0.temperature:g}"
     tag = f"{_slug(e0.model, e0.bench)}_T{e0.temperature:g}"
@@ -136,7 +137,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, flo
 def plot_pareto(entries: list[Entry], out: Path, written: list[str], colors: dict) -> None:
     """Speed vs quality recovery (raw quality when no recovery exists), one point per method × bench:
     colour = method (as in every plot), marker = bench; each bench's Pareto front ringed and connected."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     y_name = "quality_recovery" if any(e.value("quality_recovery") is not None for e in entries) else "quality"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.config.methods import STRICT
+from eval.reporting.plots import pyplot
 from eval.reporting.tables import DASH, format_quality
 from eval.reporting.zoo import COST, SWEEP, Group, _rounded
 from mars.rules import make_rule
@@ -153,9 +154,7 @@ MARKERS = {STRICT: "*", Mars.name: "o", Typical.name: "s", TopM.name: "D", Entro
 
 def _style(rules: Sequence[str]) -> dict[str, tuple]:
     """(colour, marker) per rule: strict black, the others from tab10 in sweep order."""
-    from eval.reporting.plots import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     others = [r for r in rules if r != STRICT]
     style = {r: (plt.cm.tab10(i % 10), MARKERS.get(r, "Pho<>"[i % 5])) for i, r in enumerate(others)}
     style[STRICT] = ("black", "*")
@@ -211,9 +210,7 @@ def panels(groups_: Sequence[Group]) -> list[tuple[Group, str]]:
 
 def plot(groups_: Sequence[Group], path: Path) -> None:
     """One model × bench's Pareto plot (`panels`) into `path`."""
-    from eval.reporting.plots import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     panels_ = panels(groups_)
     rules = list(dict.fromkeys(p.rule_name for g in groups_ for p in sorted(g.rules, key=lambda p: p.order)))
     style = _style(rules)

@@ -1,11 +1,4 @@
-"""Evaluate a decoding method on a target + draft pair: speed, acceptance, relaxation and task quality.
-
-    python -m eval.run                                     # quickstart: embedded pair, held-out stdlib prompts
-    python -m eval.run num_prompts=64 max_new_tokens=128   # the full embedded benchmark
-    python -m eval.run bench=humaneval num_prompts=null    # HumanEval pass@1 (completion prompts on the code model)
-    python -m eval.run method=strict sampling=t1           # strict verification at temperature 1
-    python -m eval.run -m method.theta=0.84,0.88,0.92,0.96 bench=embedded,humaneval   # a sweep: one job each
-    python -m eval.run model=llama31_8b bench=mt_bench max_new_tokens=1024 num_prompts=null   # on a GPU
+"""One evaluation job (`python -m eval.run`, or one job of a Hydra multirun): answer, score, summarize.
 
 A job answers its `method` (generate: transformers' `model.generate`; vanilla: our plain decoding;
 strict: lossless verification; mars: margin-aware verification) and its `baselines` (default
@@ -42,10 +35,12 @@ from eagle.precision import DTYPES, cpu_name
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat, prompt_format
 from eval.benchmarks.questions import Question
+from eval.benchmarks.scoring import score
 from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, MethodConfig, RuleMethod, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard, validate
 from eval.reporting.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
+from eval.reporting.tracking import start_tracking
 from eval.runner.answering import Evaluator, answer_questions
 from eval.runner.directories import (
     answer_path,
@@ -88,8 +83,6 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
     """
     bench, metric = run.bench.name, None
     if bench in BENCHMARKS:
-        from eval.benchmarks.scoring import score
-
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
         plain_answers = records.get(VANILLA) or records.get(GENERATE)
         if plain_answers is None and run.sampling.temperature == 0:
@@ -118,7 +111,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
     return metric
 
 
-# --- reporting --------------------------------------------------------------------------------
+# --- the machine and the settings --------------------------------------------------------------
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -224,8 +217,6 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     started = time.time()
     OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
                    resolve=True)
-    from eval.reporting.tracking import start_tracking
-
     tracker = start_tracking(config.logging, job_dir, plain(config), model=config.model.name, bench=config.bench.name,
                              method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
     answered_now = answer_pending(config, fmt, questions, pending, directories, tracker) if pending else []
