@@ -10,6 +10,10 @@ import torch
 from helpers import ARCHITECTURES
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Nothing in the suite downloads: a hub lookup (datasets, transformers) fails at once instead of waiting
+# for a network that CI may not have. Subprocesses the tests start inherit it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 @pytest.fixture(params=list(ARCHITECTURES))

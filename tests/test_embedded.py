@@ -24,7 +24,8 @@ from mars import SpeculativeGenerator
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts" / "stdlib_heldout.jsonl"
-# nats/token on 16 windows spread over the held-out split; measured 4.29 (whole split: 4.26, ppl 71)
+# nats/token on 16 windows spread over the held-out split; measured 4.29 in bf16 and in float32 compute
+# (whole split: 4.26, ppl 71)
 HELDOUT_LOSS_BOUND = 4.9
 FIRST_TOKEN_ACC_BOUND = 0.6  # draft top-1 == target top-1, teacher-forced on 8 held-out windows; measured 0.738
 
@@ -40,6 +41,12 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def target_bf16():
     return AutoModelForCausalLM.from_pretrained(MODELS / "target", dtype=torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def fp32_pair():
+    target = AutoModelForCausalLM.from_pretrained(MODELS / "target", dtype=torch.float32).eval()
+    return target, load_draft(MODELS / "draft", target)
 
 
 @pytest.fixture(scope="module")
@@ -67,29 +74,24 @@ def test_tokenizer_round_trips_stdlib_and_prompt_text(tokenizer):
     assert 3.0 < len(texts[-2]) / len(tokenizer(texts[-2])["input_ids"]) < 6.0  # a real BPE, not bytes
 
 
-def test_target_heldout_loss_is_below_the_bound(target_bf16, heldout_tokens):
+def test_target_heldout_loss_is_below_the_bound(fp32_pair, heldout_tokens):
+    target = fp32_pair[0]  # the shipped bf16 weights upcast exactly: the same model, ~7x faster on AVX2-only CPUs
     seq, windows = 512, 16
     stride = (len(heldout_tokens) - seq - 1) // windows  # spread over the split: files differ a lot
     losses = []
     with torch.inference_mode():
         for i in range(windows):
             window = heldout_tokens[i * stride : i * stride + seq + 1].long()[None]
-            logits = target_bf16(window[:, :-1]).logits.float()
+            logits = target(window[:, :-1]).logits.float()
             losses.append(torch.nn.functional.cross_entropy(logits[0], window[0, 1:]).item())
     loss = sum(losses) / len(losses)
     assert loss < HELDOUT_LOSS_BOUND, f"held-out loss {loss:.3f} (ppl {math.exp(loss):.1f})"
 
 
-def test_draft_first_token_acceptance_is_above_the_bound(target_bf16, heldout_tokens):
-    head = load_draft(MODELS / "draft", target_bf16)
-    report = evaluate_head(head, target_bf16, chunk_tokens(heldout_tokens, 256, 8, seed=0), steps=1)
+def test_draft_first_token_acceptance_is_above_the_bound(fp32_pair, heldout_tokens):
+    target, head = fp32_pair  # float32 compute of the bf16 weights (0.734 here; 0.733 in bf16 compute)
+    report = evaluate_head(head, target, chunk_tokens(heldout_tokens, 256, 8, seed=0), steps=1)
     assert report["first_token_acc"] > FIRST_TOKEN_ACC_BOUND, report
-
-
-@pytest.fixture(scope="module")
-def fp32_pair():
-    target = AutoModelForCausalLM.from_pretrained(MODELS / "target", dtype=torch.float32).eval()
-    return target, load_draft(MODELS / "draft", target)
 
 
 def prompt_ids(tokenizer, count: int) -> list[list[int]]:

@@ -24,6 +24,7 @@ from rouge_score import rouge_scorer
 from eval.benchmarks import scoring as S
 from eval.config.paths import REPO_ROOT, bench_dir
 from eval.reporting.metrics import ratio
+from eval.score import main as cli_main
 from eval.scoring import text as M
 from eval.scoring.judge import JudgeError, judge_config, parse_rating
 
@@ -289,10 +290,20 @@ def test_load_references() -> None:
 # --- command line ---------------------------------------------------------------------------------
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m eval.score` in a process of its own (the end-to-end test; the others call `main`)."""
     env = {k: v for k, v in os.environ.items() if k not in JUDGE_VARS + PROXY_VARS}
     env |= {"MARS_BENCH_DIR": str(DATA), "no_proxy": "127.0.0.1,localhost", "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "eval.score", *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+def call_cli(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
+    """`eval.score`'s main in this process (no interpreter start): exit code, stdout, stderr."""
+    monkeypatch.setenv("MARS_BENCH_DIR", str(DATA))
+    capsys.readouterr()
+    code = cli_main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_cli_gsm8k_end_to_end(tmp_path: Path) -> None:
@@ -313,7 +324,7 @@ def test_cli_gsm8k_end_to_end(tmp_path: Path) -> None:
     ("unknown_ids", "the answer file is probably for another benchmark"),
     ("no_baseline", "--baseline VANILLA.jsonl"),
 ])
-def test_cli_bad_input(tmp_path: Path, case: str, expected: str) -> None:
+def test_cli_bad_input(tmp_path: Path, case: str, expected: str, capsys, monkeypatch) -> None:
     path = write_jsonl(tmp_path / "answers.jsonl", [record(0, "#### 18"), record(1, "#### 3")])
     args = ["gsm8k", str(path)]
     if case == "unknown_bench":
@@ -327,12 +338,12 @@ def test_cli_bad_input(tmp_path: Path, case: str, expected: str) -> None:
     elif case == "no_baseline":
         args[0] = "qa"
         write_jsonl(path, [record(q["question_id"], "a") for q in questions("qa")])
-    out = run_cli(*args)
-    assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
-    assert expected in out.stderr
+    code, stdout, stderr = call_cli(capsys, monkeypatch, *args)
+    assert code == 2 and stdout == ""
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert expected in stderr
     if case == "missing_data_dir":
-        assert "--data-dir DIR" in out.stderr  # names the fix
+        assert "--data-dir DIR" in stderr  # names the fix
 
 
 # --- the LLM judge, against a fake server on the loopback interface -------------------------------
@@ -446,11 +457,12 @@ def test_judge_from_environment_and_failures(judge_server: str, monkeypatch: pyt
         S.score("gsm8k", [record(0, "#### 18")], DATA, judge={"url": judge_server, "key": "k"})
 
 
-def test_cli_judge(judge_server: str, tmp_path: Path) -> None:
+def test_cli_judge(judge_server: str, tmp_path: Path, capsys, monkeypatch) -> None:
     answers = [record(q["question_id"], "Do yoga.") for q in questions("alpaca")[:2]]
     path = write_jsonl(tmp_path / "alpaca.jsonl", answers)
-    out = run_cli("alpaca", str(path), "--judge-url", judge_server, "--judge-key", "k", "--judge-model", "jm")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().split("\n")[-1])
+    code, stdout, stderr = call_cli(capsys, monkeypatch, "alpaca", str(path), "--judge-url", judge_server,
+                                    "--judge-key", "k", "--judge-model", "jm")
+    assert code == 0, stderr
+    result = json.loads(stdout.strip().split("\n")[-1])
     assert result["judge_score"] == 7.0 and result["metric"] == "judge_score" and result["n"] == 2
     assert [r["body"]["model"] for r in FakeJudge.requests] == ["jm", "jm"]
