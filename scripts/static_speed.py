@@ -10,13 +10,13 @@ The first call of the compiled generator compiles its two graphs and is timed ap
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import load_draft
+from eval.runs.jsonl import read_jsonl
 from mars import SpeculativeGenerator
 
 TREE = dict(total_tokens=8, depth=4, branching=2)  # the embedded pair's calibrated greedy tree
@@ -36,8 +36,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     head = load_draft(args.draft, target)
-    with open(args.questions) as f:
-        prompts = [tokenizer(json.loads(line)["prompt"], return_tensors="pt").input_ids for line in f][: args.prompts]
+    questions = read_jsonl(args.questions).values()[: args.prompts]
+    prompts = [tokenizer(q["prompt"], return_tensors="pt").input_ids for q in questions]
     width = args.max_cache_len
     gens = {
         "dynamic": SpeculativeGenerator(target, head, **TREE),
