@@ -1,13 +1,19 @@
-"""Prepacked oneDNN matrix products for float32 linear layers on CPUs.
+"""Prepacked oneDNN matrix products for float32 and bf16 linear layers on CPUs.
 
-A tree forward multiplies every weight matrix by a few rows (the drafted nodes). On the AMD EPYC
-CPUs this project lands on, torch's default float32 path (MKL `sgemm`) is slow for 2-32 rows: a
-9-row forward of the embedded target costs 1.7 one-row decodes with it and 1.25 with oneDNN
-multiplying weights packed once into its blocked layout (`../shared/notes/cpu-performance.md`).
-oneDNN's packed product is also row-invariant (a row's result does not depend on how many rows are
-multiplied with it), which MKL's is not.
+A tree forward multiplies every weight matrix by a few rows (the drafted nodes), a decoding step by
+one. torch's default CPU paths are slow for both on the AMD EPYC CPUs this project lands on:
+- float32 (MKL `sgemm`) over 2-32 rows: a 9-row forward of the embedded target costs 1.7 one-row
+  decodes with it and 1.25 with oneDNN multiplying weights packed once into its blocked layout.
+- bf16 on a CPU with AVX-512 BF16: torch hands each product to oneDNN with the weight in torch's
+  layout, and the reorder into oneDNN's blocked layout runs at every call. For one row that is most
+  of the product's cost: [1, 384] x [384, 384] took 39.7 us natively against 9.7 us with torch
+  limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`, another kernel), which made plain bf16 decoding of
+  the embedded target 1.2-1.6x faster under those limits than natively; on prepacked weights the
+  native decode is the fastest of all (`../shared/notes/cpu-performance.md`).
+oneDNN's packed product is also row-invariant for the target's shapes (a row's result does not
+depend on how many rows are multiplied with it; `tests/test_kernels.py`), which MKL's float32 is not.
 
-`PackedLinears` packs a model's float32 CPU `nn.Linear` weights once and swaps them in only inside
+`PackedLinears` packs a model's CPU `nn.Linear` weights once and swaps them in only inside
 `active()`: between calls the model is exactly the user's (its own `generate` keeps torch's kernels,
 so baselines timed with it are not sped up by us). A weight modified in place since packing
 (training, `load_state_dict`) is repacked at the next `active()`.
@@ -17,6 +23,7 @@ The packed copy doubles the memory of the weights it covers; `auto` packs only w
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -43,14 +50,29 @@ def available_memory() -> int | None:
     return None
 
 
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN here can pack weights of `dtype` (float32 wherever torch has oneDNN; bf16 only
+    with the CPU's bf16-capable instructions, which `ONEDNN_MAX_CPU_ISA` may withhold): tried once."""
+    if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        with torch.no_grad():
+            weight = torch.ones(8, 8, dtype=dtype)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            out = _packed_forward(packed, None, torch.ones(2, 8, dtype=dtype))
+        return bool(out.eq(8).all())
+    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+        return False
+
+
 def packable(module: nn.Module) -> bool:
-    return (isinstance(module, nn.Linear) and module.weight.device.type == "cpu"
-            and module.weight.dtype == torch.float32)
+    return (isinstance(module, nn.Linear) and module.weight.device.type == "cpu" and packs(module.weight.dtype))
 
 
 def choose_packing(modules: list[nn.Module], requested: bool | str = "auto",
                    compiled: bool = False) -> tuple[bool, str]:
-    """Whether to pack the float32 CPU linears of `modules` (models), and why. compiled: the models'
+    """Whether to pack the CPU linears of `modules` (models) that oneDNN can pack here, and why. compiled: the models'
     forwards run under `torch.compile`, which chooses its own kernels; packing swaps each linear's
     `forward` at every call, which would make it compile again, so `auto` is off and True refused."""
     if requested not in (True, False, "auto"):
@@ -64,24 +86,23 @@ def choose_packing(modules: list[nn.Module], requested: bool | str = "auto",
                              "compile again each time: pass prepack=False or 'auto' with compile")
         return False, "off (auto): torch.compile chooses the kernels of the compiled forwards"
     if not linears:
-        return False, "off: no float32 CPU linear layers"
-    if not torch.backends.mkldnn.is_available():
         if requested is True:
-            raise RuntimeError("prepack=True needs torch built with oneDNN (torch.backends.mkldnn): pass "
-                               "prepack=False or 'auto' (model.prepack=false)")
-        return False, "off: this torch has no oneDNN"
+            raise RuntimeError("prepack=True needs CPU linear layers that this torch's oneDNN can pack (float32, or "
+                               "bf16 on a CPU with AVX-512 BF16): pass prepack=False or 'auto' (model.prepack=false)")
+        return False, "off: no CPU linear layers that oneDNN packs here"
     if requested is True:
         return True, "on (requested)"
-    size = sum(m.weight.numel() * 4 for m in linears)
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     free = available_memory()
     if free is not None and size > MEMORY_SHARE * free:
-        return False, (f"off (auto): a packed copy of the float32 weights ({size / 2**30:.1f} GiB) would take more "
+        return False, (f"off (auto): a packed copy of the weights ({size / 2**30:.1f} GiB) would take more "
                        f"than {MEMORY_SHARE:.0%} of the available memory")
-    return True, "on (auto): float32 linears on CPU run oneDNN products on prepacked weights"
+    kinds = "/".join(sorted({str(m.weight.dtype).removeprefix("torch.") for m in linears}))
+    return True, f"on (auto): {kinds} linears on CPU run oneDNN products on prepacked weights"
 
 
 class PackedLinears:
-    """The float32 CPU `nn.Linear` layers of some models, with oneDNN-packed copies of their weights."""
+    """The CPU `nn.Linear` layers of some models that oneDNN packs here, with packed copies of their weights."""
 
     def __init__(self, *models: nn.Module):
         self.linears = [m for model in models for m in model.modules() if packable(m)]

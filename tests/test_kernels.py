@@ -1,5 +1,7 @@
-"""Prepacked float32 linears (eagle.kernels): used only inside the generator's calls, the same
-products up to rounding, row-invariant, refreshed when weights change, chosen by what fits."""
+"""Prepacked linears (eagle.kernels): used only inside the generator's calls, the same products up
+to rounding, row-invariant, refreshed when weights change, chosen by what fits. float32 packs
+wherever torch has oneDNN; bf16 only on CPUs with AVX-512 BF16 (the bf16 cases say so and skip
+elsewhere, while the test of the choice checks that such a CPU reports it cannot pack)."""
 
 from __future__ import annotations
 
@@ -20,17 +22,41 @@ def linears(model) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
-def test_packed_products_match_torch_and_do_not_depend_on_the_number_of_rows():
+BF16_PACKS = K.packs(torch.bfloat16)
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not BF16_PACKS, reason="oneDNN packs bf16 weights only on CPUs with AVX-512 BF16 (not this one, or limited by "
+                           "ONEDNN_MAX_CPU_ISA)"))]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fan_in,fan_out", [(384, 1024), (1024, 384)])
+def test_packed_products_match_torch_and_do_not_depend_on_the_number_of_rows(dtype, fan_in, fan_out):
     torch.manual_seed(0)
-    layer = torch.nn.Linear(384, 1024, bias=True)
-    x = torch.randn(1, 21, 384)
+    layer = torch.nn.Linear(fan_in, fan_out, bias=True).to(dtype)
+    x = torch.randn(1, 21, fan_in, dtype=dtype)
     with torch.inference_mode():
         reference = layer(x)
         with K.PackedLinears(layer).active():
             packed = layer(x)
             rows = torch.cat([layer(x[:, i : i + 1]) for i in range(x.shape[1])], dim=1)
-    torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-5)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(packed, reference, rtol=tol, atol=tol)
     assert torch.equal(packed, rows)  # a row's product is the same alone or among 21
+
+
+def test_bf16_packing_is_what_the_cpu_offers():
+    """bf16 packs exactly where oneDNN has bf16-capable instructions: a choice `auto` makes from a
+    trial, never from a list of CPU names."""
+    from eagle.precision import cpu_flags
+
+    flags = cpu_flags()
+    if flags and not {"avx512bw", "avx512vl", "avx512dq"} <= flags:
+        assert not BF16_PACKS  # e.g. AVX2-only: oneDNN refuses to pack bf16 weights
+    model = tiny_model("llama").to(torch.bfloat16)
+    use, why = K.choose_packing([model], "auto")
+    assert use is BF16_PACKS
+    assert ("bfloat16" in why) if use else ("no CPU linear layers that oneDNN packs" in why)
 
 
 def test_packing_is_swapped_in_only_inside_active_and_follows_weight_changes():
@@ -54,7 +80,8 @@ def test_choice_follows_the_request_the_dtype_and_the_memory(monkeypatch):
     model = tiny_model("llama")
     assert K.choose_packing([model], "auto")[0] is True
     assert K.choose_packing([model], False) == (False, "off (requested)")
-    assert K.choose_packing([model.to(torch.bfloat16)], "auto") == (False, "off: no float32 CPU linear layers")
+    assert K.choose_packing([model.to(torch.float16)], "auto") == (False, "off: no CPU linear layers that oneDNN "
+                                                                               "packs here")
     model = model.float()
     monkeypatch.setattr(K, "available_memory", lambda: 1000)  # a copy of the weights would not fit
     use, why = K.choose_packing([model], "auto")
@@ -64,21 +91,29 @@ def test_choice_follows_the_request_the_dtype_and_the_memory(monkeypatch):
         K.choose_packing([model], "yes")
 
 
-def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_greedy(monkeypatch):
-    model = tiny_model("qwen2")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_greedy(monkeypatch, dtype):
+    model = tiny_model("qwen2").to(dtype)
     torch.manual_seed(1)
-    head = Eagle3Head.for_target(model.config)
+    head = Eagle3Head.for_target(model.config).to(dtype)
     prompt = random_prompt(random.Random(0), model.config.vocab_size, 12)
     expected = hf_greedy(model, prompt, 40)
+    # Plain decoding with the same kernels is the reference: in float32 it is also model.generate's
+    # output; in bf16 our plain decoding rounds differently from model.generate (exact attention
+    # reduces in float32, packed products round per oneDNN), so strict is held to our vanilla there.
     with SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3) as gen:
         assert gen.prepack and "auto" in gen.prepack_reason
+        plain = gen.vanilla(prompt, max_new_tokens=40).tokens
         seen, original = [], K._packed_forward
         monkeypatch.setattr(K, "_packed_forward", lambda *a: seen.append(1) or original(*a))
         out = gen.generate(prompt, max_new_tokens=40)
         monkeypatch.undo()
         assert seen, "the decoding loop did not use the packed products"
         assert not any("forward" in vars(m) for m in linears(model) + linears(head))
-        assert out.tokens == expected
+        assert out.tokens == plain
+        if dtype == torch.float32:
+            assert out.tokens == expected
         assert hf_greedy(model, prompt, 40) == expected  # model.generate after the call: torch's own kernels
     with SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3, prepack=False) as gen:
-        assert gen.kernels is None and gen.generate(prompt, max_new_tokens=40).tokens == expected
+        assert gen.kernels is None
+        assert gen.generate(prompt, max_new_tokens=40).tokens == gen.vanilla(prompt, max_new_tokens=40).tokens
