@@ -31,9 +31,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # --- names ------------------------------------------------------------------------------------
 
 def test_mars_verify_is_the_module():
+    import mars
     import mars.verify as v  # the attribute of the package, which a function named `verify` would shadow
 
-    assert isinstance(v, types.ModuleType) and (v.accept_greedy, v.accept_sampling, v.accept)
+    assert isinstance(v, types.ModuleType) and v.__name__ == "mars.verify" and mars.verify is v
+    assert all(callable(getattr(v, name, None)) for name in ("accept_greedy", "accept_sampling", "accept"))
 
 
 def test_tree_top_k_is_a_deprecated_alias_of_branching():

@@ -10,13 +10,13 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from eval.config.methods import PLAIN, RuleMethod, method_spec
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import SAMPLINGS, TREES, RunConfig, WandbMode, parse_shard, validate
-from mars.rules import RULES
+from mars.rules import BUILT_IN, RULES
 
 CONFIGS = REPO_ROOT / "configs"
 GROUPS = {
     "model": sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")),
     "bench": sorted(p.stem for p in (CONFIGS / "bench").glob("*.yaml")),
-    "method": [*PLAIN, "strict", "mars", "typical", "topm", "ears", "entropy"],
+    "method": [*PLAIN, *BUILT_IN],  # every rule the package registers: a new one composes here untouched
     "tree": sorted(TREES),
     "sampling": sorted(SAMPLINGS),
     "logging": [m.value for m in WandbMode],

@@ -13,8 +13,9 @@ import pytest
 import torch
 from helpers import chi_square_pvalue, emitted, make_tree, save_standin_pair, tiny_generator
 
+import mars.rules
 from mars.cost import acceptance_probabilities, emitted_distribution, fallback_distribution
-from mars.rules import RULES, Relaxation, Rule, TargetView, make_rule, register
+from mars.rules import BUILT_IN, RULES, Relaxation, Rule, TargetView, make_rule, register
 from mars.sampling import process_logits, resolve_sampling
 from mars.verify import accept, children
 
@@ -22,13 +23,17 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 V = 6
 TREE = ([-1, 0, 0, 0, 1, 1, 2], [5, 0, 2, 4, 1, 3, 5])  # (parents, tokens), siblings in draft order
-# Settings at which each rule relaxes often on TREE's logits, with fractional outcomes left.
-RELAXING = [
-    ("strict", {}), ("mars", {"theta": 0.5}), ("mars", {"theta": 0.5, "fallback": "reference"}),
-    ("typical", {"epsilon": 0.3, "delta": 0.5}), ("typical", {"epsilon": 0.3, "fallback": "reference"}),
-    ("topm", {"m": 2, "alpha": 0.3}), ("ears", {"beta": 0.5}), ("entropy", {"h": 1.0}),
-]
-BUILT_IN = ("strict", "mars", "typical", "topm", "ears", "entropy")
+# Every built-in rule at the settings it declares (`Rule.relaxing`, `Rule.never_relaxes`), so that a
+# newly registered rule is tested here without an edit; one that declares nothing fails
+# test_every_built_in_rule_declares_the_settings_its_tests_run (the lists below then skip it).
+RELAXING = [(name, params) for name in BUILT_IN for params in RULES[name].relaxing or ()]
+# The exact distribution is checked where each rule relaxes; a rule that never does (strict) at its one setting.
+EXACT = [(name, params) for name in BUILT_IN
+         for params in RULES[name].relaxing or (RULES[name].never_relaxes,) if params is not None]
+
+
+def ids(cases: list[tuple[str, dict]]) -> list[str]:
+    return [f"{name}-{params}" for name, params in cases]
 
 
 def node_logits(tree, seed: int, shift: float = 3.0) -> torch.Tensor:
@@ -43,8 +48,12 @@ def view_of(processed: torch.Tensor, tree, greedy: bool = False) -> TargetView:
     return TargetView(processed, tree.tokens, children(tree), greedy)
 
 
-def test_the_zoo_is_registered():
-    assert set(BUILT_IN) <= set(RULES)
+def test_every_rule_file_registers_its_rule_and_unknown_names_are_refused():
+    """BUILT_IN (what every per-rule list here derives from) holds a rule from each file of mars/rules:
+    a rule file that __init__ forgets to import would otherwise go untested."""
+    files = {path.stem for path in Path(mars.rules.__file__).parent.glob("*.py")} - {"__init__", "base"}
+    assert {RULES[name].__module__.rpartition(".")[2] for name in BUILT_IN} == files
+    assert all(RULES[name].__module__.startswith("mars.rules.") for name in BUILT_IN)
     with pytest.raises(ValueError, match="unknown rule 'lossy'; registered rules: "):
         make_rule("lossy")
     with pytest.raises(TypeError, match=r"rule 'typical' has no parameter\(s\) \['theta'\]; its parameters: epsilon"):
@@ -75,7 +84,23 @@ def outcome_distribution(view: TargetView, relax: Relaxation, tree) -> dict[tupl
     return dict(out)
 
 
-@pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_built_in_rule_declares_the_settings_its_tests_run(name):
+    cls = RULES[name]
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    assert isinstance(cls.never_relaxes, dict), (
+        f"{where} declares no never_relaxes: set `never_relaxes: ClassVar[dict] = {{...}}` to parameters at "
+        "which it relaxes nowhere ({} if its defaults never do; see mars.rules.base.Rule)")
+    assert isinstance(cls.relaxing, tuple) and all(isinstance(p, dict) for p in cls.relaxing), (
+        f"{where} declares no relaxing settings: set `relaxing: ClassVar[tuple[dict, ...]] = ({{...}},)` to "
+        "parameter sets at which it relaxes (see mars.rules.base.Rule)")
+    for params in (cls.never_relaxes, *cls.relaxing):
+        make_rule(name, **params)  # the declared parameters exist and are in range
+    assert cls.relaxing or make_rule(name, **cls.never_relaxes).lossless, (
+        f"{where} declares relaxing=(): only a lossless rule (strict) may; name the parameter sets at which it relaxes")
+
+
+@pytest.mark.parametrize("name,params", EXACT, ids=ids(EXACT))
 def test_exact_distribution_matches_what_the_rule_emits(name, params):
     """Chi-square of the verdicts' emitted tokens against the rule's exact outcome distribution; the
     first token's marginal is the exact pi of `mars.cost` at the root."""
@@ -95,7 +120,7 @@ def test_exact_distribution_matches_what_the_rule_emits(name, params):
     assert chi_square_pvalue(counts, outcomes) > 1e-3
 
 
-@pytest.mark.parametrize("name,params", RELAXING[1:], ids=[f"{n}-{p}" for n, p in RELAXING[1:]])
+@pytest.mark.parametrize("name,params", RELAXING, ids=ids(RELAXING))
 def test_each_rule_relaxes_at_its_relaxing_setting_and_reports_the_cost(name, params):
     """The scenario of the test above moves the distribution (so the chi-square test tests a relaxation),
     and the verdict's first step carries TV and KL of exactly that pi."""
@@ -124,7 +149,8 @@ def test_strict_emits_p_exactly_and_costs_nothing():
         assert all(s.tv == 0.0 and s.kl == 0.0 and not s.relaxed for s in v.steps)
 
 
-FORMS = [(name, t) for name in BUILT_IN for t in (0.0, 1.0) if t or RULES[name].greedy_form]
+FORMS = [(name, t) for name in BUILT_IN for t in (0.0, 1.0)
+         if (t or RULES[name].greedy_form) and RULES[name].never_relaxes is not None]
 
 
 @pytest.mark.parametrize("name,temperature", FORMS)

@@ -8,6 +8,8 @@ and `mars.cost` computes the exact distribution it emits. Adding one (in any mod
     @dataclass(frozen=True)
     class Confident(Rule):
         name: ClassVar[str] = "confident"
+        never_relaxes: ClassVar[dict] = {"gap": 0.0}  # what its tests run (`mars.rules.base.Rule`)
+        relaxing: ClassVar[tuple[dict, ...]] = ({"gap": 0.8},)
         gap: float = 0.5
 
         def relax(self, view: TargetView) -> Relaxation:
@@ -62,5 +64,9 @@ def make_rule(name: str, **params) -> Rule:
 # The built-in rules register themselves on import.
 from mars.rules import ears, entropy, margin, strict, topm, typical  # noqa: E402, F401
 
-__all__ = ["ARGMAX", "RESIDUAL", "RULES", "TARGET", "Relaxation", "Rule", "TargetView", "make_rule", "register",
-           "rule_class", "rule_params"]
+# The rules this package ships, in registration order: the registry holds only them at this point
+# (a plugin or a test registers after importing this package). Tests derive their per-rule lists here.
+BUILT_IN: tuple[str, ...] = tuple(RULES)
+
+__all__ = ["ARGMAX", "BUILT_IN", "RESIDUAL", "RULES", "TARGET", "Relaxation", "Rule", "TargetView", "make_rule",
+           "register", "rule_class", "rule_params"]

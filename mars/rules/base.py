@@ -130,14 +130,24 @@ class Rule:
     Subclass, declare the parameters as fields (with defaults and checks in `__post_init__`) and
     register it with `mars.rules.register`. `name` is what `method=<name>` and reports call it.
     `greedy_form`: whether the rule has a greedy form (its source defines one).
-    `never_relaxes`: parameters at which it relaxes nowhere (it then reproduces strict; tested).
     `label`: the parameter that names the rule in a table ("mars@0.9"), if one does.
+
+    Two declarations say at which parameters the rule's tests run it (`tests/test_rules.py` takes
+    every built-in rule from the registry with them, so a new rule is tested as soon as it is
+    registered, and a built-in rule that leaves either at None fails a test naming it):
+    `never_relaxes`: parameters at which it relaxes nowhere, so that it gives strict's verdict draw
+        for draw, greedy and sampling (tested): e.g. {"beta": 0.0}; {} if its defaults never relax.
+    `relaxing`: parameter sets at which it does relax where the target is unsure (top-1 probability
+        around one half), each run through the tests that check its exact emitted distribution
+        against what it emits and that it moves away from p there; several sets when a parameter
+        changes how it relaxes (e.g. one per fallback). () for a rule that is lossless (strict).
     """
 
     name: ClassVar[str] = ""
     greedy_form: ClassVar[bool] = True
-    never_relaxes: ClassVar[dict] = {}
     label: ClassVar[str | None] = None
+    never_relaxes: ClassVar[dict | None] = None
+    relaxing: ClassVar[tuple[dict, ...] | None] = None
 
     def relax(self, view: TargetView) -> Relaxation:  # pragma: no cover - every rule overrides it
         raise NotImplementedError

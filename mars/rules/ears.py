@@ -22,6 +22,7 @@ class Ears(Rule):
     name: ClassVar[str] = "ears"
     greedy_form: ClassVar[bool] = False
     never_relaxes: ClassVar[dict] = {"beta": 0.0}
+    relaxing: ClassVar[tuple[dict, ...]] = ({"beta": 0.5},)
     label: ClassVar[str] = "beta"
     beta: float = 0.1
 

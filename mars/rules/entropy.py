@@ -22,6 +22,7 @@ class EntropyGate(Rule):
 
     name: ClassVar[str] = "entropy"
     never_relaxes: ClassVar[dict] = {"h": math.inf}
+    relaxing: ClassVar[tuple[dict, ...]] = ({"h": 1.0},)
     label: ClassVar[str] = "h"
     h: float = 1.0
 

@@ -69,6 +69,7 @@ class Mars(Rule):
 
     name: ClassVar[str] = "mars"
     never_relaxes: ClassVar[dict] = {"theta": 1.0, "margin": "prob_ratio"}
+    relaxing: ClassVar[tuple[dict, ...]] = ({"theta": 0.5}, {"theta": 0.5, "fallback": "reference"})
     label: ClassVar[str] = "theta"
     theta: float = 0.9  # relax where z2 / z1 > theta (logprob_gap: where z1 - z2 < theta)
     margin: str = "logit_ratio"

@@ -17,6 +17,8 @@ class Strict(Rule):
     2023; EAGLE-2's tree form)."""
 
     name: ClassVar[str] = "strict"
+    never_relaxes: ClassVar[dict] = {}
+    relaxing: ClassVar[tuple[dict, ...]] = ()  # lossless
 
     def relax(self, view: TargetView) -> Relaxation:
         return Relaxation.none(view)

@@ -22,6 +22,7 @@ class TopM(Rule):
 
     name: ClassVar[str] = "topm"
     never_relaxes: ClassVar[dict] = {"m": 0}
+    relaxing: ClassVar[tuple[dict, ...]] = ({"m": 2, "alpha": 0.3},)
     label: ClassVar[str] = "m"
     m: int = 2
     alpha: float = 0.5

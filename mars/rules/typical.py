@@ -28,6 +28,7 @@ class Typical(Rule):
 
     name: ClassVar[str] = "typical"
     never_relaxes: ClassVar[dict] = {"epsilon": 1.0, "delta": math.inf}
+    relaxing: ClassVar[tuple[dict, ...]] = ({"epsilon": 0.3, "delta": 0.5}, {"epsilon": 0.3, "fallback": "reference"})
     label: ClassVar[str] = "epsilon"
     epsilon: float = 0.09  # Medusa's posterior_threshold
     delta: float = 0.3  # Medusa's posterior_alpha (sqrt(epsilon) in the paper)
