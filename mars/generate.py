@@ -115,7 +115,7 @@ class SpeculativeGenerator:
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
-    static: fixed shapes for the target (`mars.static`): a KV cache of `max_cache_len` entries
+    static: fixed shapes for the target (`mars.target.static`): a KV cache of `max_cache_len` entries
     allocated once and reused by every call (default: 2048, or the model's context plus one tree if
     shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
     `total_tokens + 1` queries, plain decoding steps of one query, masks as wide as the cache. What

@@ -1,0 +1,25 @@
+"""The target model of speculative decoding, by role (one job per module, each imported only by those above it):
+
+- `adapter`: `TargetModel`, the adapter and its forward (prefill, score a tree, keep a path, decode);
+- `static`: static shapes (fixed query shapes, the full-capacity cache and masks, the compiled step);
+- `cache`: the KV caches that keep a tree path (`TreeCache`, `StaticTreeCache`);
+- `routing`: attention implementations that cannot take a tree mask, routed to SDPA for trees;
+- `exact`: exact attention, each tree row over exactly its visible keys (bit-exact bf16 verification);
+- `taps`: the draft's features, captured by hooks;
+- `devices`: where a sharded target's tensors live.
+"""
+
+from mars.target.adapter import SUPPORTED_LAYER_TYPES, TargetModel, context_length
+from mars.target.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache
+from mars.target.devices import DeviceRoute, module_device, route_devices, synchronize
+from mars.target.exact import EXACT_ATTENTION, EXACT_BUCKET, ExactPlan, exact_attention_forward, exact_plan
+from mars.target.routing import TAKES_TREE_MASK, routed_attention_forward, tree_route
+from mars.target.static import DEFAULT_MAX_CACHE_LEN, StaticMasks, StaticShapes, pad_to
+from mars.target.taps import FeatureTaps
+
+__all__ = [
+    "DEFAULT_MAX_CACHE_LEN", "EXACT_ATTENTION", "EXACT_BUCKET", "SUPPORTED_LAYER_TYPES", "TAKES_TREE_MASK",
+    "DeviceRoute", "ExactPlan", "FeatureTaps", "PathCache", "PreallocatedLayer", "StaticMasks", "StaticShapes",
+    "StaticTreeCache", "StaticTreeLayer", "TargetModel", "TreeCache", "context_length", "exact_attention_forward",
+    "exact_plan", "module_device", "pad_to", "route_devices", "routed_attention_forward", "synchronize", "tree_route",
+]

@@ -1,0 +1,283 @@
+"""One adapter for any Hugging Face causal LM as the target of speculative decoding.
+
+It uses only transformers' public machinery: its own caches (`mars.target.cache`), custom 4D
+attention masks (returned as-is by transformers' mask builders), explicit `position_ids`, forward
+hooks (or `output_hidden_states`) for the draft's features (`mars.target.taps`), and attention
+functions registered with `AttentionInterface` (`mars.target.exact`, `mars.target.routing`) that
+receive what they need as forward keyword arguments, the way transformers hands attention kwargs
+down to every layer. Static shapes are `mars.target.static`'s. No modeling file is copied.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from eagle.config import text_config
+from eagle.precision import needs_exact_attention
+from eagle.tree import DraftTree
+from mars.target.cache import StaticTreeCache, TreeCache
+from mars.target.devices import route_devices
+from mars.target.exact import EXACT_ATTENTION, PLAN_KWARG, ExactPlan, exact_plan, exact_route
+from mars.target.routing import ROUTE_KWARG, maskless_implementation, tree_route
+from mars.target.static import StaticMasks, StaticShapes, check_static_settings
+from mars.target.taps import FeatureTaps
+
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def context_length(config) -> int:
+    return int(getattr(text_config(config), "max_position_embeddings", None) or 2**31)
+
+
+class TargetModel:
+    """A causal LM seen as: prefill, score a token tree on top of the cache, keep one path.
+
+    `feature_layers` are indices into the model's `hidden_states` (the input of that decoder
+    layer; the last index is the final, post-norm hidden state). Features are their concatenation,
+    gathered to `feature_device` (the draft head's). With `exact_attention` the model's attention
+    implementation is switched to "mars_exact" until `close()` restores the previous one; "auto"
+    turns it on where plain verification would not reproduce plain decoding (a bf16/fp16
+    full-attention model; `eagle.precision.needs_exact_attention`).
+
+    static: fixed shapes (`mars.target.static.StaticShapes`, to which the adapter then delegates its
+    forwards), so that the tree forward and the decoding step can be captured (CUDA graphs) or
+    compiled once: a `StaticTreeCache` of `max_cache_len` entries made here, once, and reused by
+    every sequence; every tree padded to `tree_rows` queries (None: the tree's own size); masks of
+    width `max_cache_len` in buffers. Full-attention models only, without exact attention ("auto"
+    resolves to off). The prefill stays eager and of the prompt's length.
+    compile: a `torch.compile` mode ("default", "reduce-overhead", "max-autotune", ...) for the
+    static tree forward and decoding step (needs `static`). Each shape compiles at its first call;
+    dynamo keeps the code for the process, guarded on shapes, not on the cache's or weights'
+    addresses, so later adapters of the same architecture and tree size reuse it.
+    """
+
+    def __init__(self, model, feature_layers: list[int] | None = None, exact_attention: bool | str = False,
+                 feature_device: torch.device | str | None = None, *, static: bool = False,
+                 max_cache_len: int | None = None, tree_rows: int | None = None, compile: str | None = None):
+        self.model = model
+        self.config = text_config(model.config)
+        n_layers = self.config.num_hidden_layers
+        self.feature_layers = list(feature_layers or [n_layers])
+        self.taps: FeatureTaps | None = None  # hooks on the model, only inside `tapped()`
+        layer_types = list(getattr(self.config, "layer_types", None) or [])
+        unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
+        if unsupported:
+            raise NotImplementedError(
+                f"layer types {unsupported} keep recurrent state that cannot be rolled back to a tree path; "
+                f"supported: {SUPPORTED_LAYER_TYPES}"
+            )
+        window = getattr(self.config, "sliding_window", None)
+        if getattr(self.config, "use_sliding_window", True) is False:
+            window = None
+        self.sliding_window = window
+        # Models that build one mask per layer type take a dict; others take one tensor.
+        self.mask_by_type = "sliding_attention" in layer_types
+        if layer_types and not self.mask_by_type:
+            self.sliding_window = None  # every layer attends fully
+        self.devices = route_devices(model)
+        self.all_devices = {p.device for p in model.parameters()}  # a sharded model: every device it uses
+        self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.cache: TreeCache | StaticTreeCache | None = None
+        self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
+        self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
+        self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
+        self.max_length = context_length(model.config)
+        if exact_attention == "auto":
+            exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None and not static
+        elif not isinstance(exact_attention, bool):
+            raise ValueError(f"exact_attention must be True, False or 'auto', got {exact_attention!r}")
+        check_static_settings(static, sliding_window=self.sliding_window, exact_attention=exact_attention,
+                              compile=compile, max_cache_len=max_cache_len)
+        if exact_attention and self.sliding_window is not None:
+            raise NotImplementedError("exact_attention supports full-attention models only (no sliding window): "
+                                      "pass exact_attention=False or 'auto' (model.exact_attention=false)")
+        self.exact_attention: bool = exact_attention
+        # The model's own implementation, when it takes no tree mask: kept for maskless calls (routed).
+        self.maskless = None if exact_attention else maskless_implementation(model.config._attn_implementation)
+        self.static = static
+        self.shapes: StaticShapes | None = None
+        if static:
+            self.shapes = StaticShapes(model, feature_layers=self.feature_layers, feature_device=self.feature_device,
+                                       dtype=self.dtype, device=self.devices.inputs, maskless=self.maskless,
+                                       max_length=self.max_length, max_cache_len=max_cache_len, tree_rows=tree_rows,
+                                       compile=compile)
+            self.cache = self.shapes.cache
+        self._restore_attention: str | None = None
+        if exact_attention or self.maskless:
+            implementation = exact_route() if exact_attention else tree_route(self.maskless)
+            self._restore_attention = model.config._attn_implementation
+            model.set_attn_implementation(implementation)
+
+    # --- static mode's settings, as the adapter's (`self.shapes` holds them) --------------------
+
+    @property
+    def tree_rows(self) -> int | None:
+        """Static mode: the query rows every tree is padded to (None: the tree's own size)."""
+        return self.shapes.tree_rows if self.shapes is not None else None
+
+    @tree_rows.setter
+    def tree_rows(self, rows: int | None) -> None:
+        if self.shapes is not None:
+            self.shapes.tree_rows = rows
+
+    @property
+    def max_cache_len(self) -> int | None:
+        """Static mode: the entries of the one cache (None: a dynamic cache, sized per sequence)."""
+        return self.shapes.max_cache_len if self.shapes is not None else None
+
+    @property
+    def masks(self) -> StaticMasks | None:
+        """Static mode: the mask buffers of the current tree shape (None before the first prefill)."""
+        return self.shapes.masks if self.shapes is not None else None
+
+    @contextmanager
+    def tapped(self):
+        """Inside: the draft's features are captured by hooks instead of `output_hidden_states` (where
+        the model's layers can be found); outside, the model carries no hooks of ours. Static mode
+        installs none (see `StaticShapes`)."""
+        if self.static or self.taps is not None or not FeatureTaps.fits(self.model):
+            yield self
+            return
+        self.taps = FeatureTaps(self.model, self.feature_layers)
+        try:
+            yield self
+        finally:
+            self.taps.remove()
+            self.taps = None
+
+    def close(self) -> None:
+        """Give the model back its own attention implementation (when exact attention took it over)."""
+        if self._restore_attention is not None:
+            self.model.set_attn_implementation(self._restore_attention)
+            self._restore_attention = None
+
+    def _tree_mask(self, ancestors: torch.Tensor) -> torch.Tensor | None:
+        """Additive mask [1, 1, q, committed + q] of a tree's q queries, a view of a buffer kept on the
+        device: the committed prefix's columns stay 0 (visible to every node) from cycle to cycle,
+        only the tree's own q x q block is written, and last cycle's block is cleared first."""
+        q, prefix, device = ancestors.shape[0], self.committed, self.devices.inputs
+        if q == 1:  # a lone root sees the whole sequence: the model's own masking (flash where it has it)
+            return None
+        width = prefix + q
+        buf = self._mask_buffer
+        if buf is None or buf.shape[0] < q or buf.shape[1] < width:
+            rows = max(q, buf.shape[0] if buf is not None else 0)
+            cols = max(width, self.cache.capacity if self.cache is not None else 0)
+            buf = self._mask_buffer = torch.zeros(rows, cols, dtype=self.dtype, device=device)
+        else:
+            r, c0, c1 = self._mask_written
+            buf[:r, c0:c1] = 0.0
+        block = buf[:q, prefix:width]
+        block.copy_(torch.where(ancestors.to(device), 0.0, torch.finfo(self.dtype).min))
+        self._mask_written = (q, prefix, width)
+        return buf[:q, :width][None, None]
+
+    def _mask(self, positions: torch.Tensor, tree_ancestors: torch.Tensor):
+        """Additive 4D mask for queries at `positions` over (cache prefix + these queries)."""
+        if self.sliding_window is None:
+            return self._tree_mask(tree_ancestors)
+        prefix, device = self.committed, self.devices.inputs
+        q = positions.shape[0]
+        positions, tree_ancestors = positions.to(device), tree_ancestors.to(device)
+        allowed = torch.cat([torch.ones(q, prefix, dtype=torch.bool, device=device), tree_ancestors], dim=1)
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            m = torch.zeros(ok.shape, dtype=self.dtype, device=device)
+            return m.masked_fill_(~ok, torch.finfo(self.dtype).min)[None, None]
+
+        key_pos = torch.cat([torch.arange(prefix, device=device), positions])
+        windowed = allowed & (positions[:, None] - key_pos[None, :] < self.sliding_window)
+        if self.mask_by_type:
+            return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
+        return additive(windowed)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, all_logits: bool,
+                 plan: ExactPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """mask: an additive 4D mask (or one per layer type), or None for the model's own causal mask."""
+        extra = {ROUTE_KWARG: self.maskless} if self.maskless else {}
+        if plan is not None:
+            if self.model.config._attn_implementation != EXACT_ATTENTION:
+                raise RuntimeError("the target's attention implementation is no longer 'mars_exact' (was a "
+                                   "SpeculativeGenerator sharing this model closed?): create a new generator")
+            extra[PLAN_KWARG] = plan
+        out = self.model(
+            input_ids=tokens[None].to(self.devices.inputs),
+            position_ids=positions[None].to(self.devices.inputs),
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=self.taps is None,
+            logits_to_keep=0 if all_logits else 1,
+            **extra,
+        )
+        # Taps of a sharded model come from several devices: gathered to the draft head's.
+        taps = self.taps.captured if self.taps is not None else dict(enumerate(out.hidden_states))
+        features = torch.cat([taps[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
+        if self.taps is not None:
+            self.taps.captured.clear()
+        return out.logits[0].float(), features
+
+    def end_sequence(self) -> None:
+        """Forget the sequence: a dynamic cache is freed, the static one kept (empty) for the next."""
+        self.committed = 0
+        if self.static:
+            self.cache.truncate(0)
+        else:
+            self.cache = None
+
+    # --- the adapter's operations ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start a new sequence. Returns (logits at the last prompt token [V], features [T, F]).
+        capacity: the cache entries the sequence may need (static mode: checked against max_cache_len)."""
+        tokens = input_ids.reshape(-1).to(self.devices.inputs)
+        n, device = tokens.shape[0], self.devices.inputs
+        self.committed = 0
+        if self.shapes is not None:
+            logits, features = self.shapes.prefill(tokens, capacity)
+            self.committed = n
+            return logits[-1], features
+        self.cache = TreeCache(self.model.config, capacity)
+        self._mask_buffer = None  # sized for this sequence at the first tree
+        # No explicit mask: the model's own causal masking (flash/SDPA's causal kernels where it has them).
+        logits, features = self._forward(tokens, torch.arange(n, device=device), None, False)
+        self.committed = n
+        return logits[-1], features
+
+    @torch.inference_mode()
+    def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over every tree node, placed after the committed sequence (node i at position
+        committed + depth i, attending to the sequence and its own ancestors).
+
+        The nodes stay in the cache until `keep_path` selects which survive; scoring another tree
+        first discards them. Returns (logits [n, V] float32 on `devices.logits`, features [n, F]).
+        """
+        if self.shapes is not None:
+            return self.shapes.score(tree, self.committed)
+        self.cache.truncate(self.committed)
+        plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
+        if plan is not None:
+            plan = [tuple(t.to(self.devices.inputs) for t in group) for group in plan]
+        positions = self.committed + tree.depths.to(self.devices.inputs)
+        mask = None if plan is not None else self._mask(positions, tree.ancestors)
+        return self._forward(tree.tokens, positions, mask, True, plan)
+
+    def keep_path(self, path: list[int], index: torch.Tensor | None = None) -> None:
+        """After `score_tree`: commit the nodes of `path` (tree indices, root first) to the sequence.
+        index: the same path as a tensor on a device, when the caller has one (saves an upload)."""
+        if path == list(range(len(path))):  # already in place (e.g. a lone root): no copy
+            self.cache.truncate(self.committed + len(path))
+        else:
+            self.cache.keep(self.committed, index if index is not None else torch.tensor(path, dtype=torch.long))
+        self.committed += len(path)
+
+    @torch.inference_mode()
+    def decode(self, token: int) -> torch.Tensor:
+        """Plain decoding: feed one token, commit it, return the logits that follow it [V]."""
+        logits, _ = self.score_tree(DraftTree.root_only(token))
+        self.keep_path([0])
+        return logits[0]
