@@ -70,6 +70,12 @@ def packable(module: nn.Module) -> bool:
     return (isinstance(module, nn.Linear) and module.weight.device.type == "cpu" and packs(module.weight.dtype))
 
 
+def packed_copy_fits(size: int) -> bool:
+    """Whether a packed copy of `size` bytes of weights takes at most MEMORY_SHARE of the available memory."""
+    free = available_memory()
+    return free is None or size <= MEMORY_SHARE * free
+
+
 def choose_packing(modules: list[nn.Module], requested: bool | str = "auto",
                    compiled: bool = False) -> tuple[bool, str]:
     """Whether to pack the CPU linears of `modules` (models) that oneDNN can pack here, and why. compiled: the models'
@@ -93,8 +99,7 @@ def choose_packing(modules: list[nn.Module], requested: bool | str = "auto",
     if requested is True:
         return True, "on (requested)"
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-    free = available_memory()
-    if free is not None and size > MEMORY_SHARE * free:
+    if not packed_copy_fits(size):
         return False, (f"off (auto): a packed copy of the weights ({size / 2**30:.1f} GiB) would take more "
                        f"than {MEMORY_SHARE:.0%} of the available memory")
     kinds = "/".join(sorted({str(m.weight.dtype).removeprefix("torch.") for m in linears}))

@@ -1,15 +1,25 @@
-"""The draft tree that runs fastest on this machine, found by timing candidates, cached per machine and model.
+"""How to decode fastest on this machine and model, found by timing, cached per machine and model.
 
-How large a tree pays depends on the machine by an order of magnitude (a 21-node verification costs
-~1.5 decodes on a CPU with bf16 matrix instructions, ~5 in bf16 and ~1.7 in float32 on one without,
-about one on a GPU) and on how well the draft predicts the target (greedy vs sampled decoding).
-`calibrate_tree` decodes a few calibration prompts (never the benchmark's) with every candidate tree
-and with plain decoding, interleaved round by round, and keeps the candidate with the most tokens/s.
-The result is cached under `cache_dir` by a key of the machine, the models, their precision and
-the kind of decoding (greedy or sampled), so the calibration runs once per machine.
+Two questions decide a run's speed, and the answers differ by machine more than any rule of thumb
+can say:
+- the kernels: precision (bf16 / float32), exact attention and prepacked linears. On an AVX-512
+  BF16 CPU, bf16 verification is 1.3x slower than float32 with torch's own kernels and the fastest
+  of all on prepacked weights; without bf16 instructions a 21-token bf16 forward costs ~6 decodes
+  against ~1.7 in float32 (`../shared/notes/cpu-performance.md`).
+- the draft tree: a 21-node verification costs ~1.3 decodes with bf16 matrix instructions, ~1.7 in
+  float32 without them, about one on a GPU; sampled decoding accepts less than greedy.
 
-The tree changes only which tokens are drafted: strict verification stays exact (greedy) and
-lossless (sampling) with any of them.
+`calibrate` answers both on a few calibration prompts (never the benchmark's). Stage 1 times every
+kernel candidate, plain decoding and strict speculation at probe trees, and keeps only candidates
+whose strict greedy output equals their own plain greedy decoding on every prompt (the correctness
+every strict run promises); the fastest of those wins. Stage 2 times the candidate trees with the
+winning kernels, interleaved with plain decoding, and keeps the fastest. Candidates of one precision
+share one loaded model, and one precision is held at a time. The record keeps every figure, and is
+cached under `cache_dir` by a key of the machine, the models, the candidates and the kind of
+decoding (greedy or sampled), so a machine calibrates once.
+
+The tree and the kernels change only how fast verification runs: strict verification stays exact
+(greedy) and lossless (sampling) with any of them.
 """
 
 from __future__ import annotations
@@ -17,31 +27,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from eagle.precision import cpu_name
+from eagle.kernels import packed_copy_fits, packs
+from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
 from mars.generate import SpeculativeGenerator
 from mars.sampling import SamplingConfig
+from mars.settings import Kernels, TreeShape
+
+Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
 
 
 def default_cache() -> Path:
     """Where calibrations are kept: $MARS_CACHE_DIR/trees, default ~/.cache/mars-spec/trees."""
     return Path(os.environ.get("MARS_CACHE_DIR", Path.home() / ".cache" / "mars-spec")) / "trees"
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    total_tokens: int
-    depth: int
-    branching: int
-    adaptive: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{self.total_tokens}/{self.depth}/{self.branching}" + (" adaptive" if self.adaptive else "")
 
 
 # From a narrow chain-like tree to EAGLE-2's GPU default; the adaptive policy (mars.adaptive) as the
@@ -50,76 +54,190 @@ CANDIDATES = (
     TreeShape(8, 4, 2), TreeShape(12, 4, 3), TreeShape(16, 4, 4), TreeShape(20, 4, 5), TreeShape(24, 5, 5),
     TreeShape(32, 5, 6), TreeShape(32, 6, 6), TreeShape(48, 6, 8), TreeShape(60, 6, 10), TreeShape(20, 6, 5, True),
 )
+# Stage 1 times kernels at a small and a mid-size tree: which kernels win can depend on how many rows
+# a verification multiplies (a few on a weak draft, ~20 on a good one).
+PROBES = (TreeShape(8, 4, 2), TreeShape(20, 4, 5))
 
 
-def fingerprint(gen: SpeculativeGenerator) -> dict:
-    """What the fastest tree depends on: the machine, torch, the models and how verification runs."""
-    cpu = cpu_name()
-    device = gen.target.devices.logits
-    model = gen.target.model
-    with torch.no_grad():  # a cheap checksum of the weights: a retrained model gets a new calibration
-        weights = [float(p.float().sum()) for p in (model.get_output_embeddings().weight, *gen.head.parameters())]
+def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_attention: bool | None = None,
+                      prepack: bool | None = None, parameters: int | None = None) -> list[Kernels]:
+    """The kernel combinations to time on `device`, after the run's explicit settings (None / "auto": free).
+
+    CPU: float32 and bf16; exact attention where the precision needs it to reproduce plain decoding
+    (bf16: `eagle.precision.needs_exact_attention`) unless set; prepacked linears on and off where
+    oneDNN packs that precision here (`eagle.kernels.packs`) and a packed copy of the target's
+    `parameters` weights fits in memory (`eagle.kernels.packed_copy_fits`), unless set. Other devices: one candidate,
+    the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
+    float32 is never the faster there, and `eagle.kernels` packs CPU weights only).
+    """
+    on_cpu = torch.device(device).type == "cpu"
+    if dtype != "auto":
+        dtypes = [dtype]
+    elif on_cpu:
+        dtypes = ["float32", "bfloat16"]
+    else:
+        dtypes = [resolve_dtype("auto", device).name]
+    found = []
+    for name in dtypes:
+        exact = needs_exact_attention(getattr(torch, name)) if exact_attention is None else exact_attention
+        size = (parameters or 0) * getattr(torch, name).itemsize
+        can_pack = on_cpu and packs(getattr(torch, name)) and packed_copy_fits(size)
+        for packed in ([prepack] if prepack is not None else [True, False] if can_pack else [False]):
+            found.append(Kernels(name, exact, packed))
+    return found
+
+
+def fingerprint(target: torch.nn.Module, head: torch.nn.Module) -> dict:
+    """What the fastest settings depend on besides the candidates: the machine, torch and the models."""
+    device = next(target.parameters()).device
+    with torch.no_grad():  # a cheap checksum of the weights, the same in any precision they are loaded in
+        weights = [float(p.float().sum()) for p in (target.get_output_embeddings().weight, *head.parameters())]
     return {
-        "cpu": cpu, "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+        "cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__, "target": getattr(model.config, "_name_or_path", ""),
-        "target_config": model.config.to_json_string(use_diff=False), "draft_config": gen.head.config.to_json(),
-        "weights": [round(w, 3) for w in weights], "dtype": str(gen.target.dtype),
-        "exact_attention": gen.target.exact_attention, "prepack": gen.prepack,
+        "torch": torch.__version__, "target": getattr(target.config, "_name_or_path", ""),
+        "target_config": target.config.to_json_string(use_diff=False), "draft_config": head.config.to_json(),
+        "weights": [round(w, 2) for w in weights],
     }
 
 
-def cache_path(gen: SpeculativeGenerator, sampled: bool, cache_dir: Path) -> Path:
-    key = json.dumps({**fingerprint(gen), "sampled": sampled}, sort_keys=True, default=str)
-    return Path(cache_dir) / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+def cache_path(key: dict, cache_dir: Path) -> Path:
+    text = json.dumps(key, sort_keys=True, default=str)
+    return Path(cache_dir) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+
+
+@contextmanager
+def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterator[dict[Kernels, SpeculativeGenerator]]:
+    """One generator per kernel candidate on the same model (closed in reverse order, so the model
+    gets its own attention implementation back)."""
+    with ExitStack() as stack:
+        yield {k: stack.enter_context(SpeculativeGenerator(
+            target, head, tree.total_tokens, tree.depth, tree.branching, adaptive=tree.adaptive,
+            exact_attention=k.exact_attention, prepack=k.prepack)) for k in kernels}
+
+
+def use_tree(gen: SpeculativeGenerator, tree: TreeShape) -> None:
+    gen.total_tokens, gen.depth, gen.branching = tree.total_tokens, tree.depth, tree.branching
+    gen.adaptive = tree.adaptive
 
 
 @torch.inference_mode()
-def time_trees(gen: SpeculativeGenerator, prompts: list[torch.Tensor], sampling: SamplingConfig,
-               candidates: tuple[TreeShape, ...], max_new_tokens: int, rounds: int) -> dict:
-    """Tokens/s of plain decoding and of each candidate over `prompts` [1, T] each, interleaved per round."""
-    saved = gen.total_tokens, gen.depth, gen.branching, gen.adaptive
-    tokens = {c.label: 0 for c in candidates} | {"plain": 0}
+def time_runs(gens: dict[str, SpeculativeGenerator], prompts: list[torch.Tensor], sampling: SamplingConfig,
+              trees: tuple[TreeShape, ...], max_new_tokens: int, rounds: int = 1,
+              check: bool = False) -> dict[str, dict]:
+    """Tokens/s of plain decoding and of strict speculation at each tree, for each generator,
+    interleaved prompt by prompt. check: also whether strict greedy output (at the first tree) equals
+    plain greedy output on every prompt (checked greedily when `sampling` samples).
+    Returns {name: {"plain": tok/s, "trees": {label: tok/s}, "identical": bool (with check)}}."""
+    runs = ("plain", *(t.label for t in trees))
+    tokens = {(name, run): 0 for name in gens for run in runs}
     seconds = dict.fromkeys(tokens, 0.0)
-    try:
-        for r in range(rounds):
-            for i, prompt in enumerate(prompts):
-                rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(r * 997 + i)
+    identical = dict.fromkeys(gens, True)
+    for r in range(rounds):
+        for i, prompt in enumerate(prompts):
+            for name, gen in gens.items():
+                seed = r * 997 + i
+                rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
                 out = gen.vanilla(prompt, sampling, max_new_tokens=max_new_tokens, generator=rng)
-                tokens["plain"] += len(out.tokens)
-                seconds["plain"] += out.seconds
-                for c in candidates:
-                    gen.total_tokens, gen.depth, gen.branching, gen.adaptive = (c.total_tokens, c.depth,
-                                                                                  c.branching, c.adaptive)
+                tokens[name, "plain"] += len(out.tokens)
+                seconds[name, "plain"] += out.seconds
+                plain, first = out.tokens, None
+                for tree in trees:
+                    use_tree(gen, tree)
                     if rng is not None:
-                        rng.manual_seed(r * 997 + i)
+                        rng.manual_seed(seed)
                     out = gen.generate(prompt, sampling, max_new_tokens=max_new_tokens, generator=rng)
-                    tokens[c.label] += len(out.tokens)
-                    seconds[c.label] += out.seconds
-    finally:
-        gen.total_tokens, gen.depth, gen.branching, gen.adaptive = saved
-    return {label: tokens[label] / seconds[label] for label in tokens}
+                    tokens[name, tree.label] += len(out.tokens)
+                    seconds[name, tree.label] += out.seconds
+                    first = first or out.tokens
+                if check and r == 0:
+                    if not sampling.greedy:
+                        use_tree(gen, trees[0])
+                        plain = gen.vanilla(prompt, max_new_tokens=max_new_tokens).tokens
+                        first = gen.generate(prompt, max_new_tokens=max_new_tokens).tokens
+                    identical[name] &= first == plain
+    result = {}
+    for name in gens:
+        result[name] = {"plain": tokens[name, "plain"] / seconds[name, "plain"],
+                        "trees": {t.label: tokens[name, t.label] / seconds[name, t.label] for t in trees}}
+        if check:
+            result[name]["identical"] = identical[name]
+    return result
 
 
-def calibrate_tree(gen: SpeculativeGenerator, prompts: list[torch.Tensor], sampling: SamplingConfig,
-                   candidates: tuple[TreeShape, ...] = CANDIDATES, max_new_tokens: int = 64, rounds: int = 1,
-                   cache_dir: Path | None = None, log=print) -> dict:
-    """The fastest of `candidates` for `gen` on this machine: {"tree": TreeShape fields, "tokens_per_s":
-    every candidate's and plain decoding's, "cache": path, "cached": bool}. A warm-up run precedes timing.
-    cache_dir: default `default_cache()`."""
-    path = cache_path(gen, not sampling.greedy, cache_dir or default_cache())
+def _dtypes(kernels: list[Kernels]) -> list[str]:
+    return list(dict.fromkeys(k.dtype for k in kernels))
+
+
+def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], sampling: SamplingConfig,
+              trees: tuple[TreeShape, ...] | None = CANDIDATES, fixed_tree: TreeShape | None = None,
+              max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print) -> dict:
+    """The fastest kernels of `kernels` and tree of `trees` here (see the module docstring).
+
+    load(dtype name) gives the target and its draft head in that precision. trees=None: the tree is
+    `fixed_tree` (only the kernels are chosen, timed at that tree). Returns the record
+    {"kernels": Kernels fields, "tree": TreeShape fields, "kernel_candidates": {label: {"plain", "trees",
+    "identical"}}, "tokens_per_s": each tree's and plain decoding's with the chosen kernels,
+    "speedup_over_plain", "fastest_plain": {"kernels", "tokens_per_s"}, "cache", "cached", ...}.
+    cache_dir: default `default_cache()`.
+    """
+    if not kernels:
+        raise ValueError("no kernel candidates to calibrate")
+    if trees is None and fixed_tree is None:
+        raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
+    sampled = not sampling.greedy
+    held: dict[str, tuple] = {}
+
+    def models(dtype: str) -> tuple:
+        if dtype not in held:
+            held.clear()  # one precision's models at a time
+            held[dtype] = load(dtype)
+        return held[dtype]
+
+    key = {**fingerprint(*models(kernels[0].dtype)), "kernels": [k.label for k in kernels], "sampled": sampled,
+           "trees": [t.label for t in trees] if trees else None, "fixed_tree": fixed_tree and fixed_tree.label,
+           "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
+    path = cache_path(key, cache_dir or default_cache())
     if path.exists():
-        found = json.loads(path.read_text())
-        return {**found, "cache": str(path), "cached": True}
-    log(f"calibrating the draft tree: {len(candidates)} candidates x {len(prompts)} prompts x {rounds} rounds "
-        f"({'sampled' if not sampling.greedy else 'greedy'}; cached for this machine and model afterwards)")
-    time_trees(gen, prompts[:1], sampling, candidates, 16, 1)  # warm-up: allocation, kernel selection
-    speeds = time_trees(gen, prompts, sampling, candidates, max_new_tokens, rounds)
-    best = max(candidates, key=lambda c: speeds[c.label])
-    result = {"tree": asdict(best), "tokens_per_s": {k: round(v, 2) for k, v in speeds.items()},
-              "speedup_over_plain": round(speeds[best.label] / speeds["plain"], 3),
-              "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds,
-              "sampled": not sampling.greedy, "machine": fingerprint(gen)["cpu"]}
+        return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
+    probes = tuple(dict.fromkeys(PROBES if trees else (fixed_tree,)))
+    log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
+        f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
+        f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "
+        "cached afterwards)")
+    measured: dict[str, dict] = {}
+    for dtype in _dtypes(kernels) if len(kernels) > 1 or not trees else []:  # one candidate: nothing to choose
+        target, head = models(dtype)
+        group = [k for k in kernels if k.dtype == dtype]
+        with generators(target, head, group, probes[0]) as gens:
+            named = {k.label: gens[k] for k in group}
+            time_runs(named, prompts[:1], sampling, probes, 16)  # warm-up: allocation, packing, kernel selection
+            measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True))
+    exact = [k for k in kernels if k.label not in measured or measured[k.label]["identical"]]
+    best = max(exact or kernels, key=lambda k: max(measured[k.label]["trees"].values()) if measured else 0)
+    if trees:
+        target, head = models(best.dtype)
+        with generators(target, head, [best], trees[0]) as gens:
+            named = {best.label: gens[best]}
+            time_runs(named, prompts[:1], sampling, trees, 16)
+            speeds = time_runs(named, prompts, sampling, trees, max_new_tokens, rounds)[best.label]
+        shape = max(trees, key=lambda t: speeds["trees"][t.label])
+    else:
+        speeds, shape = measured[best.label], fixed_tree
+    held.clear()
+    plains = {label: m["plain"] for label, m in measured.items()} or {best.label: speeds["plain"]}
+    fastest_plain = max(plains, key=plains.get)
+    result = {"kernels": asdict(best), "tree": asdict(shape),
+              "kernels_reproduce_plain": bool(exact),  # False: no candidate did; the fastest was taken anyway
+              "kernel_candidates": {label: {"plain": round(m["plain"], 2),
+                                            "trees": {t: round(v, 2) for t, v in m["trees"].items()},
+                                            "identical": m["identical"]} for label, m in measured.items()},
+              "tokens_per_s": {**{t: round(v, 2) for t, v in speeds["trees"].items()},
+                               "plain": round(speeds["plain"], 2)},
+              "speedup_over_plain": round(speeds["trees"][shape.label] / speeds["plain"], 3),
+              "fastest_plain": {"kernels": fastest_plain, "tokens_per_s": round(plains[fastest_plain], 2)},
+              "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds, "sampled": sampled,
+              "machine": key["cpu"], "capability": key["capability"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result, indent=2))

@@ -27,8 +27,9 @@ from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import PromptFormat, encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
-from eval.runner.models import tree_shape
+from eval.runner.settings import fixed_tree
 from mars import SpeculativeGenerator
+from mars.settings import DecodeSettings, Setting
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -72,8 +73,12 @@ def test_model_config_composes_with_every_field(name):
     assert set(model.prompt) == {"format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs"}
     fmt = prompt_format(model)  # validates the block (fastchat template names, kinds)
     assert isinstance(fmt, PromptFormat)
-    # the model's tree preset is passed to SpeculativeGenerator as keyword arguments (eval/runner/models.py)
-    tree = tree_shape(OmegaConf.to_object(cfg.tree))
+    # the model's tree preset, resolved, is passed to SpeculativeGenerator as keyword arguments
+    # (mars.settings.DecodeSettings.generator_kwargs)
+    shape = fixed_tree(OmegaConf.to_object(cfg.tree))
+    resolved = DecodeSettings(Setting("float32", ""), Setting(False, ""), Setting(False, ""), Setting(shape, ""),
+                              Setting("cpu", ""))
+    tree = resolved.generator_kwargs()
     accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
     assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)
     assert all(isinstance(tree[k], int) and tree[k] > 0 for k in ("total_tokens", "depth", "branching"))
@@ -85,8 +90,7 @@ def test_embedded_config_keeps_its_cpu_settings():
     model = cfg.model
     assert prompt_format(model) == PromptFormat(kind="completion")
     assert cfg.tree.calibrate is True  # the fastest tree on this machine (mars.calibrate), cached
-    # precision and exactness chosen by the machine (eagle.precision): bf16 + exact attention where the CPU
-    # has native bf16 matmuls, float32 without exact attention elsewhere
+    # precision, exactness and kernels measured on the machine with the tree (mars.calibrate)
     assert model.dtype.value == "auto" and model.exact_attention is None and model.device == "cpu"
 
 

@@ -1,5 +1,6 @@
-"""Precision and exactness chosen by the hardware (eagle.precision), and the fastest tree on this
-machine (mars.calibrate): what is resolved, and that the engine and eval.run follow it."""
+"""Precision by the hardware where nothing is measured (eagle.precision), and the fastest kernels and
+tree on this machine, measured together (mars.calibrate): what is resolved, and that the engine and
+eval.run follow it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import random
 
 import pytest
 import torch
-from helpers import OracleHead, hf_greedy, random_prompt, tiny_generator, tiny_model
+from helpers import OracleHead, hf_greedy, random_prompt, tiny_llama, tiny_model
 
 from eagle import Eagle3Head
 from eagle import precision as P
+from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.calibrate import TreeShape, calibrate_tree
+from mars.calibrate import Kernels, TreeShape, calibrate, kernel_candidates
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -93,28 +95,81 @@ def test_auto_strict_greedy_equals_plain_greedy_in_float32():
 CANDIDATES = (TreeShape(4, 2, 2), TreeShape(12, 4, 3), TreeShape(8, 4, 3, adaptive=True))
 
 
-def test_calibration_picks_a_candidate_caches_it_and_leaves_the_generator_as_it_was(tmp_path):
-    gen = tiny_generator(0, 1, sharpen=4.0, total_tokens=20, depth=5, branching=4)
+def tiny_pair_loader(head_seed: int = 1):
+    """calibrate's `load`: the same tiny target and head in the precision asked for (and a log of the asks)."""
+    asked = []
+
+    def load(dtype: str):
+        asked.append(dtype)
+        model = tiny_llama(seed=0, vocab_size=16, sharpen=4.0).to(getattr(torch, dtype))
+        torch.manual_seed(head_seed)
+        return model, Eagle3Head.for_target(model.config).to(getattr(torch, dtype))
+    return load, asked
+
+
+def test_kernel_candidates_follow_the_device_the_explicit_settings_and_what_onednn_packs():
+    found = kernel_candidates("cpu")
+    assert {k.dtype for k in found} == {"float32", "bfloat16"}
+    assert all(k.exact_attention == (k.dtype == "bfloat16") for k in found)  # exact where the precision needs it
+    assert {k.prepack for k in found if k.dtype == "float32"} == {True, False}  # torch here has oneDNN
+    assert ({k.prepack for k in found if k.dtype == "bfloat16"} == {True, False}) is packs(torch.bfloat16)
+    assert kernel_candidates("cpu", "float32", prepack=False) == [Kernels("float32", False, False)]
+    assert {k.exact_attention for k in kernel_candidates("cpu", "bfloat16", exact_attention=False)} == {False}
+    assert {k.prepack for k in kernel_candidates("cpu", "float32", parameters=10**15)} == {False}  # would not fit
+    assert kernel_candidates("cuda") == [Kernels("bfloat16", True, False)]  # not timed on a GPU
+
+
+def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path):
+    load, asked = tiny_pair_loader()
     rng = random.Random(0)
     prompts = [random_prompt(rng, 16, 8) for _ in range(2)]
-    greedy = SamplingConfig()
-    first = calibrate_tree(gen, prompts, greedy, CANDIDATES, max_new_tokens=12, rounds=1, cache_dir=tmp_path,
-                           log=lambda _: None)
-    assert TreeShape(**first["tree"]) in CANDIDATES and not first["cached"]
-    labels = {c.label for c in CANDIDATES} | {"plain"}
-    assert set(first["tokens_per_s"]) == labels and all(v > 0 for v in first["tokens_per_s"].values())
-    best = max(CANDIDATES, key=lambda c: first["tokens_per_s"][c.label])
-    assert first["tree"] == {**best.__dict__}
-    assert (gen.total_tokens, gen.depth, gen.branching, gen.adaptive) == (20, 5, 4, False)
-    assert gen._policy() is None  # the adaptive candidate's policy does not leak into fixed-tree decoding
-    again = calibrate_tree(gen, prompts, greedy, CANDIDATES, cache_dir=tmp_path, log=lambda _: None)
-    assert again["cached"] and again["tree"] == first["tree"] and again["cache"] == first["cache"]
+    kernels = kernel_candidates("cpu")
+    first = calibrate(load, kernels, prompts, SamplingConfig(), CANDIDATES, max_new_tokens=12, cache_dir=tmp_path,
+                      log=lambda _: None)
+    assert not first["cached"] and set(first["kernel_candidates"]) == {k.label for k in kernels}
+    figures = first["kernel_candidates"]
+    # the chosen kernels reproduce plain decoding and are the fastest of those that do
+    chosen = Kernels(**first["kernels"])
+    assert figures[chosen.label]["identical"]
+    fastest = max((f for f in figures.values() if f["identical"]), key=lambda f: max(f["trees"].values()))
+    assert figures[chosen.label] is fastest
+    assert TreeShape(**first["tree"]) in CANDIDATES
+    assert max(CANDIDATES, key=lambda c: first["tokens_per_s"][c.label]) == TreeShape(**first["tree"])
+    assert first["fastest_plain"]["kernels"] in figures
+    # one precision held at a time: the winner is loaded again unless it was the last one timed
+    assert asked == ["float32", "bfloat16"] + ([chosen.dtype] if chosen.dtype != "bfloat16" else [])
+    again = calibrate(load, kernels, prompts, SamplingConfig(), CANDIDATES, max_new_tokens=12, cache_dir=tmp_path,
+                      log=lambda _: None)
+    assert again["cached"] and again["kernels"] == first["kernels"] and again["tree"] == first["tree"]
     assert json.loads(open(first["cache"]).read())["tokens_per_s"] == first["tokens_per_s"]
     # sampled decoding is calibrated separately (the draft is accepted less often there)
-    sampled = calibrate_tree(gen, prompts, SamplingConfig(temperature=1.0), CANDIDATES, max_new_tokens=12,
-                             rounds=1, cache_dir=tmp_path, log=lambda _: None)
+    sampled = calibrate(load, kernels, prompts, SamplingConfig(temperature=1.0), CANDIDATES, max_new_tokens=12,
+                        cache_dir=tmp_path, log=lambda _: None)
     assert not sampled["cached"] and sampled["cache"] != first["cache"] and sampled["sampled"]
     # another model (here: other draft weights) is calibrated anew
-    other = tiny_generator(0, 2, sharpen=4.0)
-    assert calibrate_tree(other, prompts, greedy, CANDIDATES, max_new_tokens=12, rounds=1, cache_dir=tmp_path,
-                          log=lambda _: None)["cache"] != first["cache"]
+    other, _ = tiny_pair_loader(head_seed=2)
+    assert calibrate(other, kernels[:1], prompts, SamplingConfig(), CANDIDATES, max_new_tokens=12, cache_dir=tmp_path,
+                     log=lambda _: None)["cache"] != first["cache"]
+
+
+def test_calibration_never_chooses_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
+    """The fastest candidate loses when its strict greedy output differed from its plain decoding."""
+    from mars import calibrate as C
+
+    real = C.time_runs
+
+    def faster_but_wrong(gens, *args, check=False, **kwargs):
+        measured = real(gens, *args, check=check, **kwargs)
+        if check and "float32+packed" in measured:
+            measured["float32+packed"] = {"plain": 1.0, "trees": dict.fromkeys(measured["float32+packed"]["trees"],
+                                                                                  1e9), "identical": False}
+        return measured
+
+    monkeypatch.setattr(C, "time_runs", faster_but_wrong)
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(0), 16, 8)]
+    kernels = [Kernels("float32", False, True), Kernels("float32", False, False)]
+    record = calibrate(load, kernels, prompts, SamplingConfig(), None, fixed_tree=TreeShape(8, 4, 2),
+                       max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
+    assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
+    assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2).__dict__}

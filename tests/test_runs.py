@@ -19,12 +19,15 @@ import torch
 from helpers import save_standin_pair
 from hydra import compose, initialize_config_dir
 
+from eval.benchmarks.prompting import prompt_format
+from eval.config.methods import plain
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.reporting.summaries import load_runs, merge_runs
 from eval.runner.directories import job_methods, run_directory
 from eval.runner.job import run
 from eval.runner.models import check_offload, claim_gpus
+from eval.runner.settings import resolve
 from eval.runs.layout import AnswerFile, read_answers
 from mars.calibrate import CANDIDATES, TreeShape
 
@@ -56,7 +59,8 @@ def config(standin: Path, out: Path, *more: str):
 def directories(cfg) -> dict[str, Path]:
     """Each method's run directory for a composed job config."""
     config = validate(cfg)
-    return {m.name: run_directory(config, m) for m in job_methods(config)}
+    resolved = resolve(config, prompt_format({"prompt": plain(config.model.prompt)}))
+    return {m.name: run_directory(config, m, resolved) for m in job_methods(config, resolved)}
 
 
 def answers(directory: Path, method: str) -> list[dict]:
@@ -149,10 +153,10 @@ def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(s
                                for i in range(2)))
     more = ("tree=calibrated", f"tree.calibration_prompts={prompts}", "method=strict", "baselines=[vanilla]")
     first = run(config(standin, tmp_path / "out", *more))
-    record = first["settings"]["tree_calibration"]
+    record = first["settings"]["calibration"]
     assert not record["cached"] and record["cache"].startswith(str(tmp_path / "cache"))
     chosen = first["settings"]["tree"]
-    assert {k: chosen[k] for k in record["tree"]} == record["tree"] and chosen["calibrate"] is False
+    assert chosen == record["tree"] and first["settings"]["tree_reason"].startswith("measured")
     assert TreeShape(**record["tree"]) in CANDIDATES and record["tokens_per_s"]["plain"] > 0
     # the directory is named by the tree chosen: the same as a run that asks for that tree explicitly
     explicit = [f"tree.{k}={v}" for k, v in record["tree"].items()]
@@ -160,7 +164,7 @@ def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(s
         standin, tmp_path / "out", *more[1:], *explicit))["strict"])
     # the second run reads the calibration from the cache (and finds its answers done)
     again = run(config(standin, tmp_path / "out", *more, "num_prompts=3"))
-    assert again["settings"]["tree_calibration"]["cached"] and again["settings"]["tree"] == chosen
+    assert again["settings"]["calibration"]["cached"] and again["settings"]["tree"] == chosen
 
 
 def test_shards_answer_exactly_what_the_unsharded_run_does(standin, tmp_path):

@@ -7,48 +7,50 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from eagle.precision import Precision
 from eval.benchmarks import BENCHMARKS, resolved_source
 from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard
-from eval.runner.models import exact_attention_choice, run_precision, tree_shape
+from eval.runner.settings import on_cpu
 from eval.runs.layout import ANSWERS, IDENTITY, LOCK, SKIPPED, answers_file, directory_name, read_answers, write_atomic
+from mars.settings import DecodeSettings
+
+# On a CPU `model.generate` is timed in both precisions: which decodes one token at a time faster
+# depends on the CPU (bf16 on AVX2-only EPYCs; on AVX-512 BF16 ones too, but by less), and speedups
+# are quoted against the fastest plain decoding timed (`speedup_vs_fastest`).
+CPU_PRECISIONS = (Dtype.float32, Dtype.bfloat16)
 
 
-def job_methods(run: RunConfig, precision: Precision | None = None) -> list[MethodConfig]:
-    """The baselines, then the method under test (each once).
-
-    With `model.generate` among them on a CPU running float32 (no native bf16 matrix instructions),
-    `model.generate` in bf16 joins them: such CPUs still decode one token at a time fastest in bf16,
-    and speedups are quoted against the fastest plain decoding timed (`speedup_vs_fastest`)."""
+def job_methods(run: RunConfig, settings: DecodeSettings) -> list[MethodConfig]:
+    """The baselines, then the method under test (each once); on a CPU, `model.generate` among them
+    brings `model.generate` in the other precision too (see CPU_PRECISIONS)."""
     methods: dict[str, MethodConfig] = {}
     for method in [*(method_spec(b) for b in run.baselines), run.method]:
         methods.setdefault(method.name, method)
-    precision = precision or run_precision(run)
-    on_cpu = not run.model.device_map and run.model.device == "cpu"
     ordered = list(methods.values())
-    bf16 = GenerateConfig(dtype=Dtype.bfloat16)
-    if on_cpu and precision.dtype == torch.float32 and GENERATE in methods and bf16.name not in methods:
-        ordered.insert(list(methods).index(GENERATE) + 1, bf16)
+    if on_cpu(run) and GENERATE in methods:
+        at = list(methods).index(GENERATE) + 1
+        for dtype in CPU_PRECISIONS:
+            other = GenerateConfig(dtype=dtype)
+            if dtype.value != settings.dtype.value and other.name not in methods:
+                ordered.insert(at, other)
     return ordered
 
 
-def method_dtype(method: MethodConfig, precision: Precision) -> str:
+def method_dtype(method: MethodConfig, settings: DecodeSettings) -> str:
     """The precision a method decodes in: the run's, or a `generate@<dtype>` baseline's own."""
-    return method.dtype.value if isinstance(method, GenerateConfig) and method.dtype else precision.name
+    return method.dtype.value if isinstance(method, GenerateConfig) and method.dtype else settings.dtype.value
 
 
-def method_identity(run: RunConfig, method: MethodConfig) -> dict:
+def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettings) -> dict:
     """Every setting that affects one method's answers (and nothing that only affects its timing)."""
     m = run.model
     identity = {
         "method": method.name, "target": m.target, "tokenizer": m.tokenizer,
-        "dtype": method_dtype(method, run_precision(run)),  # as resolved: auto decodes differently per machine
+        "dtype": method_dtype(method, settings),  # as resolved: auto decodes differently per machine
         "device": "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device,  # not the GPU's index
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
@@ -58,9 +60,13 @@ def method_identity(run: RunConfig, method: MethodConfig) -> dict:
     if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe
         identity["questions_from"] = BENCHMARKS[run.bench.questions].hub.describe()
     if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
-        identity["exact_attention"] = exact_attention_choice(run, run_precision(run))[0]
+        identity["exact_attention"] = settings.exact_attention.value
+        if settings.prepack.value and settings.dtype.value != "float32":
+            # bf16 products on packed weights round differently from torch's: other greedy tokens. (float32's
+            # differ in the last bits only; its directories never named the kernels and keep their names.)
+            identity["prepack"] = True
     if isinstance(method, RuleMethod):
-        identity.update(draft=m.draft, tree=tree_shape(run.tree))  # the tree used, however it was chosen
+        identity.update(draft=m.draft, tree=asdict(settings.tree.value))  # the tree used, however it was chosen
         rule = method.rule()  # its main parameter is in the name; the others here, as values
         identity.update({k: v for k, v in rule.params().items() if k != rule.label})
     return identity
@@ -71,14 +77,15 @@ def answer_path(directory: Path, method: MethodConfig, kind: str = ANSWERS) -> P
     return answers_file(directory, method.name, kind)
 
 
-def run_directory(run: RunConfig, method: MethodConfig) -> Path:
-    name = directory_name(method.name, run.sampling.temperature, method_identity(run, method), parse_shard(run.shard))
+def run_directory(run: RunConfig, method: MethodConfig, settings: DecodeSettings) -> Path:
+    name = directory_name(method.name, run.sampling.temperature, method_identity(run, method, settings),
+                          parse_shard(run.shard))
     return resolve(run.out_dir) / name
 
 
-def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path) -> None:
+def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path, settings: DecodeSettings) -> None:
     """Create a method's run directory, or check that an existing one holds answers to the same settings."""
-    identity = json.loads(json.dumps(method_identity(run, method)))
+    identity = json.loads(json.dumps(method_identity(run, method, settings)))
     path = directory / IDENTITY
     if path.exists():
         before = json.loads(path.read_text())

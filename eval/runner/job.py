@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -53,19 +52,17 @@ from eval.runner.directories import (
     run_directory,
 )
 from eval.runner.models import (
-    calibrated_tree,
     claim_gpus,
-    exact_attention_choice,
     load_head,
     load_target,
     load_tokenizer,
     make_generator,
     model_source,
-    prepack_choice,
-    run_precision,
 )
+from eval.runner.settings import resolve as resolve_settings
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality
+from mars.settings import DecodeSettings
 
 # --- quality ------------------------------------------------------------------------------------
 
@@ -124,20 +121,15 @@ def machine() -> str:
     return text
 
 
-def settings(run: RunConfig, questions: int, directories: dict[str, Path]) -> dict:
+def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, directories: dict[str, Path]) -> dict:
+    """The summary's settings: the run's configuration with every resolved choice and its reason."""
     import transformers
 
     m = run.model
-    precision = run_precision(run)
-    exact, exact_reason = exact_attention_choice(run, precision)
-    prepack, prepack_reason = prepack_choice(run, precision)
     return {
-        "model": m.name, "target": m.target, "draft": m.draft, "dtype": precision.name,
-        "dtype_requested": m.dtype.value, "dtype_reason": precision.reason,
-        "device": m.device_map or m.device, "bench": run.bench.name, "questions": questions,
-        "max_new_tokens": run.max_new_tokens, **plain(run.sampling), "tree": plain(run.tree),
-        "exact_attention": exact, "exact_attention_reason": exact_reason,
-        "prepack": prepack, "prepack_reason": prepack_reason,
+        "model": m.name, "target": m.target, "draft": m.draft, **resolved.record(), "dtype_requested": m.dtype.value,
+        "tree_requested": plain(run.tree), "device": m.device_map or m.device, "bench": run.bench.name,
+        "questions": questions, "max_new_tokens": run.max_new_tokens, **plain(run.sampling),
         "static": m.static, "compile": m.compile, "max_cache_len": m.max_cache_len,
         "prompt": plain(m.prompt), "method": plain(run.method),
         "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
@@ -190,19 +182,14 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     """One job: answer what is missing, then write the job's summary (see the module docstring)."""
     config = validate(cfg)  # value ranges, before anything else
     fmt, questions = check_settings(config)  # bad settings fail before any model loads
-    precision = run_precision(config)
-    exact, exact_reason = exact_attention_choice(config, precision)
-    prepack, prepack_reason = prepack_choice(config, precision)
-    print(f"precision: {precision.name} ({precision.reason}); exact attention {'on' if exact else 'off'} "
-          f"({exact_reason}); prepacked linears {'on' if prepack else 'off'} ({prepack_reason})")
-    calibration = None
-    if config.tree.calibrate:  # before the run directories: their names include the tree
-        config = replace(config, tree=(tree := calibrated_tree(config, fmt))[0])
-        calibration = tree[1]
-    methods = job_methods(config, precision)
-    directories = {m.name: run_directory(config, m) for m in methods}
+    # Resolved once, before the run directories (their names include the precision and the tree); every
+    # later step reads this object.
+    resolved = resolve_settings(config, fmt)
+    print("\n".join(resolved.describe()))
+    methods = job_methods(config, resolved)
+    directories = {m.name: run_directory(config, m, resolved) for m in methods}
     for m in methods:
-        claim_run_directory(config, m, directories[m.name])
+        claim_run_directory(config, m, directories[m.name], resolved)
     job_dir = directories[config.method.name]
     if not config.resume and any(read_answers(answer_path(directories[m.name], m)) for m in methods):
         raise ValueError(f"{job_dir.parent} already holds answers for these settings and resume=false: rerun with "
@@ -217,12 +204,12 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     started = time.time()
     OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
                    resolve=True)
-    tracker = start_tracking(config.logging, job_dir, plain(config), model=config.model.name, bench=config.bench.name,
+    tracker = start_tracking(config.logging, job_dir, {**plain(config), "resolved": resolved.record()},
+                             model=config.model.name, bench=config.bench.name,
                              method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
-    answered_now = answer_pending(config, fmt, questions, pending, directories, tracker) if pending else []
+    answered_now = answer_pending(config, resolved, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
-    summary = {"machine": machine(), "settings": {**settings(config, len(ids), directories),
-                                                  "tree_calibration": calibration},
+    summary = {"machine": machine(), "settings": settings_record(config, resolved, len(ids), directories),
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
                "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
@@ -247,8 +234,9 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     return summary
 
 
-def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[int, Question]],
-                   pending: list[MethodConfig], directories: dict[str, Path], tracker) -> list[str]:
+def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptFormat,
+                   questions: list[tuple[int, Question]], pending: list[MethodConfig], directories: dict[str, Path],
+                   tracker) -> list[str]:
     """Load the models and answer the pending methods: first those no other job is answering, together
     (interleaved), then each of the others once the job answering it has let go of its directory.
     Returns the methods that got new answers."""
@@ -262,12 +250,12 @@ def answer_pending(config: RunConfig, fmt: PromptFormat, questions: list[tuple[i
                 stack.callback(handle.close)
             print(f"job GPUs: {gpus}")
         tokenizer = load_tokenizer(config)
-        precision = run_precision(config)
-        target = load_target(config, precision.dtype, gpus)
+        rows = resolved.tree.value.total_tokens + 1
+        target = load_target(config, resolved.torch_dtype, gpus, rows)
         head = load_head(config, target)
-        gen = stack.enter_context(make_generator(config, target, head, precision, profile=config.profile))
-        plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, precision)], gpus) for m in pending
-                        if method_dtype(m, precision) != precision.name}
+        gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
+        plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows) for m in pending
+                        if method_dtype(m, resolved) != resolved.dtype.value}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
         held, waiting = [], []
         for m in pending:

@@ -1,0 +1,153 @@
+"""A job's decoding settings, resolved once (`mars.settings.DecodeSettings`).
+
+Explicit settings win (`model.dtype`, `model.exact_attention`, `model.prepack`, a fixed `tree`). What
+is left free is measured on this machine when there is a choice to make (`mars.calibrate`: on a CPU
+the precision and prepacking with `model.dtype=auto`, the tree with `tree=calibrated`), cached per
+machine and model; on a GPU the precision follows the hardware (`eagle.precision.resolve_dtype`).
+Exact attention follows the precision: on where it is needed for strict greedy output to equal plain
+decoding (bf16/fp16), off in float32 and with static shapes. Each value carries its reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eagle.precision import needs_exact_attention, resolve_dtype
+from eval.benchmarks import load_questions
+from eval.benchmarks.prompting import PromptFormat, encode
+from eval.config.methods import STRICT, method_spec
+from eval.config.schema import RunConfig, TreeConfig, sampling_of
+from eval.runner.models import load_head, load_target, load_tokenizer, model_source
+from mars.calibrate import CANDIDATES, calibrate, kernel_candidates
+from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
+
+
+def on_cpu(run: RunConfig) -> bool:
+    return not run.model.device_map and run.model.device == "cpu"
+
+
+def run_device(run: RunConfig) -> str:
+    m = run.model
+    return "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device
+
+
+def fixed_tree(tree: TreeConfig) -> TreeShape:
+    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive)
+
+
+def placement_of(run: RunConfig) -> Setting:
+    m = run.model
+    if m.device_map:
+        return Setting(f"device_map={m.device_map}", "model.device_map: the target's layers spread over the job's GPUs"
+                       + (" (fitted first, eval.runner.placement)" if m.device_map == "auto" else ""))
+    return Setting(m.device, "model.device")
+
+
+def target_parameters(run: RunConfig) -> int | None:
+    """The target's weight count from its local safetensors headers (None for a hub id or other formats)."""
+    directory = Path(model_source(run.model.target, "target model"))
+    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    if not files:
+        return None
+    count = 0
+    for file in files:
+        with open(file, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                size = 1
+                for dim in entry["shape"]:
+                    size *= dim
+                count += size
+    return count
+
+
+def candidates(run: RunConfig) -> list[Kernels]:
+    """The kernels this run may use, after its explicit settings and its mode (static, compile)."""
+    m = run.model
+    exact = m.exact_attention if m.exact_attention is not None else (False if m.static else None)
+    prepack = m.prepack if m.prepack is not None else (False if m.compile is not None else None)
+    return kernel_candidates(run_device(run), m.dtype.value, exact, prepack, target_parameters(run) if on_cpu(run)
+                             else None)
+
+
+def exact_reason(run: RunConfig, kernels: Kernels) -> str:
+    m = run.model
+    if m.exact_attention is not None:
+        return "set explicitly"
+    if m.static:
+        return "auto: static shapes (exact attention gathers shapes that change from tree to tree)"
+    if needs_exact_attention(kernels.torch_dtype):
+        return f"auto: {kernels.dtype} tree verification differs from plain decoding without it"
+    return f"auto: {kernels.dtype} tree verification already reproduces plain decoding"
+
+
+def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None) -> str:
+    m = run.model
+    if m.prepack is not None:
+        return "set explicitly"
+    if m.compile is not None:
+        return "auto: torch.compile chooses the kernels of the compiled forwards"
+    same = [k for k in options if k.dtype == kernels.dtype]
+    if len(same) > 1 and record and record.get("kernel_candidates"):
+        speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values()) for k in same}
+        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" for label, v in speed.items())
+    if not on_cpu(run):
+        return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
+    if kernels.prepack:
+        return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (eagle/kernels.py)"
+    return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
+
+
+def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None) -> str:
+    if run.model.dtype.value != "auto":
+        return "set explicitly"
+    if not on_cpu(run):
+        return resolve_dtype("auto", run_device(run)).reason
+    if record and record.get("kernel_candidates"):
+        figures = record["kernel_candidates"]
+        best = max(figures[kernels.label]["trees"].values())
+        others = {label: max(f["trees"].values()) for label, f in figures.items() if f"{kernels.dtype}" not in label}
+        verdict = "" if record.get("kernels_reproduce_plain", True) else \
+            " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
+        return (f"measured: strict {best:.1f} tok/s in calibration against "
+                + (", ".join(f"{label} {v:.1f}" for label, v in others.items()) or "no other precision") + verdict)
+    return f"auto: the only candidate here ({kernels.label})"
+
+
+def calibration_prompts(run: RunConfig, fmt: PromptFormat) -> list[torch.Tensor]:
+    tokenizer = load_tokenizer(run)
+    return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in load_questions(run.tree.calibration_prompts)]
+
+
+def resolve(run: RunConfig, fmt: PromptFormat, log=print) -> DecodeSettings:
+    """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine."""
+    options = candidates(run)
+    tree, record = fixed_tree(run.tree), None
+    measure = run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))
+    if not measure:
+        options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
+    if len(options) > 1 or run.tree.calibrate:
+        def load(dtype: str):
+            target = load_target(run, getattr(torch, dtype))
+            return target, load_head(run, target)
+
+        record = calibrate(load, options, calibration_prompts(run, fmt), sampling_of(method_spec(STRICT), run.sampling),
+                           trees=CANDIDATES if run.tree.calibrate else None, fixed_tree=tree, log=log)
+        kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
+    else:
+        kernels = options[0]
+    if run.tree.calibrate:
+        tree_setting = Setting(tree, f"measured: the fastest of {len(CANDIDATES)} candidates, "
+                                     f"{record['speedup_over_plain']:.2f}x plain decoding in calibration "
+                                     f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
+    else:
+        tree_setting = Setting(tree, "set in the config (tree=...)")
+    return DecodeSettings(
+        dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
+        exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
+        prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
+        tree=tree_setting, placement=placement_of(run), calibration=record)

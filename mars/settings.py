@@ -1,0 +1,109 @@
+"""How a run decodes, resolved once: precision, exact attention, kernels, tree and placement, each
+with the reason it was chosen.
+
+A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve`): from the
+run's explicit settings, from a measurement on this machine (`mars.calibrate`), or from a rule where
+nothing was measured. Everything downstream reads that one object: the generator
+(`generator_kwargs`), the run directories' names, the summary (`record`), the report, W&B, and the
+run's first lines (`describe`). Nothing re-derives a setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A draft tree: `total_tokens` nodes verified per cycle, `depth` draft levels, `branching`
+    children per expanded node; `adaptive` sizes each cycle's tree up to these caps (mars.adaptive)."""
+
+    total_tokens: int
+    depth: int
+    branching: int
+    adaptive: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.total_tokens}/{self.depth}/{self.branching}" + (" adaptive" if self.adaptive else "")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How the target computes: its precision, whether verification attention is exact
+    (`mars.target.exact`), whether linears multiply prepacked weights (`eagle.kernels`)."""
+
+    dtype: str  # a key of DTYPES
+    exact_attention: bool
+    prepack: bool
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def label(self) -> str:
+        return "+".join([self.dtype, *(["exact"] if self.exact_attention else []),
+                         *(["packed"] if self.prepack else [])])
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One resolved value and why: "set explicitly", "measured: ...", or "auto: <rule>"."""
+
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything a run decided about how it decodes (see the module docstring).
+
+    calibration: the measurement the choices came from (`mars.calibrate.calibrate`'s record: every
+    candidate's tokens/s and whether it reproduced plain decoding), None where nothing was measured.
+    """
+
+    dtype: Setting  # str, a key of DTYPES
+    exact_attention: Setting  # bool
+    prepack: Setting  # bool
+    tree: Setting  # TreeShape
+    placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
+    calibration: dict | None = None
+
+    @property
+    def kernels(self) -> Kernels:
+        return Kernels(self.dtype.value, self.exact_attention.value, self.prepack.value)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype.value]
+
+    def generator_kwargs(self) -> dict:
+        """`SpeculativeGenerator`'s arguments for the tree, exact attention and kernels (explicit values, no "auto")."""
+        tree: TreeShape = self.tree.value
+        return {"total_tokens": tree.total_tokens, "depth": tree.depth, "branching": tree.branching,
+                "adaptive": tree.adaptive, "exact_attention": self.exact_attention.value,
+                "prepack": self.prepack.value}
+
+    def describe(self) -> list[str]:
+        """The run's first lines: what it chose for this machine, and why."""
+        on = {True: "on", False: "off"}
+        return [f"precision: {self.dtype.value} ({self.dtype.reason}); exact attention "
+                f"{on[self.exact_attention.value]} ({self.exact_attention.reason}); prepacked linears "
+                f"{on[self.prepack.value]} ({self.prepack.reason})",
+                f"tree: {self.tree.value.label} ({self.tree.reason}); placement: {self.placement.value} "
+                f"({self.placement.reason})"]
+
+    def record(self) -> dict:
+        """The summary's (and W&B's) record of the settings: each value with its reason."""
+        return {"dtype": self.dtype.value, "dtype_reason": self.dtype.reason,
+                "exact_attention": self.exact_attention.value, "exact_attention_reason": self.exact_attention.reason,
+                "prepack": self.prepack.value, "prepack_reason": self.prepack.reason,
+                "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
+                "placement": self.placement.value, "placement_reason": self.placement.reason,
+                "calibration": self.calibration}
