@@ -14,7 +14,8 @@ kernel candidate, plain decoding and strict speculation at probe trees, and keep
 whose strict greedy output equals their own plain greedy decoding on every prompt (the correctness
 every strict run promises); the fastest of those wins. Stage 2 times the candidate trees with the
 winning kernels, interleaved with plain decoding, and keeps the fastest. Candidates of one precision
-share one loaded model, and one precision is held at a time. The record keeps every figure, and is
+share one loaded model; every precision's models are held at once and timed interleaved prompt by
+prompt where they fit in memory, one precision at a time otherwise. The record keeps every figure, and is
 cached under `cache_dir` by a key of the machine, the models, the candidates and the kind of
 decoding (greedy or sampled), so a machine calibrates once.
 
@@ -166,6 +167,7 @@ def time_runs(gens: dict[str, SpeculativeGenerator], prompts: list[torch.Tensor]
 
 
 def _dtypes(kernels: list[Kernels]) -> list[str]:
+    """The precisions of `kernels`, in order, each once."""
     return list(dict.fromkeys(k.dtype for k in kernels))
 
 
@@ -187,32 +189,43 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
         raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
     sampled = not sampling.greedy
     held: dict[str, tuple] = {}
+    hold_all = False  # every precision's models at once (timed interleaved), when they fit in memory
 
     def models(dtype: str) -> tuple:
         if dtype not in held:
-            held.clear()  # one precision's models at a time
+            if not hold_all:
+                held.clear()
             held[dtype] = load(dtype)
         return held[dtype]
 
-    key = {**fingerprint(*models(kernels[0].dtype)), "kernels": [k.label for k in kernels], "sampled": sampled,
+    first = models(kernels[0].dtype)
+    key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
            "trees": [t.label for t in trees] if trees else None, "fixed_tree": fixed_tree and fixed_tree.label,
            "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
+    weights = sum(p.numel() for model in first for p in model.parameters())
+    hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in _dtypes(kernels)))
     probes = tuple(dict.fromkeys(PROBES if trees else (fixed_tree,)))
     log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
         f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
         f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "
         "cached afterwards)")
     measured: dict[str, dict] = {}
-    for dtype in _dtypes(kernels) if len(kernels) > 1 or not trees else []:  # one candidate: nothing to choose
-        target, head = models(dtype)
-        group = [k for k in kernels if k.dtype == dtype]
-        with generators(target, head, group, probes[0]) as gens:
-            named = {k.label: gens[k] for k in group}
-            time_runs(named, prompts[:1], sampling, probes, 16)  # warm-up: allocation, packing, kernel selection
-            measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True))
+    if len(kernels) > 1 or not trees:  # one candidate and trees to time: nothing to choose in stage 1
+        # Interleaved prompt by prompt over every candidate held at once, so that drift in the machine's
+        # speed (other processes, clocks) falls on all alike; one precision at a time where memory is short.
+        rounds_of = [_dtypes(kernels)] if hold_all else [[d] for d in _dtypes(kernels)]
+        for dtypes in rounds_of:
+            with ExitStack() as stack:
+                named = {}
+                for dtype in dtypes:
+                    group = [k for k in kernels if k.dtype == dtype]
+                    gens = stack.enter_context(generators(*models(dtype), group, probes[0]))
+                    named.update({k.label: gens[k] for k in group})
+                time_runs(named, prompts[:1], sampling, probes, 16)  # warm-up: allocation, packing, kernel choice
+                measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True))
     exact = [k for k in kernels if k.label not in measured or measured[k.label]["identical"]]
     best = max(exact or kernels, key=lambda k: max(measured[k.label]["trees"].values()) if measured else 0)
     if trees:
