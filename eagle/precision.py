@@ -1,12 +1,13 @@
-"""Which floating-point precision a model runs in, chosen from the hardware it runs on.
+"""Which floating-point precision a model runs in, by a rule of the hardware, where nothing is measured.
 
-Speculative decoding verifies many tokens in one forward, so what matters is the cost of matrix
-products over several rows. bf16 is the right choice on GPUs and on CPUs with native bf16 matrix
-instructions (AVX-512 BF16, AMX). On other CPUs (AVX2 only, or AVX-512 without BF16) torch runs bf16
-products over several rows without a native kernel, 3-6x slower than float32 on the embedded pair
-(`../shared/notes/cpu-performance.md`), so float32 is chosen there. Plain one-row decoding can still
-be faster in bf16 on such CPUs (memory-bound); `eval.run` therefore also times plain decoding in
-bf16 there and reports speed against the fastest plain decoding it timed.
+`eval.run` measures the precision on a CPU (`mars.calibrate`: the fastest kernels that keep strict
+greedy output equal to plain decoding), because no rule got it right: on an AVX-512 BF16 CPU bf16
+verification was 1.3x slower than float32 with torch's kernels and is the fastest on prepacked
+weights (`eagle.kernels`). This module's rule is what a library call with dtype "auto" gets and
+what GPUs get: bf16 on GPUs (float16 where bf16 is unsupported) and on CPUs with native bf16 matrix
+instructions (AVX-512 BF16, AMX); float32 on other CPUs (AVX2 only, or AVX-512 without BF16), where
+torch runs bf16 products over several rows without a native kernel, 3-6x slower than float32 on the
+embedded pair (`../shared/notes/cpu-performance.md`).
 
 `ATEN_CPU_CAPABILITY` and `ONEDNN_MAX_CPU_ISA` limit what torch and oneDNN use; they are honoured,
 so that `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` on a bigger CPU resolves as an AVX2 one.

@@ -80,7 +80,7 @@ class ModelConfig:
     target: str = MISSING  # a directory (absolute or relative to the repository) or a hub id
     draft: str = MISSING
     tokenizer: str | None = None  # default: the target's
-    dtype: Dtype = Dtype.auto  # auto: bf16 on GPUs and CPUs with native bf16 matmuls, else float32 (eagle.precision)
+    dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.calibrate); bf16 on GPUs (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
     # auto: one GPU when the target and what decoding needs beside it fit, else spread over the job's GPUs
     # with that headroom kept free (eval/runner/placement.py); balanced / sequential / ...: transformers' own.
@@ -93,10 +93,11 @@ class ModelConfig:
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
     # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
     exact_attention: bool | None = None
-    # float32 linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (eagle/kernels.py):
-    # ~30% faster tree forwards where MKL's few-row products are slow. A kernel choice like the thread
-    # count: it moves roundings, not what a method computes, so it does not name the run directory.
-    # null = auto: on for float32 on CPU.
+    # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (eagle/kernels.py): float32
+    # (~30% faster tree forwards where MKL's few-row products are slow) and bf16 on CPUs with AVX-512 BF16
+    # (the weight is not reordered at every call). null = auto: measured with dtype=auto or tree=calibrated
+    # (eval/runner/settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
+    # does not name the run directory; in bf16 it changes greedy tokens and names it.
     prepack: bool | None = None
     # Static shapes for the target's tree forward and decoding step (mars/target/static.py): a cache of
     # max_cache_len entries made once, trees padded to total_tokens + 1; what CUDA graphs need.
