@@ -1,5 +1,7 @@
-"""Attention implementations that cannot take a tree mask (flash attention, flex without a block
-mask) are routed: calls without a mask keep the model's implementation, tree forwards go to SDPA."""
+"""Attention in tree forwards. Implementations that cannot take a tree mask (flash attention, flex
+without a block mask) are routed: calls without a mask keep the model's implementation, tree forwards
+go to SDPA. Exact attention gives each tree row plain decoding's computation (bit for bit in bf16),
+with its plan built on the device: a cycle synchronises no more than the plain path does."""
 
 from __future__ import annotations
 
@@ -7,13 +9,14 @@ import random
 
 import pytest
 import torch
-from helpers import hf_greedy, random_prompt, tiny_model
+from helpers import OracleHead, hf_greedy, make_tree, random_prompt, tiny_model
 from transformers import AttentionInterface
 
 from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
-from mars.target import TargetModel, tree_route
+from mars.syncs import SyncCounter
+from mars.target import EXACT_BUCKET, TargetModel, tree_route
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -73,3 +76,53 @@ def test_flash_attention_2_is_routed_not_given_tree_masks(monkeypatch, maskless)
 def test_an_unregistered_implementation_gets_a_clear_error():
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         tree_route("no_such_kernel")
+
+
+# --- exact attention ----------------------------------------------------------------------------
+
+def test_exact_tree_rows_across_a_key_bucket_equal_plain_decoding_bit_for_bit():
+    """Rows of one tree that pad their keys to different widths (the root and its children to one
+    bucket, deeper nodes to the next) each give what plain decoding of their path gives, in bf16."""
+    model = tiny_model("llama", sharpen=1.0).to(torch.bfloat16)
+    prompt = random_prompt(random.Random(5), model.config.vocab_size, EXACT_BUCKET - 2)[0]
+    parents, tokens = [-1, 0, 0, 1, 1, 3, 5], [7, 8, 9, 10, 11, 12, 13]
+    tree, target = make_tree(parents, tokens), TargetModel(model, exact_attention=True)
+    target.prefill(prompt, capacity=EXACT_BUCKET * 2)
+    tree_logits, _ = target.score_tree(tree)
+    for node in range(len(parents)):
+        path = tree.path_to(node)
+        target.prefill(prompt, capacity=EXACT_BUCKET * 2)
+        for i in path:
+            plain = target.decode(tokens[i])
+        assert torch.equal(tree_logits[node], plain), (node, path)
+    target.close()
+
+
+def per_cycle(gen: SpeculativeGenerator, prompt: torch.Tensor) -> tuple[float, dict]:
+    """Syncs per cycle in the steady state (as tests/test_syncs.py counts them): the difference between
+    a long and a short generation, so that the prefill's few reads are not spread over the cycles."""
+    counts = []
+    for tokens in (24, 72):
+        with SyncCounter() as syncs:
+            out = gen.generate(prompt, max_new_tokens=tokens)
+        counts.append((syncs.total, out.num_cycles, dict(syncs.by_kind)))
+    (s0, c0, _), (s1, c1, kinds) = counts
+    assert c1 > c0
+    return (s1 - s0) / (c1 - c0), kinds
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_a_bf16_exact_attention_cycle_synchronises_at_most_four_times(oracle):
+    """The plan (each row's keys and padding) is built on the device: no host read per node or per
+    key width. The 60 generated tokens carry the sequence across a key bucket (64), where one tree's
+    rows need two widths."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    prompt = random_prompt(random.Random(0), model.config.vocab_size, 12)
+    plain = hf_greedy(model, prompt, 80)
+    head = OracleHead(model.config, prompt[0].tolist() + plain) if oracle else Eagle3Head.for_target(model.config)
+    with SpeculativeGenerator(model, head.to(torch.bfloat16), total_tokens=20, depth=4, branching=5,
+                              exact_attention=True) as gen:
+        assert gen.target.exact_attention
+        syncs, kinds = per_cycle(gen, prompt)
+        assert gen.generate(prompt, max_new_tokens=72).tokens == gen.vanilla(prompt, max_new_tokens=72).tokens
+    assert syncs <= 4, kinds

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
+from helpers import OracleHead, hf_greedy, make_tree, random_prompt, tiny_model
 from transformers import DynamicCache
 
 from eagle import Eagle1Head, Eagle3Head, grow_tree
@@ -149,29 +149,34 @@ def test_bf16_target_runs_and_matches_its_own_vanilla():
     assert out.tokens[0] == gen.vanilla(prompt, max_new_tokens=20).tokens[0]  # same prefill
 
 
-def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order():
-    from mars.target import EXACT_BUCKET, exact_plan
+@pytest.mark.parametrize("prefix", [0, 5, 62, 64, 130])
+def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order(prefix):
+    from mars.target.exact import EXACT_BUCKET, bucket, exact_plan
 
     parents = [-1, 0, 0, 1, 1, 2, 3]
-    depths = torch.tensor([0, 1, 1, 2, 2, 2, 3])
-    ancestors = torch.eye(7, dtype=torch.bool)
-    for i in range(1, 7):
-        ancestors[i] |= ancestors[parents[i]]
-    prefix = EXACT_BUCKET - 2  # the deeper nodes spill into a second bucket
-    seen = set()
-    for rows, entries, pad in exact_plan(prefix, depths, ancestors):
-        assert entries.shape[1] % EXACT_BUCKET == 0 and pad.shape == (len(rows), 1, entries.shape[1])
-        for r, node in enumerate(rows.tolist()):
-            seen.add(node)
-            chain = []
-            while node >= 0:
-                chain.append(prefix + node)
-                node = parents[node]
-            visible = list(range(prefix)) + chain[::-1]
-            count = len(visible)
-            assert entries[r, :count].tolist() == visible
-            assert bool((pad[r, 0, :count] == 0).all()) and bool(torch.isinf(pad[r, 0, count:]).all())
-    assert seen == set(range(7))
+    tree = make_tree(parents, [1] * 7)
+    plan = exact_plan(prefix, tree.depths, tree.ancestors, tree.levels)
+    widths = [entries.shape[1] for _, entries, _ in plan]
+    # One group per width a row needs (prefix 62: the deeper nodes spill into a second bucket).
+    assert widths == sorted({bucket(prefix + d + 1) for d in tree.depths.tolist()})
+    assert all(w % EXACT_BUCKET == 0 for w in widths) and plan[0][0] is None
+    for node in range(7):
+        chain = []
+        at = node
+        while at >= 0:
+            chain.append(prefix + at)
+            at = parents[at]
+        visible = list(range(prefix)) + chain[::-1]
+        count, width = len(visible), bucket(len(visible))
+        groups = [g for g, (select, entries, _) in enumerate(plan)
+                  if entries.shape[1] == width and (select is None or bool(select[node]))]
+        # The node is taken from the group of its own width, and from no later group.
+        later = [g for g, (select, _, _) in enumerate(plan) if g > groups[-1] and bool(select[node])]
+        assert len(groups) == 1 and later == []
+        _, entries, pad = plan[groups[0]]
+        assert entries[node, :count].tolist() == visible
+        assert bool((entries[node, count:] == 0).all())  # padding points at entry 0, masked out
+        assert bool((pad[node, 0, :count] == 0).all()) and bool(torch.isinf(pad[node, 0, count:]).all())
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])

@@ -259,10 +259,11 @@ class TargetModel:
         if self.shapes is not None:
             return self.shapes.score(tree, self.committed)
         self.cache.truncate(self.committed)
-        plan = exact_plan(self.committed, tree.depths, tree.ancestors) if self.exact_attention else None
-        if plan is not None:
-            plan = [tuple(t.to(self.devices.inputs) for t in group) for group in plan]
-        positions = self.committed + tree.depths.to(self.devices.inputs)
+        depths = tree.depths.to(self.devices.inputs)
+        plan = None
+        if self.exact_attention:
+            plan = exact_plan(self.committed, depths, tree.ancestors.to(self.devices.inputs), tree.levels)
+        positions = self.committed + depths
         mask = None if plan is not None else self._mask(positions, tree.ancestors)
         return self._forward(tree.tokens, positions, mask, True, plan)
 

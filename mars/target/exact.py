@@ -22,8 +22,16 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 EXACT_ATTENTION = "mars_exact"
 PLAN_KWARG = "mars_exact_plan"  # the forward keyword that carries an exact-attention plan to every layer
 
-ExactPlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # [(query rows [n], entries [n, L], pad [n, 1, L])]
-EXACT_BUCKET = 64  # key rows are padded to a multiple of this, so rows of one tree share a few shapes
+# One group per key width the tree's rows need: (rows [n] bool, or None for the first group; cache
+# entries [n, width] long; additive pad [n, 1, width] float32). Every group lists every row: a row's
+# result is taken from the group of its own width.
+ExactPlan = list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]
+EXACT_BUCKET = 64  # a row's keys are padded to a multiple of this, so rows of one tree share a few shapes
+
+
+def bucket(keys: int | torch.Tensor) -> int | torch.Tensor:
+    """The padded key count of a row that sees `keys` cache entries (a tensor: elementwise, on its device)."""
+    return (keys + EXACT_BUCKET - 1) // EXACT_BUCKET * EXACT_BUCKET
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -50,39 +58,50 @@ def exact_attention_forward(module, query, key, value, attention_mask, dropout=0
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = query.new_empty(query.shape[2], query.shape[1], value.shape[-1])  # [q, heads, d]
     kv_heads = key.shape[1]
     # Cast the cache once, then gather: the same float32 values as gathering then casting per row
     # (a cast is elementwise), without casting the shared prefix once per tree row.
     keys, values = key[0].float(), value[0].float()
-    for rows, entries, pad in mars_exact_plan:
+    rows = query[0].transpose(0, 1)  # [q, heads, d]
+    out = None
+    for select, entries, pad in mars_exact_plan:
         # A no-op on one device; on a model sharded over devices, the layer's own device.
-        rows, entries, pad = rows.to(key.device), entries.to(key.device), pad.to(key.device)
+        entries, pad = entries.to(key.device), pad.to(key.device)
         n, length = entries.shape
         flat = entries.reshape(-1)
         k = keys.index_select(1, flat).view(kv_heads, n, length, -1)
         v = values.index_select(1, flat).view(kv_heads, n, length, -1)
-        out[rows] = _attend_rows(query[0][:, rows].transpose(0, 1), k, v, pad, scaling)
+        result = _attend_rows(rows, k, v, pad, scaling)
+        # Every row at every width of the plan, each row kept from its own width's group: choosing on
+        # the device, where selecting the rows of a width first would read their count on the host.
+        out = result if out is None else torch.where(select.to(key.device)[:, None, None], result, out)
     return out[None], None
 
 
-def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor) -> ExactPlan:
-    """Tree nodes grouped by padded key count, each with its visible cache entries (the prefix, then
-    its ancestors, then padding that points at entry 0 and is masked out)."""
-    visible = prefix + depths + 1
-    padded = (visible + EXACT_BUCKET - 1) // EXACT_BUCKET * EXACT_BUCKET
-    groups = []
-    for width in sorted(set(padded.tolist())):
-        rows = (padded == width).nonzero()[:, 0]
-        entries = torch.zeros(len(rows), width, dtype=torch.long)
-        entries[:, :prefix] = torch.arange(prefix)
-        pad = torch.full((len(rows), 1, width), -torch.inf)
-        for r, node in enumerate(rows.tolist()):
-            tree_part = ancestors[node].nonzero()[:, 0] + prefix
-            count = prefix + len(tree_part)
-            entries[r, prefix:count] = tree_part
-            pad[r, ..., :count] = 0.0
-        groups.append((rows, entries, pad))
+def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor, levels: int) -> ExactPlan:
+    """For tree nodes placed after `prefix` cache entries, each node's visible cache entries (the
+    prefix, then its ancestors and itself in cache order, then padding that points at entry 0 and is
+    masked out), built on the tree's device without reading it on the host.
+
+    depths [n], ancestors [n, n] bool (True where j is i or an ancestor of i); levels: a bound on the
+    depths known on the host (`DraftTree.levels`), which with `prefix` gives the widths the rows need."""
+    n, device = depths.shape[0], depths.device
+    visible = prefix + depths + 1  # [n] keys each row sees
+    index = torch.arange(n, device=device)
+    # Per row, its ancestors (itself included) first, in cache order (a parent precedes its children), then the rest.
+    order = torch.argsort(torch.where(ancestors, index, index + n), dim=1) + prefix
+    widths = range(bucket(prefix + 1), bucket(prefix + levels + 1) + 1, EXACT_BUCKET)
+    groups: ExactPlan = []
+    for width in widths:
+        columns = torch.arange(width, device=device)
+        tree_columns = min(n, width - prefix)
+        entries = torch.cat([columns[:prefix].expand(n, prefix), order[:, :tree_columns],
+                             order.new_zeros(n, width - prefix - tree_columns)], dim=1)
+        shown = columns < visible[:, None]  # [n, width]
+        entries = torch.where(shown, entries, 0)
+        pad = torch.where(shown, 0.0, -torch.inf).float()[:, None]
+        select = None if not groups else bucket(visible) == width
+        groups.append((select, entries, pad))
     return groups
 
 
