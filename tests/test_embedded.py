@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import Eagle3Head, load_draft
+from eagle.kernels import packs
 from eagle.train.corpus import read_source, stdlib_files
 from eagle.train.data import chunk_tokens, tokenize_texts
 from eagle.train.evaluate import evaluate_head
@@ -99,10 +100,14 @@ def prompt_ids(tokenizer, count: int) -> list[list[int]]:
     return [encode(tokenizer, Question(i, [q]), [], PromptFormat(kind="completion")) for i, q in enumerate(questions)]
 
 
-def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16, tokenizer):
-    """The shipped setting (configs/model/embedded.yaml): bf16 with exact attention is bit-identical."""
+@pytest.mark.parametrize("prepack", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not packs(torch.bfloat16), reason="oneDNN packs bf16 weights only on CPUs with AVX-512 BF16"))])
+def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16, tokenizer, prepack):
+    """The bf16 candidates of the shipped setting (configs/model/embedded.yaml), with exact attention,
+    on torch's kernels and on prepacked ones: strict greedy is bit-identical to plain decoding."""
     head = load_draft(MODELS / "draft", target_bf16)
-    gen = SpeculativeGenerator(target_bf16, head, total_tokens=20, depth=4, branching=5, exact_attention=True)
+    gen = SpeculativeGenerator(target_bf16, head, total_tokens=20, depth=4, branching=5, exact_attention=True,
+                               prepack=prepack)
     accepted = cycles = 0
     for ids in prompt_ids(tokenizer, 4):
         x = torch.tensor([ids])

@@ -19,11 +19,18 @@ def engine_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_engine_example_runs_as_written(monkeypatch):
+@pytest.mark.parametrize("bf16_cpu", [True, False], ids=["bf16-capable CPU", "AVX2-only CPU"])
+def test_the_engine_example_runs_as_written(monkeypatch, bf16_cpu):
+    """On either CPU class, whichever this one is: `resolve_dtype("auto")` in the example follows the
+    CPU's bf16 support, so both of its precisions run here."""
+    from eagle import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_matmul", lambda: (bf16_cpu, "as the test says"))
     monkeypatch.chdir(REPO_ROOT)  # it names the embedded pair by relative path
     scope: dict = {}
     exec(compile(engine_example(), "README.md", "exec"), scope)  # noqa: S102 - the project's own README
     out, base = scope["out"], scope["base"]  # the last MARS sample and plain decoding, 128 tokens each
+    assert scope["dtype"] == (torch.bfloat16 if bf16_cpu else torch.float32)
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
 
 
