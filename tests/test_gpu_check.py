@@ -20,9 +20,13 @@ def load_script():
     return module
 
 
-def test_tiny_check_reports_syncs_phases_and_speed():
-    result = load_script().check("tiny", None, "auto", 0.9, prompts=2, prompt_len=32, tokens=40, tree=(20, 4, 5))
-    assert result["device"] == "cpu" and result["strict_equals_vanilla"] == "2/2"
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiny_check_reports_syncs_phases_and_speed(dtype):
+    """Both precisions, pinned ("auto" would pick by the CPU): bf16 verifies with exact attention,
+    whose plan is built on the device, so it keeps the plain path's budget."""
+    result = load_script().check("tiny", None, dtype, 0.9, prompts=2, prompt_len=32, tokens=40, tree=(20, 4, 5))
+    assert result["device"] == "cpu" and result["dtype"] == f"torch.{dtype}"
+    assert result["strict_equals_vanilla"] == "2/2"
     assert all(s["per_cycle"] <= 2.5 for s in result["syncs_per_cycle"].values())  # 2, + the prefill's few
     assert result["tau"]["strict"] > 2.0  # the synthetic draft is right 90% of the time
     assert {"draft", "tree_forward", "accept"} <= set(result["ms_per_cycle_by_phase"])
