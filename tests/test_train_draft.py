@@ -10,7 +10,6 @@ import torch
 import transformers
 
 from eagle import Eagle1Head, Eagle3Head, load_draft
-from eagle.precision import resolve_dtype
 from eagle.train.data import (
     FeatureBatch,
     FeatureStore,
@@ -79,11 +78,15 @@ def full_sequences(ids: torch.Tensor) -> Sequences:
     return Sequences(ids, torch.full((ids.shape[0],), ids.shape[1]), torch.ones(ids.shape, dtype=torch.bool))
 
 
-def cli(target_dir: Path, out: Path, *extra: str) -> list[str]:
+# The precisions the CLI tests pin (the same on every CPU): the target's dtype and the draft's compute.
+PINNED = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def cli(target_dir: Path, out: Path, *extra: str, dtype: str = "float32") -> list[str]:
     return ["--target", str(target_dir / "model"), "--out", str(out), "--data-jsonl", str(target_dir / "train.jsonl"),
             "--seq-len", "32", "--batch", "2", "--draft-vocab-size", "128", "--ttt-steps", "3", "--lr", "1e-3",
             "--warmup", "2", "--wandb", "off", "--eval-sequences", "0", "--save-every", "3", "--log-every", "5",
-            *extra]
+            "--target-dtype", dtype, "--precision", PINNED[dtype], *extra]
 
 
 # --- TTT ------------------------------------------------------------------------------------
@@ -217,12 +220,13 @@ def test_lr_warms_up_then_decays_to_a_tenth():
 
 # --- CLI: store, final checkpoint, resume ---------------------------------------------------------
 
-def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_path):
+@pytest.mark.parametrize("dtype", list(PINNED))
+def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_path, dtype):
     out = tmp_path / "run"
     head = train(cli(target_dir, out, "--steps", "6", "--eval-sequences", "2",
-                     "--eval-jsonl", str(target_dir / "heldout.jsonl")))
-    # the precision training loaded the target in (eagle.precision's choice for this CPU)
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
+                     "--eval-jsonl", str(target_dir / "heldout.jsonl"), dtype=dtype))
+    # the precision training loaded the target in
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=getattr(torch, dtype))
     loaded = load_draft(out / "final", target, dtype=torch.float32)
     assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
     for name, value in head.state_dict().items():
@@ -267,8 +271,7 @@ def test_resume_continues_to_the_same_result(target_dir, tmp_path):
 def test_cli_eagle1_head_round_trip(target_dir, tmp_path):
     out = tmp_path / "e1"
     head = train(cli(target_dir, out, "--kind", "eagle1", "--steps", "3", "--ttt-steps", "2"))
-    # the precision training loaded the target in (eagle.precision's choice for this CPU)
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.float32)
     loaded = load_draft(out / "final", target, dtype=torch.float32)
     assert isinstance(loaded, Eagle1Head)
     for name, value in head.state_dict().items():
@@ -285,7 +288,8 @@ def test_self_distillation_continues_a_head_on_greedy_and_sampled_continuations(
     args = ["--target", str(target_dir / "model"), "--out", str(out), "--init", str(tmp_path / "base" / "final"),
             "--data-jsonl", str(prompts), "--generate", "--gen-temperature", "0", "1", "--gen-batch", "4",
             "--seq-len", "24", "--batch", "2", "--ttt-steps", "4", "--steps", "2", "--lr", "1e-3", "--warmup", "1",
-            "--wandb", "off", "--eval-sequences", "0", "--log-every", "1"]
+            "--wandb", "off", "--eval-sequences", "0", "--log-every", "1", "--target-dtype", "float32",
+            "--precision", "fp32"]
     head = train(args)
     # the head kept the initial head's shape and draft vocabulary, and trained on from its weights
     assert torch.equal(head.d2t, base.d2t) and head.config.to_json() == base.config.to_json()
@@ -293,7 +297,7 @@ def test_self_distillation_continues_a_head_on_greedy_and_sampled_continuations(
     summary = json.loads((out / "final" / "training_summary.json").read_text())
     assert summary["init"] == str(tmp_path / "base" / "final") and summary["gen_temperature"] == [0.0, 1.0]
     seqs = Sequences.load(out / "data" / "sequences.pt")
-    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=resolve_dtype("auto").dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
     greedy = generate_sequences(model, tokenizer, [tokenizer(json.loads(line)["prompt"])["input_ids"]
                                                    for line in prompts.read_text().splitlines()[0::2]],

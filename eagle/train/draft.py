@@ -102,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--ttt-steps", type=int, default=7)
     train.add_argument("--decay", type=float, default=0.8, help="loss weight of TTT step j is decay**j")
     train.add_argument("--grad-clip", type=float, default=0.5)
+    train.add_argument("--target-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+                       help="the precision the target is loaded in; auto: eagle.precision's choice for the device")
     train.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                        help="draft compute (bf16 autocast or float32); auto: eagle.precision's choice for the device")
     train.add_argument("--save-every", type=int, default=200)
@@ -118,12 +120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # --- model setup ------------------------------------------------------------------------------
 
-def load_target(path: str, device: torch.device):
-    """The target in the precision that runs fastest on `device` (features are stored in bf16 anyway),
-    frozen, in eval mode."""
+def load_target(path: str, device: torch.device, dtype: str = "auto"):
+    """The target in `dtype` ("auto": eagle.precision's rule for `device`; features are stored in bf16
+    anyway), frozen, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    dtype = resolve_dtype("auto", device).dtype
+    dtype = resolve_dtype(dtype, device).dtype
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     return model
@@ -324,7 +326,7 @@ def train(argv: list[str] | None = None) -> DraftHead:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
 
-    target = load_target(args.target, accelerator.device)
+    target = load_target(args.target, accelerator.device, args.target_dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
     if accelerator.is_main_process:
         check_data_dir(data_dir, data_spec(args))
