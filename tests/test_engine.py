@@ -6,11 +6,14 @@ import random
 
 import pytest
 import torch
+import transformers
 from helpers import OracleHead, hf_greedy, make_tree, random_prompt, tiny_model
+from packaging.version import Version
 from transformers import DynamicCache
 
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
+from mars.target import cache_keyword
 
 
 def test_greedy_equals_hf_generate_on_every_architecture(arch):
@@ -84,8 +87,25 @@ def test_eos_inside_the_accepted_path_stops_exactly_there():
 def plain_decode_cache(model, tokens: list[int]) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+        model(torch.tensor([tokens]), use_cache=True, **{cache_keyword(model): cache})
     return cache
+
+
+def test_forwards_name_the_cache_as_the_installed_transformers_does():
+    """transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns until
+    its removal in 5.40); 5.0-5.23 know only `past_key_values`. pytest.ini makes that warning an
+    error, so every forward of the suite (the adapter's included) passes the name the model takes."""
+    model = tiny_model("llama")
+    name = cache_keyword(model)
+    assert name == ("cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values")
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        if name == "cache":
+            with pytest.raises(FutureWarning, match="past_key_values"):
+                model(ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+        cache = DynamicCache(config=model.config)
+        model(ids, use_cache=True, **{name: cache})
+    assert cache.get_seq_length() == 3
 
 
 def test_kv_cache_after_each_cycle_equals_plain_decoding():

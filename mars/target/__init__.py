@@ -10,7 +10,7 @@
 """
 
 from mars.target.adapter import SUPPORTED_LAYER_TYPES, TargetModel, context_length
-from mars.target.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache
+from mars.target.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache, cache_keyword
 from mars.target.devices import DeviceRoute, module_device, route_devices, synchronize
 from mars.target.exact import EXACT_ATTENTION, EXACT_BUCKET, ExactPlan, exact_attention_forward, exact_plan
 from mars.target.routing import TAKES_TREE_MASK, routed_attention_forward, tree_route
@@ -20,6 +20,7 @@ from mars.target.taps import FeatureTaps
 __all__ = [
     "DEFAULT_MAX_CACHE_LEN", "EXACT_ATTENTION", "EXACT_BUCKET", "SUPPORTED_LAYER_TYPES", "TAKES_TREE_MASK",
     "DeviceRoute", "ExactPlan", "FeatureTaps", "PathCache", "PreallocatedLayer", "StaticMasks", "StaticShapes",
-    "StaticTreeCache", "StaticTreeLayer", "TargetModel", "TreeCache", "context_length", "exact_attention_forward",
-    "exact_plan", "module_device", "pad_to", "route_devices", "routed_attention_forward", "synchronize", "tree_route",
+    "StaticTreeCache", "StaticTreeLayer", "TargetModel", "TreeCache", "cache_keyword", "context_length",
+    "exact_attention_forward", "exact_plan", "module_device", "pad_to", "route_devices",
+    "routed_attention_forward", "synchronize", "tree_route",
 ]

@@ -17,7 +17,7 @@ import torch
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
 from eagle.tree import DraftTree
-from mars.target.cache import StaticTreeCache, TreeCache
+from mars.target.cache import StaticTreeCache, TreeCache, cache_keyword
 from mars.target.devices import route_devices
 from mars.target.exact import EXACT_ATTENTION, PLAN_KWARG, ExactPlan, exact_plan, exact_route
 from mars.target.routing import ROUTE_KWARG, maskless_implementation, tree_route
@@ -81,6 +81,7 @@ class TargetModel:
         self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
         self.dtype = model.get_input_embeddings().weight.dtype
         self.cache: TreeCache | StaticTreeCache | None = None
+        self.cache_keyword = cache_keyword(model)  # `cache`, or `past_key_values` before transformers 5.24
         self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
         self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
         self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
@@ -207,10 +208,10 @@ class TargetModel:
             input_ids=tokens[None].to(self.devices.inputs),
             position_ids=positions[None].to(self.devices.inputs),
             attention_mask=mask,
-            past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=self.taps is None,
             logits_to_keep=0 if all_logits else 1,
+            **{self.cache_keyword: self.cache},
             **extra,
         )
         # Taps of a sharded model come from several devices: gathered to the draft head's.

@@ -11,11 +11,19 @@ tail. Two kinds, one interface (`PathCache`):
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from eagle.config import text_config
+
+
+def cache_keyword(model) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` where it has one (transformers
+    >= 5.24, which deprecates `past_key_values` for removal in 5.40), else `past_key_values` (5.0-5.23)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class PathCache:
@@ -147,5 +155,4 @@ class StaticTreeCache(PathCache, StaticCache):
 
     def __init__(self, config, max_cache_len: int):
         super().__init__(config=config, max_cache_len=max_cache_len)
-        self.max_cache_len = max_cache_len
         self.layers = [StaticTreeLayer(max_cache_len) for _ in range(text_config(config).num_hidden_layers)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from eagle.tree import DraftTree
-from mars.target.cache import StaticTreeCache
+from mars.target.cache import StaticTreeCache, cache_keyword
 from mars.target.routing import ROUTE_KWARG
 
 DEFAULT_MAX_CACHE_LEN = 2048  # entries, when the caller names none and the model's context is longer
@@ -132,6 +132,7 @@ class StaticShapes:
             max_cache_len = min(DEFAULT_MAX_CACHE_LEN, max_length + (tree_rows or 1))
         self.max_cache_len = max_cache_len
         self.cache = StaticTreeCache(model.config, max_cache_len)
+        self.cache_keyword = cache_keyword(model)
         self.masks: StaticMasks | None = None  # made at the first prefill
         self.compile_mode = compile
         # dynamic=False: one graph per query shape (the tree's, the decoding step's), never per length.
@@ -147,9 +148,9 @@ class StaticShapes:
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                  logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A forward over the static cache; the features from transformers' hidden states."""
-        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True, output_hidden_states=self.feature_layers, logits_to_keep=logits_to_keep,
-                         **self.extra)
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                         output_hidden_states=self.feature_layers, logits_to_keep=logits_to_keep,
+                         **{self.cache_keyword: self.cache}, **self.extra)
         features = torch.cat([out.hidden_states[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
         return out.logits[0].float(), features
 
