@@ -117,14 +117,17 @@ class Candidates:
 
 @torch.inference_mode()
 def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int,
-           keep_growing: Callable[[int, torch.Tensor], bool] | None = None) -> Candidates:
+           keep_growing: Callable[[int, torch.Tensor], bool | torch.Tensor] | None = None) -> Candidates:
     """Draft `depth` levels below the root with the head (EAGLE-2 growth); see the module docstring.
 
     hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
     the root's child. `keep_growing(level, frontier_scores)`, if given, is asked before each level
-    after the first with the cumulative log-probabilities of the nodes that level would expand;
-    growth stops at the first False (it reads them on the host: one sync per level). Everything
-    else stays on the head's device. Leaves the head's tentative cache rolled back.
+    after the first with the cumulative log-probabilities of the nodes that level would expand, and
+    the tree keeps the levels before the first refusal. A Python bool is a decision made on the host
+    (growth stops at once; reading the scores costs a sync per level on a GPU). A tensor (a one-element
+    bool on the device) defers: every level is drafted and the decisions are read together after the
+    last, one sync per tree, then the refused levels are dropped. Everything else stays on the head's
+    device. Leaves the head's tentative cache rolled back.
     """
     device = logprobs.device
     k = min(branching, logprobs.shape[-1])
@@ -140,10 +143,16 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
     fed = torch.zeros(0, 0, dtype=torch.bool, device=device)
     parent_slot: torch.Tensor | None = None
     count, levels = k, 1
+    drafted = [k]  # candidates drafted by the end of each level
+    deferred: list[tuple[int, torch.Tensor]] = []  # (level, device decision), read after drafting
     for level in range(2, depth + 1):
         frontier_scores = torch.cat(scores)[frontier]
-        if keep_growing is not None and not keep_growing(level, frontier_scores):
-            break
+        if keep_growing is not None:
+            grow = keep_growing(level, frontier_scores)
+            if isinstance(grow, torch.Tensor):
+                deferred.append((level, grow.reshape(())))
+            elif not grow:
+                break
         t, kf = fed.shape[0], frontier.shape[0]
         seen = fed[parent_slot] if parent_slot is not None else fed.new_zeros(kf, t)
         mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device)], dim=1)  # [kf, t + kf]
@@ -159,8 +168,19 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
         frontier, parent_slot = count + best, t + best // k
         frontier_hidden = out_hidden[best // k]
         count, levels = count + kf * k, level
+        drafted.append(count)
     head.rollback()
-    return Candidates(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores), levels)
+    candidates = Candidates(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores), levels)
+    if deferred:
+        grown = torch.stack([grow for _, grow in deferred]).tolist()  # the tree's one read
+        refused = [level for (level, _), ok in zip(deferred, grown, strict=True) if not ok]
+        if refused:
+            # Candidates come level by level and parents before children: a prefix is a whole tree.
+            levels = refused[0] - 1
+            n = drafted[levels - 1]
+            candidates = Candidates(candidates.tokens[:n], candidates.parents[:n], candidates.depths[:n],
+                                    candidates.scores[:n], levels)
+    return candidates
 
 
 def rerank(candidates: Candidates, root_token: int | torch.Tensor, total_tokens: int) -> DraftTree:

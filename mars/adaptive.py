@@ -16,8 +16,19 @@ so that speculation is tried first). Before a cycle it picks the depth with the 
 which `score_tree` + `accept` turn into exactly plain decoding). After `probe_every` plain steps in
 a row it drafts once at full depth with a narrow tree (the draft's best nodes, about one chain), so
 that the estimates follow the text at little cost. While drafting, a level
-is only grown when the draft's own confidence in it (the summed probability of the level's best
+is only kept when the draft's own confidence in it (the summed probability of the level's best
 nodes, scaled by how well that confidence has predicted acceptance so far) pays for its cost.
+
+Host reads: the policy's survival estimates and plans live on the host and are fed host integers (a
+verdict's accepted length), so planning costs no synchronisation. What the draft says is on the
+device and stays there: `grow_level` answers with a device bool and `eagle.tree.expand` reads a
+tree's decisions in one transfer after drafting its planned levels, then drops the levels from the first
+refused one on: the tree verified is the one that a read per level, stopping at the first refusal,
+gave (and no later level would have paid: a level's best nodes never carry more probability than
+the level above's). The confidence calibration is updated on the device from the tree's predicted
+acceptance. A cycle thus costs at most one read more than a fixed tree's (three in all) instead of
+one per level and one for the calibration. The price: the planned levels are all drafted, including
+those then dropped (`cost` always counted them).
 
 Choosing the tree from the draft and from past cycles never looks at the current cycle's target
 distribution or random draws, so strict verification stays exact (greedy) and lossless (sampling),
@@ -112,7 +123,9 @@ class AdaptiveTree:
         self.costs, self.max_depth, self.branching, self.max_tokens = costs, depth, branching, total_tokens
         self.memory, self.probe_every = memory, probe_every
         self.survival = [0.8 ** (level + 1) for level in range(depth)]  # s_1 .. s_depth
-        self.confidence_scale = 1.0  # observed acceptance / the draft's predicted acceptance
+        # Observed acceptance / the draft's predicted acceptance: a float, or a 0-dim tensor on the draft's
+        # device once `observe` is given device predictions (then nothing reads it back).
+        self.confidence_scale: float | torch.Tensor = 1.0
         self.plain_streak = 0
 
     def nodes(self, depth: int) -> int:
@@ -141,18 +154,26 @@ class AdaptiveTree:
         self.plain_streak = self.plain_streak + 1 if depth == 0 else 0
         return depth, self.nodes(depth)
 
-    def grow_level(self, level: int, best_scores: torch.Tensor, depth: int) -> bool:
+    def grow_level(self, level: int, best_scores: torch.Tensor, depth: int) -> torch.Tensor:
         """Whether drafting `level` pays: its expected accepted tokens (the draft's probability of its
-        best candidates, scaled by the confidence calibration) against what the level costs."""
-        expected = min(1.0, self.confidence_scale * float(best_scores.exp().sum()))
+        best candidates, scaled by the confidence calibration) against what the level costs. A 0-dim
+        bool on the scores' device, computed without a host read (`eagle.tree.expand` reads a tree's
+        decisions together)."""
+        expected = (self.confidence_scale * best_scores.float().exp().sum()).clamp(max=1.0)
         seconds_per_token = self.cost(depth) / (1 + sum(self.survival[:depth]))
         return expected * seconds_per_token >= self.costs.draft_level
 
-    def observe(self, depth: int, accepted: int, predicted: float) -> None:
-        """A cycle drafted `depth` levels, `accepted` tokens were accepted, the draft predicted `predicted`."""
+    def observe(self, depth: int, accepted: int, predicted: float | torch.Tensor) -> None:
+        """A cycle drafted `depth` levels, `accepted` tokens were accepted, the draft predicted `predicted`
+        (a float, or a 0-dim tensor on the draft's device: the calibration is then updated there, unread)."""
         for level in range(depth):
             hit = float(accepted >= level + 1)
             self.survival[level] = self.memory * self.survival[level] + (1 - self.memory) * hit
-        if predicted > 0:
+        if isinstance(predicted, torch.Tensor):
+            predicted = predicted.float()
+            ratio = (accepted / predicted).clamp(max=4.0)  # inf or nan where nothing was predicted: not used
+            updated = self.memory * self.confidence_scale + (1 - self.memory) * ratio
+            self.confidence_scale = torch.where(predicted > 0, updated, self.confidence_scale)
+        elif predicted > 0:
             ratio = min(accepted / predicted, 4.0)
             self.confidence_scale = self.memory * self.confidence_scale + (1 - self.memory) * ratio

@@ -272,7 +272,7 @@ class SpeculativeGenerator:
             remaining = max_new_tokens - len(out.tokens)
             # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
             depth, total, grow = min(self.depth, remaining - 1), self.total_tokens, None
-            if policy is not None:  # adaptive: reads draft scores on the host (a sync per level)
+            if policy is not None:  # adaptive: growth decided on the device, read once per tree (eagle.tree.expand)
                 depth, total = policy.plan(remaining - 1)
                 grow = lambda level, scores, d=depth: policy.grow_level(level, scores, d)  # noqa: E731
             if depth > 0 and behind:
@@ -290,7 +290,7 @@ class SpeculativeGenerator:
             out.stats.add(verdict, keep_steps=emitted, sampled=not cfg.greedy)
             out.num_cycles += 1
             if policy is not None:
-                policy.observe(tree.levels, verdict.accepted, float(tree.scores[1:].exp().sum()))
+                policy.observe(tree.levels, verdict.accepted, tree.scores[1:].exp().sum())  # on the device, unread
             clock.lap("accept")
             if self._done(out, max_new_tokens):
                 break
