@@ -1,6 +1,6 @@
 """MARS: margin-aware speculative verification on top of EAGLE tree drafting.
 
-Modules: `mars.target` (the target model adapter, by role: its forward, static shapes for CUDA
+Modules: `mars.adapter` (the target model adapter, by role: its forward, static shapes for CUDA
 graphs and torch.compile, caches, attention routing, exact attention), `mars.sampling` (settings,
 logits processing), `mars.rules` (verification rules: strict, MARS and the relaxed-acceptance zoo,
 one file each), `mars.verify` (acceptance under any rule), `mars.cost` (the exact distribution a

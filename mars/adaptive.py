@@ -45,7 +45,7 @@ import torch
 
 from eagle.heads import DraftHead
 from eagle.tree import DraftTree
-from mars.target import TargetModel, synchronize
+from mars.adapter import TargetModel, synchronize
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,10 @@ from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
 from eagle.kernels import PackedLinears, choose_packing
 from eagle.tree import grow_tree
+from mars.adapter import TargetModel, synchronize
 from mars.adaptive import AdaptiveTree, measure_costs
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
 from mars.stats import VerifyStats
-from mars.target import TargetModel, synchronize
 from mars.verify import accept
 
 
@@ -100,7 +100,7 @@ class SpeculativeGenerator:
     Tree: `total_tokens` drafted nodes verified per cycle, `depth` draft steps per cycle, `branching`
     children per expanded node (EAGLE's "top_k"; `top_k=` is accepted as a deprecated alias).
     exact_attention: compute verification attention per query row over exactly its visible keys
-    (`mars.target.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
+    (`mars.adapter.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
     decoding bit for bit instead of up to rounding. It switches the model's attention
     implementation to "mars_exact" until `close()` (or the end of a `with` block) restores it.
     "auto" (default): on for a bf16/fp16 full-attention target, off in float32, where verification
@@ -115,7 +115,7 @@ class SpeculativeGenerator:
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
-    static: fixed shapes for the target (`mars.target.static`): a KV cache of `max_cache_len` entries
+    static: fixed shapes for the target (`mars.adapter.static`): a KV cache of `max_cache_len` entries
     allocated once and reused by every call (default: 2048, or the model's context plus one tree if
     shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
     `total_tokens + 1` queries, plain decoding steps of one query, masks as wide as the cache. What

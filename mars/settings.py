@@ -36,7 +36,7 @@ class TreeShape:
 @dataclass(frozen=True)
 class Kernels:
     """How the target computes: its precision, whether verification attention is exact
-    (`mars.target.exact`), whether linears multiply prepacked weights (`eagle.kernels`)."""
+    (`mars.adapter.exact`), whether linears multiply prepacked weights (`eagle.kernels`)."""
 
     dtype: str  # a key of DTYPES
     exact_attention: bool

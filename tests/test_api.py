@@ -15,8 +15,8 @@ from helpers import OracleHead, hf_greedy, tiny_generator, tiny_model
 from eagle import Eagle3Head
 from eagle.config import eos_token_ids
 from mars import SamplingConfig, SpeculativeGenerator, VerifyStats, make_rule
+from mars.adapter import DeviceRoute, module_device, route_devices
 from mars.sampling import resolve_sampling
-from mars.target import DeviceRoute, module_device, route_devices
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle", "mars", "eval")

@@ -15,8 +15,8 @@ from transformers import AttentionInterface
 from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
+from mars.adapter import EXACT_BUCKET, TargetModel, tree_route
 from mars.syncs import SyncCounter
-from mars.target import EXACT_BUCKET, TargetModel, tree_route
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
-from mars.target import cache_keyword
+from mars.adapter import cache_keyword
 
 
 def test_greedy_equals_hf_generate_on_every_architecture(arch):
@@ -171,7 +171,7 @@ def test_bf16_target_runs_and_matches_its_own_vanilla():
 
 @pytest.mark.parametrize("prefix", [0, 5, 62, 64, 130])
 def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order(prefix):
-    from mars.target.exact import EXACT_BUCKET, bucket, exact_plan
+    from mars.adapter.exact import EXACT_BUCKET, bucket, exact_plan
 
     parents = [-1, 0, 0, 1, 1, 2, 3]
     tree = make_tree(parents, [1] * 7)
@@ -243,7 +243,7 @@ def test_exact_attention_refuses_sliding_window_models():
 def test_feature_hooks_capture_what_output_hidden_states_gives_and_leave_no_hooks(arch):
     """The draft's taps (a layer's input, the final normed state) through hooks, as transformers'
     `hidden_states` gives them; the hooks exist only inside `tapped()` (a generator's calls)."""
-    from mars.target import TargetModel
+    from mars.adapter import TargetModel
 
     model = tiny_model(arch)
     n = model.config.num_hidden_layers

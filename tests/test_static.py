@@ -1,4 +1,4 @@
-"""Static shapes (`mars.static`): one full-capacity cache reused by every call, trees padded to one
+"""Static shapes (`mars.adapter.static`): one full-capacity cache reused by every call, trees padded to one
 size, masks as wide as the cache. Eager, it gives plain greedy decoding's tokens and the dynamic
 path's (greedy and sampled); compiled with torch.compile on CPU, the eager static path's tokens
 and tree logits, with one compiled graph per shape whatever the prompt's length."""
@@ -14,8 +14,9 @@ from torch._dynamo.utils import counters
 
 from eagle import Eagle3Head
 from mars import SpeculativeGenerator
-from mars.static import StaticMasks, StaticTreeLayer
-from mars.target import PreallocatedLayer, TargetModel
+from mars.adapter import PreallocatedLayer, TargetModel
+from mars.adapter.cache import StaticTreeLayer
+from mars.adapter.static import StaticMasks
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -177,9 +177,10 @@ class Path:
 
 
 # A fixed tree: one read of the verdict, one upload of its path and next token. The adaptive tree adds
-# one read of its growth decisions per tree. (Exact attention in bf16: `exact_attention=True`, dtype=bf16.)
+# one read of its growth decisions per tree. Exact attention (bf16) builds its plan on the device.
 PATHS = [
     Path("plain"),
+    Path("exact attention, bf16", {"exact_attention": True}, dtype=torch.bfloat16),
     Path("static", {"static": True}),
     Path("adaptive", budget=3, adaptive=CHEAP_VERIFY, oracle=True, expect=lambda out: out.draft_depths.count(4) >= 5),
     Path("adaptive, doubting draft", budget=3, adaptive=CHEAP_VERIFY,  # every tree cut by the draft's confidence

@@ -89,7 +89,7 @@ class ModelConfig:
     headroom_gib: float | None = None  # with device_map=auto: GiB kept free beside the weights (null: estimated)
     allow_offload: bool = False  # with device_map: accept layers placed on the CPU or disk (slow)
     prompt: PromptConfig = field(default_factory=PromptConfig)
-    # Verification attention computed row by row over exactly the visible keys (mars/target/exact.py), so
+    # Verification attention computed row by row over exactly the visible keys (mars/adapter/exact.py), so
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
     # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
     exact_attention: bool | None = None
@@ -99,7 +99,7 @@ class ModelConfig:
     # (eval/runner/settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
     # does not name the run directory; in bf16 it changes greedy tokens and names it.
     prepack: bool | None = None
-    # Static shapes for the target's tree forward and decoding step (mars/target/static.py): a cache of
+    # Static shapes for the target's tree forward and decoding step (mars/adapter/static.py): a cache of
     # max_cache_len entries made once, trees padded to total_tokens + 1; what CUDA graphs need.
     # compile: a torch.compile mode for those forwards (default | reduce-overhead | max-autotune; needs
     # static). Off by default; when on they name the run directory (they change roundings and timings).

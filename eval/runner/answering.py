@@ -20,9 +20,9 @@ from eval.config.schema import RunConfig, sampling_of
 from eval.runner.directories import answer_path
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
+from mars.adapter import context_length
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
-from mars.target import context_length
 
 
 def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],

@@ -6,7 +6,7 @@ tail. Two kinds, one interface (`PathCache`):
 - `TreeCache`: a `DynamicCache` of `PreallocatedLayer`s, written into buffers with spare room
   (growing by concatenation cost a third of small-model decode time), one per sequence;
 - `StaticTreeCache`: a `StaticCache` of `StaticTreeLayer`s, full-capacity buffers made once and
-  written in place, whose length is a device tensor (static shapes, `mars.target.static`).
+  written in place, whose length is a device tensor (static shapes, `mars.adapter.static`).
 """
 
 from __future__ import annotations

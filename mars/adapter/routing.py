@@ -12,7 +12,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from mars.target.exact import EXACT_ATTENTION
+from mars.adapter.exact import EXACT_ATTENTION
 
 TAKES_TREE_MASK = ("sdpa", "eager", EXACT_ATTENTION)
 TREE_ROUTE = "mars_tree"

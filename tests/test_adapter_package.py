@@ -1,4 +1,4 @@
-"""mars.target by role: each module has one job and imports only the modules below it, so that a
+"""mars.adapter by role: each module has one job and imports only the modules below it, so that a
 reader finds static shapes, caches, attention routing, exact attention, taps and devices each in
 one place, and no module reaches back up into the adapter."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import mars.target
+import mars.adapter
 
-PACKAGE = Path(mars.target.__file__).parent
+PACKAGE = Path(mars.adapter.__file__).parent
 # Each module of the package, and the modules of the package it may import (the rest of the project
 # is covered by tests/test_api.py: mars imports mars and eagle only).
 MAY_IMPORT = {
-    "adapter": {"static", "cache", "routing", "exact", "taps", "devices"},
+    "model": {"static", "cache", "routing", "exact", "taps", "devices"},
     "static": {"cache", "routing"},
     "routing": {"exact"},
     "cache": set(),
@@ -24,7 +24,7 @@ MAY_IMPORT = {
 
 
 def package_imports(source: str) -> set[str]:
-    """The modules of mars.target that `source` imports."""
+    """The modules of mars.adapter that `source` imports."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -32,10 +32,10 @@ def package_imports(source: str) -> set[str]:
             assert node.level == 0, "relative import: name the module in full"
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         for name in names:
-            if name == "mars.target" or name.startswith("mars.target."):
+            if name == "mars.adapter" or name.startswith("mars.adapter."):
                 part = name.split(".")[2] if name.count(".") >= 2 else ""
-                # `from mars.target import X` runs the package's __init__, i.e. the adapter: counted as importing it
-                found.add(part if part in MAY_IMPORT else "adapter")
+                # `from mars.adapter import X` runs the package's __init__ (the model module): counted as importing it
+                found.add(part if part in MAY_IMPORT else "model")
     return found
 
 
@@ -47,7 +47,7 @@ def test_every_module_has_a_place_and_imports_only_those_below_it():
 
 
 def test_the_check_would_catch_a_module_reaching_up():
-    assert package_imports("from mars.target.adapter import TargetModel\nimport mars.target.static\n") == {
-        "adapter", "static"}
-    assert package_imports("from mars.target import TargetModel\n") == {"adapter"}
+    assert package_imports("from mars.adapter.model import TargetModel\nimport mars.adapter.static\n") == {
+        "model", "static"}
+    assert package_imports("from mars.adapter import TargetModel\n") == {"model"}
     assert package_imports("from eagle.tree import DraftTree\nimport torch\n") == set()

@@ -1,6 +1,6 @@
 """The target model of speculative decoding, by role (one job per module, each imported only by those above it):
 
-- `adapter`: `TargetModel`, the adapter and its forward (prefill, score a tree, keep a path, decode);
+- `model`: `TargetModel`, the adapter and its forward (prefill, score a tree, keep a path, decode);
 - `static`: static shapes (fixed query shapes, the full-capacity cache and masks, the compiled step);
 - `cache`: the KV caches that keep a tree path (`TreeCache`, `StaticTreeCache`);
 - `routing`: attention implementations that cannot take a tree mask, routed to SDPA for trees;
@@ -9,13 +9,13 @@
 - `devices`: where a sharded target's tensors live.
 """
 
-from mars.target.adapter import SUPPORTED_LAYER_TYPES, TargetModel, context_length
-from mars.target.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache, cache_keyword
-from mars.target.devices import DeviceRoute, module_device, route_devices, synchronize
-from mars.target.exact import EXACT_ATTENTION, EXACT_BUCKET, ExactPlan, exact_attention_forward, exact_plan
-from mars.target.routing import TAKES_TREE_MASK, routed_attention_forward, tree_route
-from mars.target.static import DEFAULT_MAX_CACHE_LEN, StaticMasks, StaticShapes, pad_to
-from mars.target.taps import FeatureTaps
+from mars.adapter.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache, cache_keyword
+from mars.adapter.devices import DeviceRoute, module_device, route_devices, synchronize
+from mars.adapter.exact import EXACT_ATTENTION, EXACT_BUCKET, ExactPlan, exact_attention_forward, exact_plan
+from mars.adapter.model import SUPPORTED_LAYER_TYPES, TargetModel, context_length
+from mars.adapter.routing import TAKES_TREE_MASK, routed_attention_forward, tree_route
+from mars.adapter.static import DEFAULT_MAX_CACHE_LEN, StaticMasks, StaticShapes, pad_to
+from mars.adapter.taps import FeatureTaps
 
 __all__ = [
     "DEFAULT_MAX_CACHE_LEN", "EXACT_ATTENTION", "EXACT_BUCKET", "SUPPORTED_LAYER_TYPES", "TAKES_TREE_MASK",

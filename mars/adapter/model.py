@@ -1,11 +1,11 @@
 """One adapter for any Hugging Face causal LM as the target of speculative decoding.
 
-It uses only transformers' public machinery: its own caches (`mars.target.cache`), custom 4D
+It uses only transformers' public machinery: its own caches (`mars.adapter.cache`), custom 4D
 attention masks (returned as-is by transformers' mask builders), explicit `position_ids`, forward
-hooks (or `output_hidden_states`) for the draft's features (`mars.target.taps`), and attention
-functions registered with `AttentionInterface` (`mars.target.exact`, `mars.target.routing`) that
+hooks (or `output_hidden_states`) for the draft's features (`mars.adapter.taps`), and attention
+functions registered with `AttentionInterface` (`mars.adapter.exact`, `mars.adapter.routing`) that
 receive what they need as forward keyword arguments, the way transformers hands attention kwargs
-down to every layer. Static shapes are `mars.target.static`'s. No modeling file is copied.
+down to every layer. Static shapes are `mars.adapter.static`'s. No modeling file is copied.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import torch
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
 from eagle.tree import DraftTree
-from mars.target.cache import StaticTreeCache, TreeCache, cache_keyword
-from mars.target.devices import route_devices
-from mars.target.exact import EXACT_ATTENTION, PLAN_KWARG, ExactPlan, exact_plan, exact_route
-from mars.target.routing import ROUTE_KWARG, maskless_implementation, tree_route
-from mars.target.static import StaticMasks, StaticShapes, check_static_settings
-from mars.target.taps import FeatureTaps
+from mars.adapter.cache import StaticTreeCache, TreeCache, cache_keyword
+from mars.adapter.devices import route_devices
+from mars.adapter.exact import EXACT_ATTENTION, PLAN_KWARG, ExactPlan, exact_plan, exact_route
+from mars.adapter.routing import ROUTE_KWARG, maskless_implementation, tree_route
+from mars.adapter.static import StaticMasks, StaticShapes, check_static_settings
+from mars.adapter.taps import FeatureTaps
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -41,7 +41,7 @@ class TargetModel:
     turns it on where plain verification would not reproduce plain decoding (a bf16/fp16
     full-attention model; `eagle.precision.needs_exact_attention`).
 
-    static: fixed shapes (`mars.target.static.StaticShapes`, to which the adapter then delegates its
+    static: fixed shapes (`mars.adapter.static.StaticShapes`, to which the adapter then delegates its
     forwards), so that the tree forward and the decoding step can be captured (CUDA graphs) or
     compiled once: a `StaticTreeCache` of `max_cache_len` entries made here, once, and reused by
     every sequence; every tree padded to `tree_rows` queries (None: the tree's own size); masks of

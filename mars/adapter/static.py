@@ -9,7 +9,7 @@ addresses, from call to call. In static mode the target therefore runs two query
 - a plain decoding step of one query,
 
 both over the whole cache, `width` = `max_cache_len` columns, with masks kept in buffers allocated
-once (`StaticMasks`). The cache (`mars.target.cache.StaticTreeCache`) is transformers'
+once (`StaticMasks`). The cache (`mars.adapter.cache.StaticTreeCache`) is transformers'
 `StaticCache` with the two operations speculation needs on top: truncate to the committed length
 and keep an accepted path, both on the device (the length is a device tensor updated in place,
 never read on the host). `StaticShapes` is static mode whole: its settings, cache, masks, the
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from eagle.tree import DraftTree
-from mars.target.cache import StaticTreeCache, cache_keyword
-from mars.target.routing import ROUTE_KWARG
+from mars.adapter.cache import StaticTreeCache, cache_keyword
+from mars.adapter.routing import ROUTE_KWARG
 
 DEFAULT_MAX_CACHE_LEN = 2048  # entries, when the caller names none and the model's context is longer
 
