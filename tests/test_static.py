@@ -5,6 +5,7 @@ and tree logits, with one compiled graph per shape whatever the prompt's length.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -255,3 +256,24 @@ def test_compiled_tree_forward_matches_eager(compiled):
     (logits, features), (ref_logits, ref_features) = results
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(features, ref_features, rtol=1e-4, atol=1e-4)
+
+
+def test_compiling_under_isa_limits_uses_an_inductor_cache_of_its_own(monkeypatch, tmp_path):
+    """inductor's disk cache is not keyed by ATEN_CPU_CAPABILITY: kernels an unlimited process compiled
+    on an AVX-512 CPU gave NaN logits to a process limited to AVX2. A user's own cache dir is kept."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from mars.adapter.static import separate_inductor_cache
+
+    default = os.path.abspath(default_cache_dir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # as importing torch._inductor leaves it
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    separate_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default  # no limits: the default cache
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    separate_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.join(default, "limited-aten_cpu_capability=avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the user's choice
+    separate_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)

@@ -18,6 +18,8 @@ prefill, the tree forward and the (compiled) step; the adapter delegates to it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from eagle.tree import DraftTree
@@ -109,6 +111,23 @@ def check_static_settings(static: bool, *, sliding_window: int | None, exact_att
                          f"'reduce-overhead', got {compile!r}")
 
 
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def separate_inductor_cache() -> None:
+    """Under `ATEN_CPU_CAPABILITY` / `ONEDNN_MAX_CPU_ISA` limits, compile into an inductor cache of their
+    own (unless the user chose one with TORCHINDUCTOR_CACHE_DIR). inductor's on-disk cache is not keyed
+    by these limits: kernels compiled by an unlimited process on an AVX-512 CPU, reused by a process
+    limited to AVX2, gave NaN tree logits (torch 2.13; `tests/test_static.py` under the limits)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    limits = [f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name)]
+    default = os.path.abspath(default_cache_dir())
+    # Importing torch._inductor writes its default into the variable: that value is not a user's choice.
+    if limits and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, "limited-" + "-".join(limits).lower())
+
+
 class StaticShapes:
     """Static mode of the target adapter: one `StaticTreeCache` of `max_cache_len` entries made
     here, once, and reused by every sequence; every tree padded to `tree_rows` queries (None: the
@@ -136,6 +155,8 @@ class StaticShapes:
         self.masks: StaticMasks | None = None  # made at the first prefill
         self.compile_mode = compile
         # dynamic=False: one graph per query shape (the tree's, the decoding step's), never per length.
+        if compile is not None:
+            separate_inductor_cache()
         self.step = self._step if compile is None else torch.compile(self._step, mode=compile, dynamic=False)
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor,
