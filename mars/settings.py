@@ -1,7 +1,7 @@
 """How a run decodes, resolved once: precision, exact attention, kernels, tree and placement, each
 with the reason it was chosen.
 
-A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve`): from the
+A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve_settings`): from the
 run's explicit settings, from a measurement on this machine (`mars.calibrate`), or from a rule where
 nothing was measured. Everything downstream reads that one object: the generator
 (`generator_kwargs`), the run directories' names, the summary (`record`), the report, W&B, and the

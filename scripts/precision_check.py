@@ -1,7 +1,7 @@
 """Is the default the fastest setting, and how does it compare to the fastest plain decoding? One run.
 
 Resolves the embedded default (no overrides), `model.dtype=bfloat16` and `model.dtype=float32`
-through the job's own resolver (`eval.runner.settings.resolve`: calibration read from its cache, or
+through the job's own resolver (`eval.runner.settings.resolve_settings`: calibration read from its cache, or
 timed first), then decodes the held-out prompts with strict greedy speculation under each setting
 and with every plain decoding a user has on this machine, interleaved prompt by prompt in one process:
 `model.generate` in float32 and bf16 (torch's kernels) and our `vanilla` in each precision with the
@@ -91,11 +91,11 @@ def main() -> None:
         return child()
     if not args.out:
         parser.error("give the output JSON path")
-    from eval.runner.settings import resolve
+    from eval.runner.settings import resolve_settings
 
     configs = {name: run_config(overrides) for name, overrides in CONFIGS.items()}
     fmt = prompt_format({"prompt": plain(configs["default"].model.prompt)})
-    resolved = {name: resolve(config, fmt) for name, config in configs.items()}
+    resolved = {name: resolve_settings(config, fmt) for name, config in configs.items()}
     for name, settings in resolved.items():
         print(f"{name}: " + " | ".join(settings.describe()))
     tokenizer = load_tokenizer(configs["default"])

@@ -27,7 +27,7 @@ from eval.reporting.summaries import load_runs, merge_runs
 from eval.runner.directories import job_methods, run_directory
 from eval.runner.job import run
 from eval.runner.models import check_offload, claim_gpus
-from eval.runner.settings import resolve
+from eval.runner.settings import resolve_settings
 from eval.runs.layout import AnswerFile, read_answers
 from mars.calibrate import CANDIDATES, TreeShape
 
@@ -59,7 +59,7 @@ def config(standin: Path, out: Path, *more: str):
 def directories(cfg) -> dict[str, Path]:
     """Each method's run directory for a composed job config."""
     config = validate(cfg)
-    resolved = resolve(config, prompt_format({"prompt": plain(config.model.prompt)}))
+    resolved = resolve_settings(config, prompt_format({"prompt": plain(config.model.prompt)}))
     return {m.name: run_directory(config, m, resolved) for m in job_methods(config, resolved)}
 
 

@@ -59,7 +59,7 @@ from eval.runner.models import (
     make_generator,
     model_source,
 )
-from eval.runner.settings import resolve as resolve_settings
+from eval.runner.settings import resolve_settings
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality
 from mars.settings import DecodeSettings

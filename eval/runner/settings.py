@@ -11,6 +11,8 @@ decoding (bf16/fp16), off in float32 and with static shapes. Each value carries 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -123,7 +125,13 @@ def calibration_prompts(run: RunConfig, fmt: PromptFormat) -> list[torch.Tensor]
     return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in load_questions(run.tree.calibration_prompts)]
 
 
-def resolve(run: RunConfig, fmt: PromptFormat, log=print) -> DecodeSettings:
+def load_pair(run: RunConfig, dtype: str) -> tuple:
+    """The run's target and draft head in `dtype` (what `mars.calibrate.calibrate` times)."""
+    target = load_target(run, getattr(torch, dtype))
+    return target, load_head(run, target)
+
+
+def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], None] = print) -> DecodeSettings:
     """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine."""
     options = candidates(run)
     tree, record = fixed_tree(run.tree), None
@@ -131,11 +139,8 @@ def resolve(run: RunConfig, fmt: PromptFormat, log=print) -> DecodeSettings:
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     if len(options) > 1 or run.tree.calibrate:
-        def load(dtype: str):
-            target = load_target(run, getattr(torch, dtype))
-            return target, load_head(run, target)
-
-        record = calibrate(load, options, calibration_prompts(run, fmt), sampling_of(method_spec(STRICT), run.sampling),
+        sampling = sampling_of(method_spec(STRICT), run.sampling)
+        record = calibrate(partial(load_pair, run), options, calibration_prompts(run, fmt), sampling,
                            trees=CANDIDATES if run.tree.calibrate else None, fixed_tree=tree, log=log)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
