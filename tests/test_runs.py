@@ -5,6 +5,7 @@ built from configs."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -32,8 +33,11 @@ from eval.runs.layout import AnswerFile, read_answers
 from mars.calibrate import CANDIDATES, TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-# float32 on a CPU: model.generate is also timed in bf16 (eval.runner.directories.job_methods)
-METHODS = ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.9"]
+# float32 on a CPU: model.generate is also timed in bf16, and on a CPU with more than AVX2 in bf16 under the
+# AVX2 limits, in a worker process (eval.runner.directories.job_methods)
+LIMITED = ["generate@bfloat16+avx2"] if torch.backends.cpu.get_cpu_capability() != "AVX2" else []
+PLAIN_METHODS = ["generate", "generate@bfloat16", *LIMITED, "vanilla"]
+METHODS = [*PLAIN_METHODS, "strict", "mars@0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +93,8 @@ def test_each_method_lives_in_a_directory_named_by_its_settings_and_resumes_ther
     assert methods["generate"]["identical_to_vanilla"] == 1.0 and methods["strict"]["identical_to_vanilla"] == 1.0
     assert methods["strict"]["speedup_vs_generate"] > 0 and methods["strict"]["speedup"] > 0
     # against the fastest plain decoding timed: model.generate in either precision or vanilla
-    fastest = max(methods[m]["tokens_per_s"] for m in ("generate", "generate@bfloat16", "vanilla"))
-    assert methods["strict"]["fastest_plain"] in ("generate", "generate@bfloat16", "vanilla")
+    fastest = max(methods[m]["tokens_per_s"] for m in PLAIN_METHODS)
+    assert methods["strict"]["fastest_plain"] in PLAIN_METHODS
     assert methods["strict"]["speedup_vs_fastest"] == pytest.approx(methods["strict"]["tokens_per_s"] / fastest)
     assert json.loads((dirs["generate@bfloat16"] / "identity.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((dirs["generate"] / "identity.json").read_text())["dtype"] == "float32"
@@ -131,7 +135,7 @@ def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin,
     out = tmp_path / "out"
     first = run(config(standin, out, "method.theta=0.8"))
     dirs = directories(config(standin, out, "method.theta=0.8"))
-    baselines = {m: snapshot(dirs[m]) for m in ("generate", "generate@bfloat16", "vanilla", "strict")}
+    baselines = {m: snapshot(dirs[m]) for m in (*PLAIN_METHODS, "strict")}
     second = run(config(standin, out, "method.theta=0.95"))
     assert second["job"]["answered"] == ["mars@0.95"]  # the baselines were already answered
     assert {m: snapshot(dirs[m]) for m in baselines} == baselines
@@ -142,8 +146,7 @@ def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin,
     assert strict["job"]["answered"] == [] and strict["methods"]["strict"]["run_dir"] == str(dirs["strict"])
     # The report counts each shared baseline once and shows both thresholds.
     entries = merge_runs(load_runs([out]))
-    assert sorted(e.method for e in entries) == sorted(["generate", "generate@bfloat16", "vanilla", "strict",
-                                                        "mars@0.8", "mars@0.95"])
+    assert sorted(e.method for e in entries) == sorted([*PLAIN_METHODS, "strict", "mars@0.8", "mars@0.95"])
 
 
 def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(standin, tmp_path, monkeypatch):
@@ -198,11 +201,11 @@ def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, t
     assert len(jobs) == 2 and jobs[0]["pid"] != jobs[1]["pid"] and os.getpid() not in {j["pid"] for j in jobs}
     assert max(j["started"] for j in jobs) < min(j["finished"] for j in jobs)  # they overlapped in time
     # Both needed the baselines; one answered them while the other waited: one answer per question.
-    for m in ("generate", "generate@bfloat16", "vanilla", "strict"):
-        (directory,) = out.glob(f"{m}-T0-*")
+    for m in (*PLAIN_METHODS, "strict"):
+        (directory,) = out.glob(f"{glob.escape(m)}-T0-*")
         assert sorted(r["question_id"] for r in answers(directory, m)) == [0, 1, 2]
-    assert sorted(sum((j["answered"] for j in jobs), [])) == sorted(["generate", "generate@bfloat16", "vanilla",
-                                                                     "strict", "mars@0.8", "mars@0.95"])
+    assert sorted(sum((j["answered"] for j in jobs), [])) == sorted([*PLAIN_METHODS, "strict", "mars@0.8",
+                                                                     "mars@0.95"])
 
 
 def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):
@@ -336,3 +339,34 @@ def test_static_shapes_run_through_eval_run_in_their_own_directories(standin, tm
     assert summary["methods"]["strict"]["identical_to_vanilla"] == 1.0
     assert static_dirs["strict"] != plain_dirs["strict"] and static_dirs["vanilla"] != plain_dirs["vanilla"]
     assert json.loads((static_dirs["strict"] / "identity.json").read_text())["static"] is True
+
+
+def test_a_generate_worker_decodes_under_the_avx2_limits_as_model_generate_does(standin, tmp_path):
+    """`generate@<dtype>+avx2` answers from a process whose torch runs at AVX2 (the worker checks it):
+    float32 greedy decoding of the stand-in gives model.generate's tokens in this process."""
+    from transformers import AutoModelForCausalLM
+
+    from eval.runner.plain import GenerateWorker, hf_generate
+    from mars import SamplingConfig
+
+    cfg = validate(config(standin, tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(standin / "target", dtype=torch.float32).eval()
+    greedy = SamplingConfig()
+    with GenerateWorker(cfg, "float32", "avx2") as worker:
+        for ids in ([1, 5, 9, 2], [3, 3, 7]):
+            far = worker.answer(ids, greedy, 12, [], seed=0)
+            near = hf_generate(model, ids, greedy, 12, [], seed=0)
+            assert far.tokens == near.tokens and len(far.tokens) == 12 and far.seconds > 0
+    assert worker.process.returncode == 0  # closed with the block
+
+
+def test_the_avx2_baseline_joins_only_where_the_cpu_has_more_than_avx2(standin, tmp_path, monkeypatch):
+    from eval.config.methods import method_spec
+
+    assert method_spec("generate@bfloat16+avx2").name == "generate@bfloat16+avx2"
+    with pytest.raises(ValueError, match="unknown instruction-set limit"):
+        method_spec("generate@bfloat16+sse2")
+    cfg = config(standin, tmp_path)
+    for capability, joins in (("AVX2", False), ("AVX512", True)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert ("generate@bfloat16+avx2" in directories(cfg)) is joins

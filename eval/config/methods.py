@@ -28,6 +28,8 @@ SPEC = re.compile(r"^(\w+)(?:@([^\[\]]+))?(?:\[(.*)\])?$")  # a rule's display n
 GENERATE, VANILLA = "generate", "vanilla"
 STRICT = Strict.name  # the lossless rule: the reference of quality recovery and tree calibration
 PLAIN = (GENERATE, VANILLA)  # the methods that decode one token at a time; every other method is a rule
+# What `generate@<dtype>+<isa>` sets in its process's environment (read by torch when it loads).
+ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
 class Dtype(Enum):
@@ -57,10 +59,15 @@ class GenerateConfig(MethodConfig):
 
     kind: str = GENERATE
     dtype: Dtype | None = None  # null: the model's (model.dtype as resolved)
+    # Run in a process whose torch and oneDNN are limited to this instruction set (ISA_LIMITS), e.g. avx2:
+    # on AVX-512 BF16 CPUs torch's own bf16 decoding is faster there (eval/runner/plain.py).
+    isa: str | None = None
 
     @property
     def name(self) -> str:
-        return GENERATE if self.dtype is None else f"{GENERATE}@{self.dtype.value}"
+        if self.dtype is None:
+            return GENERATE
+        return f"{GENERATE}@{self.dtype.value}" + (f"+{self.isa}" if self.isa else "")
 
 
 @dataclass
@@ -96,10 +103,14 @@ def method_spec(spec: str) -> MethodConfig:
     if spec == VANILLA:
         return MethodConfig(kind=VANILLA)
     if spec.startswith(f"{GENERATE}@"):
+        dtype, _, isa = spec[len(GENERATE) + 1:].partition("+")
         try:
-            return GenerateConfig(dtype=Dtype(spec[len(GENERATE) + 1:]))
-        except ValueError:
-            pass
+            if isa and isa not in ISA_LIMITS:
+                raise ValueError(f"unknown instruction-set limit {isa!r}: use one of {sorted(ISA_LIMITS)}")
+            return GenerateConfig(dtype=Dtype(dtype), isa=isa or None)
+        except ValueError as error:
+            if isa:
+                raise ValueError(f"bad method {spec!r}: {error}") from error
     match = SPEC.match(spec)
     if match and match.group(1) in RULES:
         name, label, extra = match.groups()
@@ -119,7 +130,8 @@ def method_spec(spec: str) -> MethodConfig:
             return method
         except (TypeError, ValueError) as error:
             raise ValueError(f"bad method {spec!r}: {error}") from error
-    raise ValueError(f"unknown method {spec!r}: use 'generate', 'generate@<dtype>' (bfloat16, float16, float32), "
+    raise ValueError(f"unknown method {spec!r}: use 'generate', 'generate@<dtype>' (bfloat16, float16, float32; "
+                     "'generate@bfloat16+avx2' in a process limited to AVX2), "
                      f"'vanilla' or a rule ({', '.join(RULES)}), optionally with its main parameter and others: "
                      "e.g. mars@0.9, typical@0.05[delta=0.2]")
 

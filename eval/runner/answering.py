@@ -5,7 +5,6 @@ every question, interleaved and appended to its answer file as each question fin
 from __future__ import annotations
 
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from eval.benchmarks.questions import Question
 from eval.config.methods import GENERATE, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
 from eval.runner.directories import answer_path
+from eval.runner.plain import GenerateWorker, hf_generate
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
 from mars.adapter import context_length
@@ -25,38 +25,12 @@ from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
 
 
-def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
-                seed: int) -> GenerationOutput:
-    """Plain decoding with transformers' own `model.generate` and the same logits processing."""
-    from transformers import GenerationConfig
-
-    greedy = sampling.greedy
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not greedy, eos_token_id=eos or None,
-        pad_token_id=model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None
-        else (eos[0] if eos else 0),
-        temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-        top_k=None if greedy else sampling.top_k,
-    )
-    device = model.get_input_embeddings().weight.device
-    input_ids = torch.tensor([ids], device=device)
-    torch.manual_seed(seed)  # generate samples from torch's global generator
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
-    seconds = time.perf_counter() - start
-    tokens = out[0, len(ids):].tolist()
-    stopped = next((i for i, t in enumerate(tokens) if t in eos), None)
-    if stopped is not None:
-        tokens = tokens[: stopped + 1]
-    return GenerationOutput(tokens=tokens, accept_lengths=[0] * max(len(tokens) - 1, 0),
-                            num_cycles=max(len(tokens) - 1, 0), seconds=seconds,
-                            stopped_by="eos" if stopped is not None else "length")
-
-
 def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
              max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> GenerationOutput:
-    """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target)."""
+    """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target),
+    or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`)."""
+    if isinstance(plain_model, GenerateWorker):
+        return plain_model.answer(ids, sampling, max_new_tokens, eos, seed)
     if method.kind == GENERATE:
         return hf_generate(plain_model or gen.target.model, ids, sampling, max_new_tokens, eos, seed)
     input_ids = torch.tensor([ids], dtype=torch.long)
@@ -77,7 +51,8 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
                  plain_models: dict[str, object] | None = None):
         self.cfg, self.gen, self.tokenizer, self.fmt = cfg, gen, tokenizer, fmt
-        self.plain_models = plain_models or {}  # generate@<dtype> baselines: the target loaded in that dtype
+        # generate@<dtype> baselines: the target loaded in that dtype, or a worker process (eval.runner.plain)
+        self.plain_models = plain_models or {}
         self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
         self.context = min(context_length(gen.target.model.config), gen.target.max_length)
         self.figures = set(cfg.bench.quality)

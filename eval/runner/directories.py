@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from eval.benchmarks import BENCHMARKS, resolved_source
 from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
@@ -26,17 +28,19 @@ CPU_PRECISIONS = (Dtype.float32, Dtype.bfloat16)
 
 def job_methods(run: RunConfig, settings: DecodeSettings) -> list[MethodConfig]:
     """The baselines, then the method under test (each once); on a CPU, `model.generate` among them
-    brings `model.generate` in the other precision too (see CPU_PRECISIONS)."""
+    brings `model.generate` in the other precision too (see CPU_PRECISIONS), and on a CPU with more
+    than AVX2 `model.generate` in bf16 under the AVX2 limits (`generate@bfloat16+avx2`,
+    eval.runner.plain: faster than native bf16 decoding on AVX-512 BF16 CPUs)."""
     methods: dict[str, MethodConfig] = {}
     for method in [*(method_spec(b) for b in run.baselines), run.method]:
         methods.setdefault(method.name, method)
     ordered = list(methods.values())
     if on_cpu(run) and GENERATE in methods:
+        extra = [GenerateConfig(dtype=dtype) for dtype in CPU_PRECISIONS if dtype.value != settings.dtype.value]
+        if torch.backends.cpu.get_cpu_capability() != "AVX2":  # the limits would change something
+            extra.append(GenerateConfig(dtype=Dtype.bfloat16, isa="avx2"))
         at = list(methods).index(GENERATE) + 1
-        for dtype in CPU_PRECISIONS:
-            other = GenerateConfig(dtype=dtype)
-            if dtype.value != settings.dtype.value and other.name not in methods:
-                ordered.insert(at, other)
+        ordered[at:at] = [m for m in extra if m.name not in methods]
     return ordered
 
 

@@ -35,7 +35,7 @@ from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat, prompt_format
 from eval.benchmarks.questions import Question
 from eval.benchmarks.scoring import score
-from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, MethodConfig, RuleMethod, plain
+from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, GenerateConfig, MethodConfig, RuleMethod, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard, validate
 from eval.reporting.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
@@ -59,6 +59,7 @@ from eval.runner.models import (
     make_generator,
     model_source,
 )
+from eval.runner.plain import GenerateWorker
 from eval.runner.settings import resolve_settings
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality
@@ -254,8 +255,12 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
         target = load_target(config, resolved.torch_dtype, gpus, rows)
         head = load_head(config, target)
         gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
-        plain_models = {m.name: load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows) for m in pending
-                        if method_dtype(m, resolved) != resolved.dtype.value}
+        plain_models = {}
+        for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process
+            if isinstance(m, GenerateConfig) and m.isa:
+                plain_models[m.name] = stack.enter_context(GenerateWorker(config, method_dtype(m, resolved), m.isa))
+            elif method_dtype(m, resolved) != resolved.dtype.value:
+                plain_models[m.name] = load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows)
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
         held, waiting = [], []
         for m in pending:

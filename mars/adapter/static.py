@@ -111,7 +111,7 @@ def check_static_settings(static: bool, *, sliding_window: int | None, exact_att
                          f"'reduce-overhead', got {compile!r}")
 
 
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
 def separate_inductor_cache() -> None:
@@ -121,7 +121,7 @@ def separate_inductor_cache() -> None:
     limited to AVX2, gave NaN tree logits (torch 2.13; `tests/test_static.py` under the limits)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    limits = [f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name)]
+    limits = [f"{name}={os.environ[name]}" for name in ISA_LIMIT_VARIABLES if os.environ.get(name)]
     default = os.path.abspath(default_cache_dir())
     # Importing torch._inductor writes its default into the variable: that value is not a user's choice.
     if limits and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
