@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+from eagle.precision import DTYPES
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ through the job's own resolver (`eval.runner.settings.resolve_settings`: calibra
 timed first), then decodes the held-out prompts with strict greedy speculation under each setting
 and with every plain decoding a user has on this machine, interleaved prompt by prompt in one process:
 `model.generate` in float32 and bf16 (torch's kernels) and our `vanilla` in each precision with the
-resolved kernels. `model.generate` under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` (which
-torch reads when it loads, hence a subprocess) runs between the prompt groups on a CPU with more
-than AVX2: on AVX-512 BF16 CPUs it was the fastest plain bf16 decode before our decoding packed bf16
-weights. Every strict output is checked against its own plain decoding.
+resolved kernels, and on a CPU with more than AVX2 `model.generate` under `ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2` (read by torch when it loads: a worker process, `eval.runner.plain`), the
+fastest plain bf16 decoding on AVX-512 BF16 CPUs. Every strict output is checked against its own
+plain decoding. EOS is ignored: every method decodes `--tokens` tokens.
 
-    python scripts/precision_check.py OUT.json [--prompts 32] [--tokens 128] [--group 8]
+    python scripts/precision_check.py OUT.json [--prompts 32] [--tokens 128]
 
 Writes {"machine", "capability", "settings": {config: resolved record}, "tokens_per_s": {method: ...},
 "identical": {config: strict == vanilla on every prompt}, "default_vs_best_explicit", "fastest_plain",
@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,9 +33,12 @@ from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.runner.job import machine
 from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
+from eval.runner.plain import GenerateWorker, hf_generate
+from eval.runner.settings import resolve_settings
+from mars import SamplingConfig
 
 CONFIGS = {"default": [], "bfloat16": ["model.dtype=bfloat16"], "float32": ["model.dtype=float32"]}
-AVX2_LIMITS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+GREEDY = SamplingConfig()
 
 
 def run_config(overrides: list[str]):
@@ -47,36 +46,11 @@ def run_config(overrides: list[str]):
         return validate(compose("config", overrides=["model=embedded", *overrides]))
 
 
-def generate_speed(model, prompts: list[torch.Tensor], tokens: int) -> tuple[int, float]:
-    """(tokens, seconds) of model.generate, greedy, EOS ignored."""
-    count, seconds = 0, 0.0
-    with torch.inference_mode():
-        for ids in prompts:
-            start = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-            seconds += time.perf_counter() - start
-            count += out.shape[1] - ids.shape[1]
-    return count, seconds
-
-
-def limited_generate(prompts: list[torch.Tensor], tokens: int, dtype: str) -> tuple[int, float]:
-    """model.generate timed in a subprocess that torch starts under the AVX2 limits."""
-    payload = json.dumps({"prompts": [p[0].tolist() for p in prompts], "tokens": tokens, "dtype": dtype})
-    out = subprocess.run([sys.executable, __file__, "--child"], input=payload, capture_output=True, text=True,
-                         env={**os.environ, **AVX2_LIMITS}, check=True, cwd=REPO_ROOT)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["capability"] == "AVX2", result
-    return result["tokens"], result["seconds"]
-
-
-def child() -> None:
-    job = json.loads(sys.stdin.read())
-    config = run_config([f"model.dtype={job['dtype']}"])
-    model = load_target(config, getattr(torch, job["dtype"]))
-    prompts = [torch.tensor([p]) for p in job["prompts"]]
-    generate_speed(model, prompts[:1], 16)  # warm-up
-    count, seconds = generate_speed(model, prompts, job["tokens"])
-    print(json.dumps({"tokens": count, "seconds": seconds, "capability": torch.backends.cpu.get_cpu_capability()}))
+def plain_generate(decoder, ids: list[int], tokens: int):
+    """model.generate, greedy, EOS ignored: on a model here, or in a `GenerateWorker`'s process."""
+    if isinstance(decoder, GenerateWorker):
+        return decoder.answer(ids, GREEDY, tokens, [], seed=0)
+    return hf_generate(decoder, ids, GREEDY, tokens, [], seed=0)
 
 
 def main() -> None:
@@ -84,14 +58,9 @@ def main() -> None:
     parser.add_argument("out", nargs="?")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--group", type=int, default=8, help="prompts between two subprocess baselines")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        return child()
     if not args.out:
         parser.error("give the output JSON path")
-    from eval.runner.settings import resolve_settings
 
     configs = {name: run_config(overrides) for name, overrides in CONFIGS.items()}
     fmt = prompt_format({"prompt": plain(configs["default"].model.prompt)})
@@ -106,7 +75,9 @@ def main() -> None:
     heads = {dtype: load_head(configs["default"], model) for dtype, model in models.items()}
     gens = {name: make_generator(models[s.dtype.value], heads[s.dtype.value], s, configs[name])
             for name, s in resolved.items()}
-    limited = torch.backends.cpu.get_cpu_capability() != "AVX2"
+    plain_decoders = dict(models)  # model.generate here, and under the AVX2 limits in a worker process
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        plain_decoders["bfloat16 under the AVX2 limits"] = GenerateWorker(configs["default"], "bfloat16", "avx2")
     totals: dict[str, list] = {}
 
     def add(method: str, count: int, seconds: float) -> None:
@@ -118,25 +89,21 @@ def main() -> None:
     for gen in gens.values():  # warm-up: packing, allocation
         gen.generate(prompts[0], max_new_tokens=16)
         gen.vanilla(prompts[0], max_new_tokens=16)
-    for model in models.values():
-        generate_speed(model, prompts[:1], 16)
-    for start in range(0, len(prompts), args.group):
-        for i, ids in enumerate(prompts[start:start + args.group], start):
-            order = list(gens.items())
-            order = order[i % len(order):] + order[:i % len(order)]  # rotated: no setting always runs first
-            for name, gen in order:
-                spec = gen.generate(ids, max_new_tokens=args.tokens)
-                add(f"strict[{name}]", len(spec.tokens), spec.seconds)
-                base = gen.vanilla(ids, max_new_tokens=args.tokens)
-                add(f"vanilla[{name}]", len(base.tokens), base.seconds)
-                identical[name] &= spec.tokens == base.tokens
-            for dtype, model in models.items():
-                add(f"generate@{dtype}", *generate_speed(model, [ids], args.tokens))
-        if limited:
-            for dtype in models:
-                add(f"generate@{dtype} under the AVX2 limits",
-                    *limited_generate(prompts[start:start + args.group], args.tokens, dtype))
-        print(f"{min(start + args.group, len(prompts))}/{len(prompts)} prompts")
+    for decoder in plain_decoders.values():
+        plain_generate(decoder, prompts[0][0].tolist(), 16)
+    for i, ids in enumerate(prompts):
+        order = list(gens.items())
+        order = order[i % len(order):] + order[:i % len(order)]  # rotated: no setting always runs first
+        for name, gen in order:
+            spec = gen.generate(ids, max_new_tokens=args.tokens)
+            add(f"strict[{name}]", len(spec.tokens), spec.seconds)
+            base = gen.vanilla(ids, max_new_tokens=args.tokens)
+            add(f"vanilla[{name}]", len(base.tokens), base.seconds)
+            identical[name] &= spec.tokens == base.tokens
+        for name, decoder in plain_decoders.items():
+            out = plain_generate(decoder, ids[0].tolist(), args.tokens)
+            add(f"generate@{name}", len(out.tokens), out.seconds)
+        print(f"{i + 1}/{len(prompts)} prompts")
     speed = {method: count / seconds for method, (count, seconds) in totals.items()}
     plain_methods = {m: v for m, v in speed.items() if not m.startswith("strict")}
     fastest = max(plain_methods, key=plain_methods.get)
@@ -153,6 +120,9 @@ def main() -> None:
     }
     for gen in reversed(list(gens.values())):  # last opened first: each hands back what it found
         gen.close()
+    for decoder in plain_decoders.values():
+        if isinstance(decoder, GenerateWorker):
+            decoder.close()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for method, value in sorted(speed.items(), key=lambda kv: -kv[1]):

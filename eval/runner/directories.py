@@ -16,7 +16,7 @@ from eval.benchmarks import BENCHMARKS, resolved_source
 from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard
-from eval.runner.settings import on_cpu
+from eval.runner.settings import on_cpu, run_device
 from eval.runs.layout import ANSWERS, IDENTITY, LOCK, SKIPPED, answers_file, directory_name, read_answers, write_atomic
 from mars.settings import DecodeSettings
 
@@ -55,7 +55,7 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
     identity = {
         "method": method.name, "target": m.target, "tokenizer": m.tokenizer,
         "dtype": method_dtype(method, settings),  # as resolved: auto decodes differently per machine
-        "device": "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device,  # not the GPU's index
+        "device": run_device(run),  # not the GPU's index
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }

@@ -20,14 +20,18 @@ PLACEMENT_CONTEXT = 8192  # prompt tokens budgeted for (plus max_new_tokens); mo
 RUNTIME_BYTES = GiB  # CUDA context, allocator slack
 
 
-def weight_bytes(config, dtype: torch.dtype) -> int:
-    """Bytes of the model's parameters in `dtype`, counted on the meta device (nothing allocated)."""
+def parameter_count(config) -> int:
+    """The model's parameters, counted on the meta device (nothing allocated)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(p.numel() for p in model.parameters()) * size
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of the model's parameters in `dtype`."""
+    return parameter_count(config) * dtype.itemsize
 
 
 def decoding_headroom(config, dtype: torch.dtype, context: int, tree_nodes: int, draft_bytes: int) -> dict[str, int]:

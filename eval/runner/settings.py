@@ -10,10 +10,8 @@ decoding (bf16/fp16), off in float32 and with static shapes. Each value carries 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 
@@ -23,6 +21,7 @@ from eval.benchmarks.prompting import PromptFormat, encode
 from eval.config.methods import STRICT, method_spec
 from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner.models import load_head, load_target, load_tokenizer, model_source
+from eval.runner.placement import parameter_count
 from mars.calibrate import CANDIDATES, calibrate, kernel_candidates
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
@@ -48,32 +47,17 @@ def placement_of(run: RunConfig) -> Setting:
     return Setting(m.device, "model.device")
 
 
-def target_parameters(run: RunConfig) -> int | None:
-    """The target's weight count from its local safetensors headers (None for a hub id or other formats)."""
-    directory = Path(model_source(run.model.target, "target model"))
-    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
-    if not files:
-        return None
-    count = 0
-    for file in files:
-        with open(file, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                size = 1
-                for dim in entry["shape"]:
-                    size *= dim
-                count += size
-    return count
-
-
 def candidates(run: RunConfig) -> list[Kernels]:
     """The kernels this run may use, after its explicit settings and its mode (static, compile)."""
     m = run.model
     exact = m.exact_attention if m.exact_attention is not None else (False if m.static else None)
     prepack = m.prepack if m.prepack is not None else (False if m.compile is not None else None)
-    return kernel_candidates(run_device(run), m.dtype.value, exact, prepack, target_parameters(run) if on_cpu(run)
-                             else None)
+    parameters = None
+    if on_cpu(run):  # whether a packed copy of the weights fits in memory
+        from transformers import AutoConfig
+
+        parameters = parameter_count(AutoConfig.from_pretrained(model_source(m.target, "target model")))
+    return kernel_candidates(run_device(run), m.dtype.value, exact, prepack, parameters)
 
 
 def exact_reason(run: RunConfig, kernels: Kernels) -> str:
@@ -112,7 +96,8 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     if record and record.get("kernel_candidates"):
         figures = record["kernel_candidates"]
         best = max(figures[kernels.label]["trees"].values())
-        others = {label: max(f["trees"].values()) for label, f in figures.items() if f"{kernels.dtype}" not in label}
+        others = {label: max(f["trees"].values()) for label, f in figures.items()
+                  if not label.startswith(kernels.dtype)}
         verdict = "" if record.get("kernels_reproduce_plain", True) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
         return (f"measured: strict {best:.1f} tok/s in calibration against "
