@@ -193,24 +193,21 @@ def test_isolated_interpreter_minimal_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_layers_on_this_machine() -> None:
-    """The namespace probe agrees with a direct try of `unshare` (as root here, both should work)."""
-    layers, unshare = sandbox_layers(), shutil.which("unshare")
-
-    def works(*flags: str) -> bool:
-        if unshare is None:
-            return False
-        return subprocess.run([unshare, *flags, "--", "true"], capture_output=True).returncode == 0
-
-    as_root = works("--net", "--pid", "--fork", "--kill-child")
-    as_user = works("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
-    assert layers["pid_namespace"] == (as_root or as_user)
-    assert layers["user_namespace"] == (as_user and not as_root)
-    if as_root or as_user:
-        assert layers["network_namespace"] and layers["command_prefix"][0] == unshare
+    """The probe agrees with the harness's user: as root the root level (new root, namespaces, drop to
+    nobody); the level in use ran a program, and its layers are reported."""
+    layers = sandbox_layers()
+    if os.geteuid() == 0:
+        assert layers["isolation"] in ("root", "root-drop"), layers
+        as_root = "the harness runs as root (level root applies)"
+        assert layers["levels"]["bwrap"] == layers["levels"]["userns"] == as_root
+        if shutil.which("unshare") and subprocess.run(["unshare", "--mount", "--pid", "--net", "--fork", "true"],
+                                                      capture_output=True).returncode == 0:
+            assert layers["isolation"] == "root" and layers["namespaces"] == ["mount", "pid", "net"]
+    assert layers["levels"][layers["isolation"]] == "works" and layers["hides_private_files"]
     assert "RLIMIT_AS" in layers["rlimits"] and layers["process_group_kill"] and layers["python_guards"]
     limits = run_sandboxed("import resource\n")  # the limits cannot be raised again: resource is blocked
     assert limits.status == "failed" and "resource" in limits.output
-    if layers["pid_namespace"]:
+    if "pid" in layers["namespaces"]:
         pids = run_sandboxed("import os\nprint(os.getpid(), os.getppid())\n")
         assert pids.output.split() == ["1", "0"]  # PID 1 of its own namespace; the harness has no PID in it
 
@@ -236,7 +233,7 @@ def test_no_network(attack: str, listener: tuple[int, list]) -> None:
 def test_no_network_below_the_python_guard(listener: tuple[int, list]) -> None:
     """A real socket, from the unpatched class under the guard's subclass (a fresh _socket module can no
     longer be loaded after the privilege drop): the network namespace has no way out."""
-    if not sandbox_layers()["network_namespace"]:
+    if "net" not in sandbox_layers().get("namespaces", []):
         # Without one this connection goes through: the documented limit of the guards, nothing to test.
         pytest.skip("no network namespace here: `unshare --net` fails as this user (as root, or with "
                     "--user --map-root-user), so nothing below the Python guard stops a real socket")
@@ -269,7 +266,7 @@ def test_escaped_children_are_killed() -> None:
     """Below the guard: real forks whose children leave the process group (setsid) and sleep. The PID
     namespace (or, without it, the process-group kill for children that stay in the group) ends them.
     Bounded at 16 children, not a real bomb, so that a failing layer cannot hurt the machine."""
-    escape = "posix.setsid()\n" if sandbox_layers()["pid_namespace"] else ""
+    escape = "posix.setsid()\n" if "pid" in sandbox_layers().get("namespaces", []) else ""
     attack = (FRESH_POSIX + "import time\n"
               "for _ in range(16):\n"
               "    if posix.fork() == 0:\n"
@@ -356,9 +353,10 @@ def test_no_deleting(attack: str, tmp_path: Path) -> None:
     (victim / "data.txt").write_text("precious")
     before, mode = tree(tmp_path), (victim / "data.txt").stat().st_mode
     result = run_hostile(attack.replace("VICTIM", repr(str(victim))))
-    # Refused by the Python guard, or (under a root harness) by the kernel: the unprivileged process
-    # cannot even enter pytest's 0700 temporary directory.
-    assert result.status == "failed" and ("is disabled" in result.output or "PermissionError" in result.output)
+    # Refused by the Python guard, or by the kernel: pytest's temporary directory is not in the sandbox's
+    # new root (FileNotFoundError), or the unprivileged process cannot enter it (root-drop).
+    assert result.status == "failed" and any(s in result.output for s in ("is disabled", "PermissionError",
+                                                                          "FileNotFoundError"))
     assert tree(tmp_path) == before and (victim / "data.txt").stat().st_mode == mode
 
 
@@ -369,7 +367,9 @@ def test_a_root_harness_runs_the_code_unprivileged_and_it_cannot_read_private_fi
     secret.chmod(0o600)
     tmp_path.chmod(0o755)  # even where the directory is open to everyone, the file is not
     result = run_hostile(f"print(open({str(secret)!r}).read())\n")
-    assert result.status == "failed" and "PermissionError" in result.output and "SECRET-KEY" not in result.output
+    # Not in the new root at all (FileNotFoundError), or (root-drop) not readable by nobody.
+    assert result.status == "failed" and "SECRET-KEY" not in result.output
+    assert "FileNotFoundError" in result.output or "PermissionError" in result.output
     who = run_hostile("import os\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())\n")
     uid, gid = (int(x) for x in sandbox_user().split(":"))
     assert who.status == "passed" and who.output.split() == [str(uid), str(uid), str(gid), "[]"]
@@ -398,7 +398,7 @@ def test_no_killing(attack: str, sacrificial: subprocess.Popen) -> None:
 
 def test_no_killing_below_the_python_guard(sacrificial: subprocess.Popen) -> None:
     """The real kill(2), from a fresh posix module: in the PID namespace the harness's processes have no PID."""
-    if not sandbox_layers()["pid_namespace"]:
+    if "pid" not in sandbox_layers().get("namespaces", []):
         # Without one a process running as the same user could be killed: a documented limit, nothing to test.
         pytest.skip("no PID namespace here: `unshare --pid --fork` fails as this user (as root, or with "
                     "--user --map-root-user), so the harness's processes are visible to the sandboxed code")

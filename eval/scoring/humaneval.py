@@ -36,7 +36,7 @@ from pathlib import Path
 
 from eval.config.paths import BENCH_DIR_ENV, bench_dir
 from eval.runs.jsonl import read_jsonl
-from eval.scoring.sandbox import SandboxResult, run_sandboxed
+from eval.scoring.sandbox import SandboxResult, isolation, run_sandboxed
 
 TASKS_FILE = "HumanEval.jsonl.gz"
 CODE_LANGUAGES = ("", "python", "py", "python3")  # fence info strings taken as Python code
@@ -169,22 +169,27 @@ def _answers(records: list[dict]) -> dict[int, str]:
     return answers
 
 
-def _run(task: dict, answer: str, timeout: float) -> tuple[bool, SandboxResult]:
+def _run(task: dict, answer: str, timeout: float, allow_unisolated: bool | None) -> tuple[bool, SandboxResult]:
     # A marker printed after check() has returned: a program that exits early with status 0 (sys.exit(0),
     # os._exit(0) in the answer) has not passed its tests. The answer cannot know the marker in advance.
     marker = f"mars-humaneval-done-{secrets.token_hex(16)}"
-    result = run_sandboxed(build_program(task, answer) + f"print({marker!r})\n", timeout=timeout)
+    result = run_sandboxed(build_program(task, answer) + f"print({marker!r})\n", timeout=timeout,
+                           allow_unisolated=allow_unisolated)
     return result.status == "passed" and marker in result.output, result
 
 
 def score_humaneval(records: list[dict], data_dir: str | Path | None = None, timeout: float = 10.0,
-                    workers: int = 2, tasks: dict[int, dict] | None = None) -> dict:
+                    workers: int = 2, tasks: dict[int, dict] | None = None,
+                    allow_unisolated: bool | None = None) -> dict:
     """pass@1 of answer `records` (EAGLE / MARS layout; the answer is choices[0]["turns"][0]).
 
-    Returns {"n", "pass@1", "per_question": {str(question_id): {"passed", "status"}}}; status is the
-    sandbox's ("passed", "failed", "timeout", "killed", "error"), or "failed" for a program that exited 0
-    without finishing its tests. `timeout`: seconds per program; `workers`: programs run at once.
-    `tasks`: HumanEval's tasks by number (default: the side file in the benchmark directory).
+    Returns {"n", "pass@1", "sandbox", "per_question": {str(question_id): {"passed", "status"}}}; status is
+    the sandbox's ("passed", "failed", "timeout", "killed", "error"), or "failed" for a program that exited
+    0 without finishing its tests; "sandbox" is the isolation level the programs ran under
+    (`eval.scoring.sandbox.isolation`, "unisolated" when allowed without one). `timeout`: seconds per
+    program; `workers`: programs run at once. `tasks`: HumanEval's tasks by number (default: the side file
+    in the benchmark directory). `allow_unisolated`: see `run_sandboxed`; without it, where nothing can
+    hide the caller's private files, this raises `SandboxUnavailable` before running any program.
     """
     answers = _answers(records)
     if not answers:
@@ -195,12 +200,13 @@ def score_humaneval(records: list[dict], data_dir: str | Path | None = None, tim
         shown = ", ".join(map(str, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
         raise ValueError(f"{len(unknown)} of {len(answers)} answers are for question ids not in HumanEval "
                          f"(0-{max(tasks)}): {shown}; the answer file is probably for another benchmark")
+    level = isolation(allow_unisolated)  # refuses before any program runs, not once per program
     qids = sorted(answers)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(lambda qid: _run(tasks[qid], answers[qid], timeout), qids))
+        results = list(pool.map(lambda qid: _run(tasks[qid], answers[qid], timeout, allow_unisolated), qids))
     per_question = {}
     for qid, (passed, result) in zip(qids, results, strict=True):
         status = result.status if passed or result.status != "passed" else "failed"
         per_question[str(qid)] = {"passed": passed, "status": status}
     n_passed = sum(passed for passed, _ in results)
-    return {"n": len(qids), "pass@1": n_passed / len(qids), "per_question": per_question}
+    return {"n": len(qids), "pass@1": n_passed / len(qids), "sandbox": level, "per_question": per_question}

@@ -1,0 +1,254 @@
+"""The sandbox as a boundary, attacked from every isolation level this machine offers, as root and as a
+non-root user (issue #29): the harness (tests/sandbox_attacks.py, run as that user) sends each hostile
+program through `run_sandboxed`; this test checks what reached the host. Levels the machine lacks skip
+with the reason the probe gave. The refusal is tested by forcing the probe to find nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eval.config.paths import REPO_ROOT
+from eval.scoring import sandbox
+from eval.scoring.sandbox import TEMP_PREFIX
+
+TEST_UID = 54321  # the non-root harness's uid (no passwd entry needed: setpriv sets it numerically)
+ATTACKS = REPO_ROOT / "tests" / "sandbox_attacks.py"
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list]]:
+    """A TCP server on the host's 127.0.0.1: (port, connections it accepted)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    accepted: list = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, addr = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(addr)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def _blocking_dir(path: Path, uid: int) -> Path | None:
+    """The first directory on the way to `path` that `uid` (not root, in no group of the owner) cannot enter."""
+    for parent in [*reversed(path.parents)]:
+        mode = parent.stat()
+        if mode.st_uid != uid and not mode.st_mode & stat.S_IXOTH:
+            return parent
+    return None
+
+
+def as_user_command(uid: int) -> list[str]:
+    """A command prefix that runs this interpreter as `uid`, or pytest.skip naming why it cannot.
+
+    When the interpreter lives under a directory that user cannot enter (/root/.pyenv here), a private
+    mount namespace made for the test (root only) puts a tmpfs over that directory with the interpreter
+    bound back in, so the user runs the very interpreter of the suite; nothing changes on the host."""
+    if os.geteuid() != 0:
+        if os.geteuid() == uid:
+            return []
+        pytest.skip("a non-root suite cannot start a harness as another user")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not found: cannot start the harness as a non-root user")
+    drop = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    prefix = Path(sys.prefix).resolve()
+    blocking = _blocking_dir(prefix / "bin", uid)
+    if blocking is None:
+        return drop
+    unshare = shutil.which("unshare")
+    works = unshare and subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode == 0
+    if not works:
+        pytest.skip(f"the interpreter {sys.executable} is under {blocking}, which uid {uid} cannot enter, and no "
+                    "mount namespace can be made to expose it to that user")
+    script = ('set -e; keep=$(mktemp -d); mount --bind "$1" "$keep"; mount -t tmpfs -o mode=0755 tmpfs "$2"; '
+              'mkdir -p "$1"; mount --bind "$keep" "$1"; umount "$keep"; rmdir "$keep"; shift 2; exec "$@"')
+    return [unshare, "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", str(prefix),
+            str(blocking), *drop]
+
+
+def run_harness(harness: str, level: str, port: int, home: Path, escape: Path, token: str) -> dict:
+    secret = home / ".netrc"
+    uid = os.geteuid() if harness == "root" else TEST_UID
+    prefix = [] if harness == "root" else as_user_command(uid)
+    if harness == "root" and os.geteuid() != 0:
+        pytest.skip("the suite does not run as root: no root harness to test")
+    for path in (home, escape):
+        os.chown(path, uid, uid) if os.geteuid() == 0 else None
+    secret.write_text(f"machine api.wandb.ai login user password {token}\n")
+    secret.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(secret, uid, uid)
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(home), "PYTHONPATH": str(REPO_ROOT),
+           "MARS_TEST_SECRET": token, "LANG": "C.UTF-8"}
+    done = subprocess.run([*prefix, sys.executable, str(ATTACKS), level, str(secret), str(port), str(escape)],
+                          capture_output=True, text=True, env=env, cwd=str(escape), timeout=600)
+    assert done.returncode == 0, f"the harness died: {done.stderr[-3000:]}"
+    report = json.loads(done.stdout.splitlines()[-1])
+    if "unavailable" in report:
+        pytest.skip(f"isolation level {level} is not available to uid {report['uid']} here: {report['unavailable']}")
+    assert report["uid"] == uid
+    return report
+
+
+def lines(result: dict) -> dict[str, str]:
+    """'name outcome ...' lines of an attack's output -> {name: outcome}."""
+    return {line.split(" ", 1)[0] if not line.startswith("write ") else line.split(" ")[1]:
+            line.split(" ")[2 if line.startswith("write ") else 1]
+            for line in result["output"].splitlines() if line and not line.startswith(("Traceback", " "))
+            and len(line.split(" ")) > 1}
+
+
+LEVELS = [("root", "root"), ("root", "root-drop"), ("user", "bwrap"), ("user", "userns")]
+
+
+@pytest.mark.parametrize("harness, level", LEVELS, ids=[f"{h}-{lv}" for h, lv in LEVELS])
+def test_hostile_programs_are_contained(harness: str, level: str, listener: tuple[int, list]) -> None:
+    port, accepted = listener
+    token = f"SECRET-{secrets.token_hex(8)}"
+    base = Path(tempfile.mkdtemp(prefix="mars-attack-"))
+    base.chmod(0o755)
+    home, escape = base / "home", base / "escape"
+    home.mkdir(mode=0o700)
+    escape.mkdir(mode=0o755)
+    host_tmp_target = Path("/tmp/mars-sandbox-escape.txt")
+    assert not host_tmp_target.exists()
+    try:
+        report = run_harness(harness, level, port, home, escape, token)
+        results, harness_pid = report["results"], report["harness_pid"]
+        print(f"\n{harness} harness (uid {report['uid']}), level {level}: {json.dumps(report['layers'])}")
+        for name, result in results.items():
+            print(f"  {name}: {result['status']} {result['output'][-600:]!r}")
+        assert report["layers"]["isolation"] == level
+        everything = "".join(r["output"] for r in results.values())
+        # No secret of the harness or its user reached the code: the 0600 file, the harness's environment.
+        assert token not in everything
+        assert "MARS_TEST_SECRET" not in everything
+        read = lines(results["read_home_secret"])["read"]
+        assert read in ("FileNotFoundError", "PermissionError"), results["read_home_secret"]
+        assert lines(results["proc_harness_environ"])["read"] in ("FileNotFoundError", "PermissionError")
+        pid_one = results["proc_1_environ"]["output"]
+        # pid 1 is the sandboxed interpreter itself (fresh /proc), or, without one, unreadable.
+        assert "read OK" not in pid_one or b"PATH=" in eval(pid_one.split("read OK ", 1)[1])  # noqa: S307 - a bytes repr
+        pids = eval(results["list_proc"]["output"].split("pids ", 1)[1])  # noqa: S307 - a list of ints
+        if report["layers"]["fresh_proc"]:
+            assert pids == [1], pids  # only itself: the host's processes, the harness's included, are not there
+        else:
+            assert harness_pid in pids  # the documented limit of a level without a fresh /proc
+        # Network: no raw socket (no capability), an INET socket opens but reaches nothing.
+        net = lines(results["sockets"])
+        assert net["raw"] == "PermissionError", results["sockets"]
+        for name in ("tcp-host", "tcp-out", "udp-out"):
+            assert net[name] != "OK" and net[name] in ("OSError", "TimeoutError", "ConnectionRefusedError"), net
+        assert accepted == []
+        # Writes: nothing outside the run's directory (the harness's directories, its home, /).
+        writes = lines(results["write_outside"])
+        assert not (escape / "escape.txt").exists() and not (home / "escape.txt").exists()
+        assert not Path("/escape.txt").exists()
+        assert writes[str(escape / "escape.txt")] != "OK" and writes[str(home / "escape.txt")] != "OK"
+        if level == "root-drop":  # the documented limit of that level: the host's /tmp is writable by nobody
+            assert writes[str(host_tmp_target)] == "OK" and host_tmp_target.exists()
+        else:
+            assert writes[str(host_tmp_target)] != "OK" and not host_tmp_target.exists()
+        # The fork bomb ran until the timeout and left nothing behind; the harness carried on (it reported).
+        assert results["fork_bomb"]["status"] == "timeout" and "bombing" in results["fork_bomb"]["output"]
+        kills = lines(results["kill_parent"])
+        assert kills["kill-harness"] in ("ProcessLookupError", "PermissionError"), kills
+        assert kills["kill-victim"] in ("ProcessLookupError", "PermissionError"), kills
+        assert report["victim_alive"]
+        left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, TEMP_PREFIX)]
+        assert left == [], "sandboxed processes were left behind"
+    finally:
+        host_tmp_target.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+# --- fail closed ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def nothing_isolates(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The probe finds no isolation level (as on a host without root, bubblewrap or user namespaces); the
+    unisolated fallback is probed for real."""
+    real = sandbox._probe_level
+    monkeypatch.setattr(sandbox, "_probe_level",
+                        lambda level: real(level) if level == sandbox.UNISOLATED else f"{level} forced off by the test")
+    monkeypatch.setattr(sandbox, "_probed", None)
+    monkeypatch.setattr(sandbox, "_forced", None)
+    monkeypatch.setattr(sandbox, "_allowed_unisolated", False)
+    yield
+    sandbox._probed = None  # the next test probes this machine again
+
+
+def test_refuses_without_isolation(nothing_isolates: None) -> None:
+    with pytest.raises(sandbox.SandboxUnavailable) as refused:
+        sandbox.run_sandboxed("print('never runs')")
+    message = str(refused.value)
+    for expected in ("cannot hide your private files", "forced off by the test", "sandbox.allow_unisolated=true",
+                     "--allow-unisolated", "bubblewrap", "user namespaces", "sandbox: unisolated"):
+        assert expected in message, message
+    layers = sandbox.sandbox_layers()
+    assert layers["isolation"] is None and "allow_unisolated" in layers["refusal"]
+    # HumanEval scoring refuses before running anything.
+    from eval.scoring import humaneval
+
+    task = {"task_id": "HumanEval/0", "entry_point": "f", "prompt": "def f():\n",
+            "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n"}
+    record = {"question_id": 0, "choices": [{"index": 0, "turns": ["    return 1\n"]}]}
+    with pytest.raises(sandbox.SandboxUnavailable):
+        humaneval.score_humaneval([record], tasks={0: task})
+    # Allowed: it runs, and says so.
+    result = humaneval.score_humaneval([record], tasks={0: task}, allow_unisolated=True)
+    assert result["pass@1"] == 1.0 and result["sandbox"] == "unisolated"
+    assert sandbox.run_sandboxed("print(1)", allow_unisolated=True).output == "1\n"
+    sandbox.allow_unisolated(True)
+    assert sandbox.isolation() == "unisolated" and sandbox.sandbox_layers()["hides_private_files"] is False
+
+
+def test_score_cli_refuses_and_allows(nothing_isolates: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from eval import score
+    from eval.scoring import humaneval
+
+    tasks = humaneval.load_tasks()
+    answers = tmp_path / "answers.jsonl"
+    answer = {"question_id": 0, "choices": [{"index": 0, "turns": [tasks[0]["canonical_solution"]]}]}
+    answers.write_text(json.dumps(answer) + "\n")
+    assert score.main(["humaneval", str(answers)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot hide your private files" in err and "--allow-unisolated" in err
+    assert score.main(["humaneval", str(answers), "--allow-unisolated"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.splitlines()[-1])
+    assert result["sandbox"] == "unisolated" and result["pass@1"] == 1.0
+    assert "sandbox: unisolated" in out
