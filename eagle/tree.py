@@ -1,18 +1,31 @@
-"""EAGLE-2 dynamic draft trees.
+"""Draft trees: EAGLE-2 dynamic top-k trees, and trees of sampled children for temperature > 0.
 
-Two phases:
+EAGLE-2 (deterministic children, what greedy verification wants). Two phases:
 - `expand` (growth): the root's children are the draft's `branching` most likely next tokens. For
   `depth - 1` more levels, the `branching` nodes of the newest level with the highest cumulative
   draft log-probability are fed to the draft head, each proposing its own `branching` children.
 - `rerank`: all candidates are ranked by cumulative log-probability and the best `total_tokens`
   form the tree that the target verifies.
 `grow_tree` is the two in sequence.
+
+Sampled drafting (`sample_tree`, temperature > 0): each node's children are drawn from the head's
+processed distribution q without replacement (Gumbel-top-k), into a shape fixed before any draw
+(`Topology`). Why a fixed shape and not EAGLE-2's reranking: the strict trial (`mars.rejection`)
+is lossless only if, given everything before, the children kept at a node are the first draws of a
+without-replacement sample from q. Keeping the best nodes by cumulative draft probability keeps a
+node's children according to their own draws (a likely child survives where an unlikely one is
+dropped), which biases the emitted distribution. A shape chosen from expected acceptance per sibling
+rank (`best_topology`, Sequoia's idea of the best tree for a positional acceptance vector) depends on
+no draw, keeps every node's children a prefix in draw order, and still spends the node budget where
+acceptance is likely: deep along first children, wide near the root.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -40,6 +53,8 @@ class DraftTree:
     on the draft's device; building a tree reads nothing back to the host.
     `ancestors[i, j]` is True when j is i or one of its ancestors; it is the tree attention mask.
     `levels`: how many draft levels were grown for it (its depth is at most that).
+    Sampled drafting (`sample_tree`) also keeps `draft_probs`, the distribution each node's children
+    were drawn from, and `width`, the most children of any node (a host int, from the shape).
     """
 
     tokens: torch.Tensor  # [n] target token ids
@@ -47,6 +62,8 @@ class DraftTree:
     depths: torch.Tensor  # [n], depths[0] = 0
     scores: torch.Tensor  # [n] cumulative draft log-probability, root 0
     levels: int | None = None  # None: the deepest node's depth (read from `depths`)
+    draft_probs: torch.Tensor | None = None  # [n, V] over target ids (sampled drafting; None: top-k children)
+    width: int | None = None
     ancestors: torch.Tensor = field(init=False)  # [n, n] bool
 
     def __post_init__(self):
@@ -215,3 +232,189 @@ def grow_tree(head: DraftHead, root_token: int | torch.Tensor, hidden: torch.Ten
     if depth < 1 or total_tokens < 1:
         return DraftTree.root_only(root_token)
     return rerank(expand(head, hidden, logprobs, depth, branching, keep_growing), root_token, total_tokens)
+
+
+# P(the r-th drawn child is the one accepted | its parent was reached), by rank, for sampled drafting
+# when nothing better is known: measured with the embedded pair at temperature 1 (see README, "Sampled
+# drafting"); only the order of the values matters to the shape, not their scale.
+RANK_ACCEPTANCE = (0.55, 0.12, 0.05, 0.025, 0.012, 0.006, 0.003, 0.0015)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A tree shape fixed before drafting: nodes breadth-first, node 0 the root.
+
+    parents[i] its parent, ranks[i] its place among its siblings in draw order (0 = first drawn).
+    Siblings are always a prefix of ranks 0, 1, 2, ... (`best_topology` guarantees it).
+    """
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        depths = [0]
+        for p in self.parents[1:]:
+            depths.append(depths[p] + 1)
+        return tuple(depths)
+
+    @property
+    def levels(self) -> int:
+        return max(self.depths)
+
+    @property
+    def width(self) -> int:
+        counts = [0] * self.size
+        for p in self.parents[1:]:
+            counts[p] += 1
+        return max(counts)
+
+    def truncated(self, depth: int) -> Topology:
+        """The nodes at depth <= `depth` (breadth-first order keeps them a prefix)."""
+        keep = sum(d <= depth for d in self.depths)
+        return Topology(self.parents[:keep], self.ranks[:keep])
+
+
+@lru_cache(maxsize=64)
+def best_topology(total_tokens: int, depth: int, branching: int,
+                  rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE) -> Topology:
+    """The `total_tokens` non-root nodes (depth <= `depth`, at most `branching` children each) with the
+    highest chance of lying on the accepted path, when the child of rank r is the accepted one with
+    probability rank_acceptance[r] independently at each node: a node's value is the product along
+    its path. Grown best-first, so a node enters only after its parent and its previous sibling
+    (siblings stay a prefix in draw order); ties go to the earlier-found node."""
+    if total_tokens < 1 or depth < 1 or branching < 1:
+        return Topology((-1,), (0,))
+    rates = [rank_acceptance[min(r, len(rank_acceptance) - 1)] for r in range(branching)]
+    chosen: list[tuple[int, int, int]] = []  # (parent index in `chosen` + 1, rank, depth); root is 0
+    frontier = [(-rates[0], 0, 0, 0, 1)]  # (-value, order, parent, rank, depth)
+    order = 1
+    while frontier and len(chosen) < total_tokens:
+        negative, _, parent, rank, d = heapq.heappop(frontier)
+        chosen.append((parent, rank, d))
+        me = len(chosen)
+        if rank + 1 < branching:
+            heapq.heappush(frontier, (negative / rates[rank] * rates[rank + 1], order, parent, rank + 1, d))
+            order += 1
+        if d < depth:
+            heapq.heappush(frontier, (negative * rates[0], order, me, 0, d + 1))
+            order += 1
+    # Breadth-first: by depth, then by the parent's new position, then by rank.
+    new = {0: 0}
+    parents, ranks = [-1], [0]
+    level = [0]
+    while level:
+        nxt = []
+        for node in level:
+            kids = sorted((i for i in range(1, len(chosen) + 1) if chosen[i - 1][0] == node),
+                          key=lambda i: chosen[i - 1][1])
+            for kid in kids:
+                new[kid] = len(parents)
+                parents.append(new[node])
+                ranks.append(chosen[kid - 1][1])
+                nxt.append(kid)
+        level = nxt
+    return Topology(tuple(parents), tuple(ranks))
+
+
+@dataclass(frozen=True)
+class _Level:
+    """What drafting one level of a `Topology` needs, as device tensors."""
+
+    nodes: slice  # this level's nodes (breadth-first: a contiguous range)
+    feed: torch.Tensor | None  # [kf] the previous level's nodes with children, fed to the head (None: the root)
+    row: torch.Tensor  # [m] each node's parent's row among `feed` (0 for the root's children)
+    rank: torch.Tensor  # [m] its rank among its siblings
+    draws: int  # how many to draw per parent (the most children of one of them)
+    mask: torch.Tensor | None  # [kf, t + kf] the head's tentative-cache mask for `feed`
+
+
+@dataclass(frozen=True)
+class SampledShape:
+    """A `Topology` laid out on a device for `sample_tree` (built once per shape: no upload per tree)."""
+
+    topology: Topology
+    parents: torch.Tensor  # [n]
+    depths: torch.Tensor  # [n]
+    levels: tuple[_Level, ...]
+
+
+def _ancestors(parents: tuple[int, ...], node: int) -> set[int]:
+    out = set()
+    while node > 0:
+        out.add(node)
+        node = parents[node]
+    return out
+
+
+@lru_cache(maxsize=64)
+def sampled_shape(topology: Topology, device: torch.device) -> SampledShape:
+    """`topology` on `device`: per level, which nodes the head is fed, each node's parent row and rank,
+    and the head's attention mask over its tentative cache (ancestors and self)."""
+    parents, ranks, depths = topology.parents, topology.ranks, topology.depths
+    fed: list[int] = []  # nodes in the head's tentative cache, in feeding order
+    levels = []
+    for d in range(1, topology.levels + 1):
+        members = [i for i in range(topology.size) if depths[i] == d]
+        feed = sorted({parents[i] for i in members}) if d > 1 else []
+        mask = None
+        if feed:
+            fed = fed + feed
+            mask = torch.tensor([[slot in _ancestors(parents, f) for slot in fed] for f in feed], device=device)
+        levels.append(_Level(slice(members[0], members[-1] + 1), torch.tensor(feed, device=device) if feed else None,
+                             torch.tensor([feed.index(parents[i]) if feed else 0 for i in members], device=device),
+                             torch.tensor([ranks[i] for i in members], device=device),
+                             max(ranks[i] for i in members) + 1, mask))
+    return SampledShape(topology, torch.tensor(parents, device=device), torch.tensor(depths, device=device),
+                        tuple(levels))
+
+
+def gumbel_top(probs: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """[rows, count] draws without replacement from each row of `probs` [rows, V], in draw order
+    (Gumbel-top-k: the order of log q + Gumbel noise is that of sequential sampling without replacement)."""
+    u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp(min=torch.finfo(probs.dtype).tiny)
+    keys = probs.log() - (-u.log()).log()
+    return keys.topk(count, dim=-1).indices
+
+
+@torch.inference_mode()
+def sample_tree(head: DraftHead, root_token: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+                shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
+                generator: torch.Generator | None = None) -> DraftTree:
+    """A tree of `shape` (`sampled_shape(topology, head's device)`) below `root_token` (a one-element
+    tensor on the head's device), each node's children drawn without replacement from
+    q = softmax(process(the head's log-probs there)).
+
+    hidden [H], logprobs [V_d]: the head's output at its last committed position (as for `expand`).
+    `process` applies the sampling settings (temperature, top-k, top-p) to log-probabilities [.., V_d].
+    The tree keeps q of every node with children, over target ids (`DraftTree.draft_probs`), for the
+    strict trial (`mars.rejection`). Leaves the head's tentative cache rolled back; reads nothing.
+    """
+    topology, device = shape.topology, logprobs.device
+    if topology.size == 1:
+        return DraftTree.root_only(root_token)
+    n, vocab = topology.size, head.config.vocab_size
+    to_target = head.to_target_ids(torch.arange(logprobs.shape[-1], device=device))
+    tokens = torch.cat([root_token.reshape(1), root_token.new_zeros(n - 1)])
+    scores = torch.zeros(n, device=device)
+    draft = torch.zeros(n, vocab, device=device)
+    node_hidden = hidden[None].expand(n, -1).clone()  # the head output that predicted each node's children
+    for d, level in enumerate(shape.levels, start=1):
+        if level.feed is None:  # the root's children: the head's prediction at the committed position
+            parent_nodes, out_hidden, parents_lp = shape.parents[:1].clamp(min=0), hidden[None], logprobs[None]
+        else:
+            parent_nodes = level.feed
+            out_hidden, parents_lp = head.propose(node_hidden[parent_nodes], tokens[parent_nodes], d - 1, level.mask)
+        q = process(parents_lp.float()).softmax(dim=-1)  # [kf, V_d]
+        drawn = gumbel_top(q, level.draws, generator)  # [kf, draws], in draw order
+        ids = drawn[level.row, level.rank]  # [m] draft ids of this level's nodes
+        draft[parent_nodes] = q.new_zeros(q.shape[0], vocab).index_copy_(1, to_target, q)
+        tokens[level.nodes] = to_target[ids]
+        scores[level.nodes] = scores[parent_nodes[level.row]] + q[level.row, ids].log()
+        node_hidden[level.nodes] = out_hidden[level.row]
+    head.rollback()
+    return DraftTree(tokens, shape.parents, shape.depths, scores, topology.levels, draft, topology.width)

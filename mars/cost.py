@@ -2,18 +2,19 @@
 
 At node i with target distribution p and children c_1..c_k tried in draft order (a rule's
 `Relaxation`): the first child accepted outright is emitted with certainty; otherwise child j is
-accepted with probability a_j = min(1, r_{j-1}(c_j) / sum(r_{j-1}) + tolerance) under the residual r
-(r_0 = p, a rejected child's entry zeroed), and after every rejection the rule's fallback
-distribution f is drawn. So the emitted token's distribution is
+accepted with probability a_j = min(1, ratio_j + tolerance), ratio_j being strict's trial of it
+(`mars.rejection`: r_j(c_j) / q_j(c_j); for deterministic drafts q_j(c_j) = 1 and r_j is p with the
+earlier children zeroed, renormalised), and after every rejection the rule's fallback distribution f
+is drawn (strict's: the last residual). So, given the drafted children, the emitted token's distribution is
 
     pi(x) = sum_j [prod_{l<j} (1 - a_l)] a_j 1[x = c_j] + [prod_l (1 - a_l)] f(x)
 
 (the derivation and the edge cases: ../shared/notes/exact-relaxation-cost.md). For strict pi = p
-exactly; where a rule does not relax (`Relaxation.active`), its cost is 0 by that identity, without
-computing pi. Costs per emitted token: TV(pi, p) and KL(pi || p) when sampling (their mean over
-sampled outputs estimates the per-token KL between the rule's and the target's output
-distributions, by the chain rule); greedy: whether the token is not the argmax, and the regret
-log p_1 - log p(x) under the temperature-1 distribution.
+exactly (sampled drafts: on average over the draws, see `sampling_cost`); where a rule does not
+relax (`Relaxation.active`), its cost is 0 by that identity, without computing pi. Costs per
+emitted token: TV(pi, p) and KL(pi || p) when sampling (their mean over sampled outputs estimates
+the per-token KL between the rule's and the target's output distributions, by the chain rule);
+greedy: whether the token is not the argmax, and the regret log p_1 - log p(x) under the temperature-1 distribution.
 """
 
 from __future__ import annotations
@@ -28,37 +29,30 @@ from mars.rules.base import ARGMAX, RESIDUAL, Relaxation, TargetView
 def fallback_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
     """[L, V]: what is drawn at `nodes` [L] once every child was rejected (p at a node without children)."""
     probs = view.probs[nodes]
-    kids = view.kids[nodes]
-    drafted = torch.zeros_like(probs).scatter_add_(1, view.tokens[None].expand_as(kids), kids.to(probs.dtype)) > 0
-    residual = probs.masked_fill(drafted, 0.0)
-    total = residual.sum(dim=-1, keepdim=True)
+    has_kids = view.kids[nodes].any(dim=1, keepdim=True)
     kind = relax.fallback[nodes] if relax.fallback is not None else torch.full_like(nodes, RESIDUAL)
-    has_kids = kids.any(dim=1, keepdim=True)
-    use_residual = has_kids & (kind[:, None] == RESIDUAL) & (total > 0)
-    dist = torch.where(use_residual, residual / total.clamp(min=torch.finfo(total.dtype).tiny), probs)
+    dist = torch.where(has_kids & (kind[:, None] == RESIDUAL), view.trial.residual[nodes], probs)
     argmax = torch.zeros_like(probs).scatter_(1, view.top1[nodes][:, None], 1.0)
     return torch.where(has_kids & (kind[:, None] == ARGMAX), argmax, dist)
 
 
-def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.Tensor | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a [L, n], mass [L, n]) at `nodes` (default all): child j's acceptance probability when tried
-    (0 for non-children and untested nodes), and the residual mass before trying it."""
+def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.Tensor | None = None) -> torch.Tensor:
+    """a [L, n] at `nodes` (default all): child j's acceptance probability when it is tried (0 for
+    non-children and untested nodes): min(1, the strict trial's ratio + the rule's tolerance)."""
     nodes = nodes if nodes is not None else torch.arange(view.tokens.shape[0], device=view.tokens.device)
-    kids, pc = view.kids[nodes], view.child_probs[nodes]
-    mass = view.probs[nodes].sum(dim=-1, keepdim=True) - (pc.cumsum(dim=1) - pc)
-    tested = kids & (mass > 0)
+    trial = view.trial
+    tested = trial.testable[nodes]
     if relax.tested is not None:
         tested &= relax.tested[nodes][:, None]
-    ratio = pc / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+    ratio = trial.ratio[nodes]
     if relax.tolerance is not None:
         ratio = ratio + relax.tolerance[nodes][:, None]
-    return torch.where(tested, ratio.clamp(max=1.0), 0.0), mass
+    return torch.where(tested, ratio.clamp(max=1.0), 0.0)
 
 
 def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
     """pi [L, V]: the exact distribution of the token emitted at each of `nodes` [L] (sampling)."""
-    a, _ = acceptance_probabilities(view, relax, nodes)
+    a = acceptance_probabilities(view, relax, nodes)
     survive = (1.0 - a).cumprod(dim=1)  # [L, n] no child up to j accepted
     reach = torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], dim=1)
     pi = fallback_distribution(view, relax, nodes) * survive[:, -1:]
@@ -79,20 +73,31 @@ class Cost:
     kl: torch.Tensor  # [L] KL(pi || p) (sampling; inf where pi puts mass on a token p excludes)
     mismatch: torch.Tensor  # [L] 1.0 where a greedy token is not the argmax
     regret: torch.Tensor  # [L] log p_1 - log p(x), temperature 1 (greedy)
+    bound: bool = False  # tv and kl bound the cost from above (sampled drafts; see `sampling_cost`)
 
 
 def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
-    """Exact TV and KL of each of `nodes`' emitted distribution against p; 0 where the rule is
-    inactive, and without computing anything for an exact rule (strict)."""
+    """TV and KL of each of `nodes`' emitted distribution against p; 0 where the rule is inactive,
+    and without computing anything for an exact rule (strict).
+
+    Deterministic drafts: exact, TV(pi, p) and KL(pi || p). Sampled drafts (`view.draft`): what the
+    output pays is the distance of pi's *average over the draws* from p, which has no closed form
+    with several children per node (it sums over every ordered draw). Strict's pi_strict, for the
+    same draws, averages to p exactly; TV and KL are jointly convex, so
+    TV(E[pi], p) = TV(E[pi], E[pi_strict]) <= E[TV(pi, pi_strict)], and likewise for KL. Each position
+    therefore reports TV(pi, pi_strict) and KL(pi || pi_strict) for its own draws: an unbiased
+    estimate of an upper bound on the cost (`Cost.bound`), 0 wherever the rule acts as strict.
+    """
     zero = torch.zeros(nodes.shape[0], device=nodes.device)
+    bound = view.draft is not None
     if lossless:
-        return Cost(zero, zero, zero, zero)
+        return Cost(zero, zero, zero, zero, bound)
     active = relax.active()[nodes]
-    p = view.probs[nodes]
     pi = emitted_distribution(view, relax, nodes)
-    tv = 0.5 * (pi - p).abs().sum(dim=-1)
-    kl = torch.where(pi > 0, pi * (pi.log() - p.log()), 0.0).sum(dim=-1)
-    return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero)
+    reference = view.probs[nodes] if not bound else emitted_distribution(view, Relaxation.none(view), nodes)
+    tv = 0.5 * (pi - reference).abs().sum(dim=-1)
+    kl = torch.where(pi > 0, pi * (pi.log() - reference.log()), 0.0).sum(dim=-1)
+    return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero, bound)
 
 
 def greedy_cost(view: TargetView, nodes: torch.Tensor, emitted: torch.Tensor, lossless: bool = False) -> Cost:

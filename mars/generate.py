@@ -31,7 +31,7 @@ import torch
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
 from eagle.kernels import PackedLinears, choose_packing
-from eagle.tree import grow_tree
+from eagle.tree import RANK_ACCEPTANCE, Topology, best_topology, grow_tree, sample_tree, sampled_shape
 from mars.adapter import TargetModel, synchronize
 from mars.adaptive import AdaptiveTree, measure_costs
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
@@ -61,6 +61,7 @@ class GenerationOutput:
         return self.stats.relaxed_tokens
 
 
+DRAFTING = ("auto", "topk", "sample")
 PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_up", "decode")
 
 
@@ -115,6 +116,15 @@ class SpeculativeGenerator:
     adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
     measured on this machine at the first `generate` and the acceptance observed so far
     (`mars.adaptive`); the estimates carry over from call to call.
+    drafting: how a cycle's children are drafted when sampling (temperature > 0). "topk": the head's
+    most likely tokens, EAGLE-2's dynamic tree (`eagle.tree.grow_tree`); strict verification then
+    accepts a child of a node with the target's probability of it, so tau stays near
+    1 / (1 - the target's mass on k tokens). "sample": children drawn from the head's processed
+    distribution without replacement into a fixed shape (`eagle.tree.sample_tree`, verified by
+    recursive rejection sampling, `mars.rejection`): a child is accepted with probability
+    sum_x min(p, q) and more. "auto" (default): "sample" when sampling. Greedy decoding always
+    drafts top-k. `rank_acceptance`: the per-rank acceptance the sampled tree's shape is chosen for
+    (`eagle.tree.best_topology`).
     static: fixed shapes for the target (`mars.adapter.static`): a KV cache of `max_cache_len` entries
     allocated once and reused by every call (default: 2048, or the model's context plus one tree if
     shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
@@ -131,7 +141,8 @@ class SpeculativeGenerator:
     def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
                  branching: int | None = None, exact_attention: bool | str = "auto", adaptive: bool = False, *,
                  prepack: bool | str = "auto", profile: bool = False, static: bool = False, compile: str | None = None,
-                 max_cache_len: int | None = None, top_k: int | None = None):
+                 max_cache_len: int | None = None, drafting: str = "auto",
+                 rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, top_k: int | None = None):
         if top_k is not None:
             if branching is not None:
                 raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
@@ -142,6 +153,11 @@ class SpeculativeGenerator:
         for name, value in (("total_tokens", total_tokens), ("depth", depth), ("branching", branching)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if drafting not in DRAFTING:
+            raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
+        if adaptive and drafting == "sample":
+            raise ValueError("adaptive=True sizes EAGLE-2 top-k trees from their draft scores; a sampled tree's shape "
+                             "must not depend on its draws: use drafting='topk' with adaptive=True, or adaptive=False")
         if compile is not None and not static:
             raise ValueError(f"compile={compile!r} compiles the static-shape forwards: pass static=True as well")
         if max_cache_len is not None and not static:
@@ -153,6 +169,7 @@ class SpeculativeGenerator:
         self.head = head
         self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
         self.adaptive, self.profile = adaptive, profile
+        self.drafting, self.rank_acceptance = drafting, tuple(rank_acceptance)
         self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack, compiled=compile is not None)
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
@@ -165,6 +182,14 @@ class SpeculativeGenerator:
             costs = measure_costs(self.target, self.head, self.branching, self.total_tokens)
             self.policy = AdaptiveTree(costs, self.depth, self.branching, self.total_tokens)
         return self.policy
+
+    def samples_drafts(self, cfg: SamplingConfig) -> bool:
+        """Whether a call with these sampling settings drafts sampled children (see `drafting`)."""
+        return not cfg.greedy and (self.drafting == "sample" or (self.drafting == "auto" and not self.adaptive))
+
+    def topology(self, depth: int) -> Topology:
+        """The sampled tree's shape for a cycle drafting `depth` levels (follows changes to the tree's sizes)."""
+        return best_topology(self.total_tokens, self.depth, self.branching, self.rank_acceptance).truncated(depth)
 
     def close(self) -> None:
         """Hand the target model back as it was given (its own attention implementation)."""
@@ -253,7 +278,14 @@ class SpeculativeGenerator:
             return out
         target, head = self.target, self.head
         target.tree_rows = self.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
-        policy = self._policy()
+        sampled = self.samples_drafts(cfg)
+        policy = None if sampled else self._policy()
+        # Draft draws use the caller's generator where it lives on the head's device (one stream, reproducible).
+        draft_rng = generator if generator is not None and torch.device(generator.device).type == head.device.type \
+            else None
+        process = functools.partial(process_logits, cfg=cfg)
+        # Laid out on the device before the loop (each depth the last cycles may need): no upload per tree.
+        shapes = {d: sampled_shape(self.topology(d), head.device) for d in range(self.depth + 1)} if sampled else {}
         clock = PhaseClock(out.phase_seconds, target.all_devices | {head.device}, self.profile)
         logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
@@ -279,7 +311,10 @@ class SpeculativeGenerator:
                 hidden, logprobs = head.extend(torch.cat([f for f, _ in behind]), torch.cat([t for _, t in behind]))
                 behind.clear()
                 clock.lap("catch_up")
-            tree = grow_tree(head, root_on_device, hidden, logprobs, depth, self.branching, total, grow)
+            if sampled:
+                tree = sample_tree(head, root_on_device, hidden, logprobs, shapes[depth], process, draft_rng)
+            else:
+                tree = grow_tree(head, root_on_device, hidden, logprobs, depth, self.branching, total, grow)
             clock.lap("draft")
             logits, features = target.score_tree(tree)
             clock.lap("tree_forward")

@@ -22,7 +22,8 @@ class VerifyStats:
 
     Cost of the relaxation per emitted token (`mars.cost`): sampled positions add TV(pi, p) and
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
-    left out of `kl_sum`); greedy positions add whether the token is not the argmax and its regret.
+    left out of `kl_sum`; `bounded` counts those whose TV and KL are upper bounds, from sampled drafts,
+    see `mars.cost.sampling_cost`); greedy positions add whether the token is not the argmax and its regret.
     """
 
     attempts: Counter = field(default_factory=Counter)
@@ -38,12 +39,14 @@ class VerifyStats:
     kl_infinite: int = 0
     mismatches: int = 0
     regret_sum: float = 0.0
+    bounded: int = 0
 
     def add(self, verdict: Verdict, keep_steps: int | None = None, sampled: bool = False) -> None:
         """Record a verdict's steps (only the first `keep_steps`, when output was cut short)."""
         for step in verdict.steps[:keep_steps]:
             self.positions += 1
             self.sampled += sampled
+            self.bounded += sampled and verdict.cost_bound
             self.gates.append(step.gate)
             self.relax_allowed += step.relax_allowed
             self.counters.update({k: int(v) for k, v in step.counters.items()})
@@ -65,8 +68,8 @@ class VerifyStats:
         self.relaxed.update(other.relaxed)
         self.gates.extend(other.gates)
         self.counters.update(other.counters)
-        for name in ("relax_allowed", "positions", "sampled", "tv_sum", "kl_sum", "kl_infinite", "mismatches",
-                     "regret_sum"):
+        for name in ("relax_allowed", "positions", "sampled", "bounded", "tv_sum", "kl_sum", "kl_infinite",
+                     "mismatches", "regret_sum"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -79,13 +82,16 @@ class VerifyStats:
 
     def cost(self) -> dict:
         """Per emitted token: tv_per_token, kl_per_token (finite ones; kl_infinite_tokens counted apart)
-        over sampled positions, argmax_mismatch and logprob_regret over greedy ones (None without any)."""
+        over sampled positions, argmax_mismatch and logprob_regret over greedy ones (None without any).
+        cost_bound_tokens: sampled positions whose tv/kl are upper bounds (sampled drafts); when it
+        equals the sampled positions, tv_per_token and kl_per_token are upper bounds on the cost."""
         greedy = self.positions - self.sampled
         finite = self.sampled - self.kl_infinite
         return {
             "tv_per_token": self.tv_sum / self.sampled if self.sampled else None,
             "kl_per_token": self.kl_sum / finite if finite else None,
             "kl_infinite_tokens": self.kl_infinite,
+            "cost_bound_tokens": self.bounded,
             "argmax_mismatch": self.mismatches / greedy if greedy else None,
             "logprob_regret": self.regret_sum / greedy if greedy else None,
         }
@@ -101,7 +107,8 @@ class VerifyStats:
             "relax_allowed": self.relax_allowed,
             "positions": self.positions,
             "counters": dict(self.counters),
-            "sampled": self.sampled, "tv_sum": self.tv_sum, "kl_sum": self.kl_sum, "kl_infinite": self.kl_infinite,
+            "sampled": self.sampled, "bounded": self.bounded, "tv_sum": self.tv_sum, "kl_sum": self.kl_sum,
+            "kl_infinite": self.kl_infinite,
             "mismatches": self.mismatches, "regret_sum": self.regret_sum,
         }
 
@@ -119,6 +126,7 @@ class VerifyStats:
         return cls(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
                    gates=list(d.get("gates", d.get("margins", []))), relax_allowed=d["relax_allowed"],
                    positions=d["positions"], counters=counters, sampled=d.get("sampled", 0),
+                   bounded=d.get("bounded", 0),
                    tv_sum=d.get("tv_sum", 0.0), kl_sum=d.get("kl_sum", 0.0), kl_infinite=d.get("kl_infinite", 0),
                    mismatches=d.get("mismatches", 0), regret_sum=d.get("regret_sum", 0.0))
 

@@ -53,6 +53,7 @@ class Verdict:
     next_token: int  # the target's token after the path
     steps: list[Step] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the accepted drafted tokens (path[1:]'s)
+    cost_bound: bool = False  # the steps' tv/kl bound the cost from above (sampled drafts, `mars.cost`)
 
     @property
     def accepted(self) -> int:
@@ -135,18 +136,19 @@ def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless
 
 def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, generator: torch.Generator | None,
                     lossless: bool = False) -> Verdict:
-    """Tree speculative sampling under a relaxation, for children drafted deterministically (top-k).
+    """Tree speculative sampling under a relaxation, for deterministic (top-k) or sampled children.
 
     Strict (lossless): at the current node with target distribution p, try its children in draft
-    order; child x is accepted with probability r(x) under the current residual r (initially p);
-    on rejection r(x) is set to 0 and r renormalised. If every child is rejected, the correction
-    token is sampled from r; if a node without children is reached, the bonus token is sampled
-    from p. Because drafted children are deterministic (q = 1 on the drafted token), this emits
-    each token with exactly probability p: P(x_j) = prod_{i<j}(1 - r_i(x_i)) r_j(x_j) = p(x_j).
+    order, child x accepted when u < its trial ratio (`view.trial`, `mars.rejection`): r(x) for
+    deterministic children (q = 1 on the drafted token; a rejected child's entry of r is zeroed and r
+    renormalised), r(x) / q(x) for children sampled without replacement from q (recursive rejection
+    sampling). If every child is rejected, the correction token is sampled from the last residual;
+    if a node without children is reached, the bonus token is sampled from p. Either way each node
+    emits a token distributed exactly as p (sampled drafts: over the draws as well).
 
     A relaxation changes that where it acts: the first child accepted outright wins; otherwise the
-    test is loosened by `relax.tolerance`, skipped where `relax.tested` is False, and the token
-    after rejections drawn from `relax.fallback` (`mars.cost` gives the exact result).
+    test is loosened by `relax.tolerance` (u < ratio + tolerance), skipped where `relax.tested` is
+    False, and the token after rejections drawn from `relax.fallback` (`mars.cost` gives the result).
     `lossless`: the rule never relaxes (skip its cost).
 
     Random draws, the same for every rule: `u = rand(n, n)` first, the j-th child (draft order) of
@@ -155,16 +157,15 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     """
     n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
-    kids, pc = view.kids, view.child_probs  # [n, n]
+    kids, trial = view.kids, view.trial  # [n, n]
     u = torch.rand(n, n, generator=generator, device=device)
     rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
-    mass = view.probs.sum(dim=-1, keepdim=True) - (pc.cumsum(dim=1) - pc)  # residual mass before trying j
-    tested = kids & (mass > 0)
+    tested = trial.testable
     if relax.tested is not None:
-        tested &= relax.tested[:, None]
-    draws = u.gather(1, rank) * mass
-    strict_ok = tested & (draws < pc)
-    loose_ok = strict_ok if relax.tolerance is None else tested & (draws < pc + relax.tolerance[:, None] * mass)
+        tested = tested & relax.tested[:, None]
+    draws = u.gather(1, rank)
+    strict_ok = tested & (draws < trial.ratio)
+    loose_ok = strict_ok if relax.tolerance is None else tested & (draws < trial.ratio + relax.tolerance[:, None])
 
     def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
         return torch.where(ok, nodes[None, :], n).min(dim=1).values
@@ -185,7 +186,7 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
                                                    [tree.depths[last], token])
     length = int(depth) + 1
     return Verdict(ids[:length], int(next_token), _steps(ids[:length], rows[:length], list(relax.counters)),
-                   tokens[1:length])
+                   tokens[1:length], cost_bound=cost.bound)
 
 
 def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
@@ -194,7 +195,7 @@ def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
 
     processed [n, V] = `process_logits(target logits over the tree, cfg)`.
     """
-    view = TargetView(processed, tree.tokens, children(tree), cfg.greedy)
+    view = TargetView(processed, tree.tokens, children(tree), cfg.greedy, tree.draft_probs, tree.width)
     relax = cfg.rule.relax(view)
     if cfg.greedy:
         return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless)

@@ -11,8 +11,9 @@
    against p0(x1) * p_{x1}(x2) computed directly.
 2. End to end. On a tiny random Llama with a random EAGLE-3 head, the first four tokens of
    `generate(rule="strict")` against the exact distribution computed from the target by full
-   forward passes over every continuation (the first token comes from the prefill, tokens 2-4 from
-   a depth-2 tree and later cycles); tested token by token and as the joint of each adjacent pair.
+   forward passes over every continuation (the first token comes from the prefill, tokens 2-5 from
+   a depth-3 tree and later cycles); tested token by token and as the joint of each adjacent pair,
+   for sampled trees and chains (T = 1, T = 0.7, top-p), top-k trees and adaptive trees.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def test_the_chi_square_test_detects_a_lossy_rule():
 
 E2E_VOCAB = 12
 E2E_PROMPT = [3, 7, 1]
-E2E_NEW = 4  # the prefill token, then a depth-2 tree (the last cycle drafts no deeper than needed)
+E2E_NEW = 5  # the prefill token, then a depth-3 tree (the last cycle drafts no deeper than needed)
 N_E2E = 1000
 
 
@@ -123,7 +124,7 @@ N_E2E = 1000
 def e2e():
     gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=E2E_VOCAB, total_tokens=10, depth=3, branching=4)
     model = gen.target.model
-    # Every continuation of 3 tokens, one batched forward: logits for tokens 1..4 of each.
+    # Every continuation of 4 tokens, one batched forward: logits for tokens 1..5 of each.
     cont = torch.cartesian_prod(*[torch.arange(E2E_VOCAB)] * (E2E_NEW - 1))
     batch = torch.cat([torch.tensor(E2E_PROMPT).expand(cont.shape[0], -1), cont], dim=1)
     with torch.inference_mode():
@@ -132,7 +133,7 @@ def e2e():
 
 
 def exact_joint(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """P(t1, ..., t4) [V]*4 from the target's processed logits over every continuation."""
+    """P(t1, ..., t5) [V]*5 from the target's processed logits over every continuation."""
     v, n = E2E_VOCAB, E2E_NEW
     probs = process_logits(logits, cfg).softmax(-1).reshape(*[v] * (n - 1), n, v)
     joint = probs[(0,) * (n - 1) + (0,)]  # p(t1)
@@ -158,12 +159,25 @@ ADAPTIVE_COSTS = {
 }
 
 
+# Sampled drafting (the default when sampling): a tree and a chain of sampled children; top-k drafting.
+DRAFTS = {"sampled tree": dict(drafting="sample"), "sampled chain": dict(drafting="sample", branching=1),
+          "top-k tree": dict(drafting="topk")}
+
+
 @pytest.mark.parametrize("setting,policy",
-                         [(s, None) for s in SETTINGS] + [("temperature 1", p) for p in ADAPTIVE_COSTS])
+                         [(s, "sampled tree") for s in SETTINGS] + [("temperature 1", d) for d in DRAFTS
+                                                                    if d != "sampled tree"]
+                         + [("temperature 1", p) for p in ADAPTIVE_COSTS])
 def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
     gen, logits = e2e
-    if policy is not None:
+    if policy in ADAPTIVE_COSTS:
         gen = adaptive_generator(gen, ADAPTIVE_COSTS[policy])
+    else:
+        tree = dict(total_tokens=gen.total_tokens, depth=gen.depth, branching=gen.branching) | DRAFTS[policy]
+        gen = SpeculativeGenerator(gen.target.model, gen.head, **tree)
+        # EAGLE-2's reranking keeps few depth-3 nodes of this random head; sampled shapes keep a depth-3 path.
+        deepest = 2 if policy == "top-k tree" else 3
+        policy = None
     cfg = SamplingConfig(**SETTINGS[setting])
     joint = exact_joint(logits, cfg)
     assert joint.sum().item() == pytest.approx(1.0, abs=1e-5)
@@ -179,14 +193,14 @@ def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
         accepted.update(out.accept_lengths)
         depths.update(out.draft_depths)
     if policy is None:
-        assert accepted[1] > 100 and accepted[2] > 10  # drafts were accepted, including a full depth-2 path
+        assert accepted[1] > 100 and accepted[deepest] > 10  # drafts were accepted, including a full deep path
     elif policy == "adaptive, drafting":
         # Drafts accepted; the tree's depth varied with what acceptance the policy observed.
         assert accepted[1] > 100 and min(depths[0], depths[1], depths[2]) > 20
     else:
         assert accepted[0] > accepted[1] + accepted[2] > 10  # plain steps, and some drafts accepted
 
-    for dims in [(0,), (1,), (2,), (3,), (0, 1), (1, 2), (2, 3)]:  # each token, each adjacent pair
+    for dims in [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (2, 3), (3, 4)]:  # each token, each adjacent pair
         exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
         probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
                                                 exact.flatten().tolist(), strict=True)}

@@ -63,7 +63,7 @@ def test_every_rule_file_registers_its_rule_and_unknown_names_are_refused():
 def outcome_distribution(view: TargetView, relax: Relaxation, tree) -> dict[tuple[int, ...], float]:
     """P(a verdict emits these tokens) under the rule's description: the first child accepted
     outright wins, else children are tried with `acceptance_probabilities`, else `fallback_distribution`."""
-    a, _ = acceptance_probabilities(view, relax)
+    a = acceptance_probabilities(view, relax)
     fallback = fallback_distribution(view, relax, torch.arange(tree.size))
     tokens, kids = tree.tokens.tolist(), tree.children
     out: Counter = Counter()

@@ -178,8 +178,12 @@ class Path:
 
 # A fixed tree: one read of the verdict, one upload of its path and next token. The adaptive tree adds
 # one read of its growth decisions per tree. Exact attention (bf16) builds its plan on the device.
+# When sampling, "plain" drafts sampled children (a fixed shape laid out on the device before the loop).
 PATHS = [
     Path("plain"),
+    Path("top-k drafting", {"drafting": "topk"}, temperatures=(1.0,)),
+    Path("sampled drafting, bf16 exact attention", {"exact_attention": True, "drafting": "sample"},
+         dtype=torch.bfloat16, temperatures=(1.0,)),
     Path("exact attention, bf16", {"exact_attention": True}, dtype=torch.bfloat16),
     Path("static", {"static": True}),
     Path("adaptive", budget=3, adaptive=CHEAP_VERIFY, oracle=True, expect=lambda out: out.draft_depths.count(4) >= 5),

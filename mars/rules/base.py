@@ -22,6 +22,8 @@ from typing import ClassVar
 
 import torch
 
+from mars.rejection import Trial, recursive_trial, topk_trial
+
 # What is drawn at a node whose children were all rejected (`Relaxation.fallback`).
 RESIDUAL = 0  # the residual: p with every rejected child zeroed, renormalised (strict: lossless)
 TARGET = 1  # p itself, as if no child had been tried
@@ -34,12 +36,17 @@ class TargetView:
 
     logits [n, V]: processed logits (greedy: the raw logits). tokens [n]: node tokens.
     kids [n, n] bool: j is a child of i (columns in draft order). greedy: temperature 0.
+    draft [n, V] or None: the distribution node i's children were sampled from, without replacement
+    (`eagle.tree.sample_tree`); None when children are the head's deterministic top-k.
+    width: the most children any node has (needed with `draft`; known on the host from the tree's shape).
     """
 
     logits: torch.Tensor
     tokens: torch.Tensor
     kids: torch.Tensor
     greedy: bool
+    draft: torch.Tensor | None = None
+    width: int | None = None
 
     @cached_property
     def probs(self) -> torch.Tensor:
@@ -71,6 +78,15 @@ class TargetView:
     def child_probs(self) -> torch.Tensor:
         """[n, n] p_i(token of j) where j is a child of i, else 0."""
         return self.kids * self.probs[:, self.tokens]
+
+    @cached_property
+    def trial(self) -> Trial:
+        """The strict trial of every node's children (`mars.rejection`): acceptance ratios and residuals."""
+        if self.draft is None:
+            return topk_trial(self.probs, self.kids, self.tokens)
+        if self.width is None:
+            raise ValueError("a view of sampled drafts needs the tree's width (most children of a node)")
+        return recursive_trial(self.probs, self.draft, self.kids, self.tokens, self.width)
 
     def children_among(self, chosen: torch.Tensor) -> torch.Tensor:
         """[n, n] bool: j is a child of i whose token is in row i of `chosen` [n, m] (token ids)."""

@@ -1,0 +1,232 @@
+"""Sampled drafting at temperature > 0: children drawn without replacement into a fixed shape
+(`eagle.tree`), verified by recursive rejection sampling (`mars.rejection`).
+
+Exact checks where the draws can be enumerated (a node's emitted distribution averaged over every
+ordered draw is p, to float precision), chi-square tests where they cannot (`tests/test_lossless.py`
+runs `generate` end to end with sampled trees), and the engine's contracts: shapes that keep every
+node's children a prefix in draw order, rules at their never-relaxing settings equal strict draw for
+draw, costs that bound the exact marginal cost from above.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+from helpers import chi_square_pvalue, tiny_generator
+
+from eagle.tree import DraftTree, Topology, best_topology, gumbel_top
+from mars import SpeculativeGenerator
+from mars.cost import emitted_distribution, sampling_cost
+from mars.rejection import recursive_trial, topk_trial
+from mars.rules import BUILT_IN, RULES, Relaxation, TargetView, make_rule
+from mars.sampling import process_logits, resolve_sampling
+from mars.verify import accept, children
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+V = 6
+
+
+def draw_probability(q: torch.Tensor, draws: tuple[int, ...]) -> float:
+    """P(the ordered draws) when sampling from q without replacement."""
+    prob, left = 1.0, 1.0
+    for x in draws:
+        prob *= q[x].item() / left
+        left -= q[x].item()
+    return prob
+
+
+def star(draws: tuple[int, ...], p_logits: torch.Tensor, q: torch.Tensor, rule=None):
+    """(view, relaxation) of a root whose children are `draws`, drawn from q; p from `p_logits`."""
+    k = len(draws)
+    tree = DraftTree.checked([0, *draws], [-1] + [0] * k)
+    logits = torch.zeros(k + 1, V)
+    logits[0] = p_logits
+    draft = torch.zeros(k + 1, V)
+    draft[0] = q
+    view = TargetView(logits, tree.tokens, children(tree), False, draft, k)
+    return view, (rule.relax(view) if rule is not None else Relaxation.none(view))
+
+
+def every_draw(q: torch.Tensor, k: int):
+    """Every ordered k-draw from q's support with its probability."""
+    support = [x for x in range(V) if q[x] > 0]
+    for draws in itertools.permutations(support, k):
+        yield draws, draw_probability(q, draws)
+
+
+CASES = {  # (p logits, q); -inf = filtered out by top-k / top-p
+    "full supports": (torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0, -1.0]), torch.tensor([0.3, 0.1, 0.05, 0.25, 0.2, 0.1])),
+    "q misses p's top token": (torch.tensor([2.5, 0.2, -0.5, 0.3, 0.0, -1.0]),
+                               torch.tensor([0.0, 0.4, 0.1, 0.3, 0.2, 0.0])),
+    "p filtered": (torch.tensor([1.0, -math.inf, 0.5, -math.inf, 0.3, -math.inf]),
+                   torch.tensor([0.1, 0.3, 0.2, 0.2, 0.1, 0.1])),
+}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_recursive_rejection_averaged_over_every_draw_emits_p_exactly(case, k):
+    p_logits, q = CASES[case]
+    p = p_logits.softmax(-1)
+    average, total = torch.zeros(V), 0.0
+    for draws, prob in every_draw(q, k):
+        view, relax = star(draws, p_logits, q)
+        average += prob * emitted_distribution(view, relax, torch.tensor([0]))[0]
+        total += prob
+    assert total == pytest.approx(1.0, abs=1e-6)
+    assert torch.allclose(average, p, atol=1e-6), (average, p)
+
+
+def test_a_single_draw_is_accepted_with_the_overlap_of_p_and_q():
+    """One child x ~ q: accepted with probability sum_x min(p, q) (what the head's training aims at)."""
+    p_logits, q = CASES["full supports"]
+    p = p_logits.softmax(-1)
+    accepted = sum(prob * min(1.0, view.trial.ratio[0, 1].item())
+                   for (draws, prob) in every_draw(q, 1) for view, _ in [star(draws, p_logits, q)])
+    assert accepted == pytest.approx(torch.minimum(p, q).sum().item(), abs=1e-6)
+
+
+def test_the_trial_of_deterministic_children_is_the_top_k_trial():
+    """Children drawn from a q that is certain of them one after another: ratio r(x) and the residual
+    with the tried children zeroed, as for top-k children (`topk_trial`)."""
+    p = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25] * 4, [0.25] * 4])
+    kids = children(DraftTree.checked([0, 1, 3], [-1, 0, 0]))
+    tokens = torch.tensor([0, 1, 3])
+    # q of the first draw puts (almost) all its mass on token 1, then the rest on token 3.
+    q = torch.tensor([[0.0, 1 - 1e-7, 0.0, 1e-7], [0.0] * 4, [0.0] * 4])
+    sampled, fixed = recursive_trial(p, q, kids, tokens, 2), topk_trial(p, kids, tokens)
+    assert torch.allclose(sampled.ratio, fixed.ratio, atol=1e-5)
+    assert torch.allclose(sampled.residual, fixed.residual, atol=1e-5)
+
+
+def test_gumbel_top_draws_without_replacement_in_draw_order():
+    q = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    draws = gumbel_top(q[None].expand(8000, -1), 2, generator)
+    counts = Counter(map(tuple, draws.tolist()))
+    exact = {d: draw_probability(q, d) for d in itertools.permutations(range(4), 2)}
+    assert 4 not in draws  # a token q excludes is never drawn while others remain
+    assert chi_square_pvalue(counts, exact) > 0.01
+
+
+@pytest.mark.parametrize("shape", [(8, 4, 2), (20, 4, 5), (20, 6, 4), (60, 6, 10), (5, 5, 1), (1, 1, 1)])
+def test_the_sampled_shape_keeps_siblings_a_prefix_in_draw_order(shape):
+    total, depth, branching = shape
+    topology = best_topology(total, depth, branching)
+    parents, ranks, depths = topology.parents, topology.ranks, topology.depths
+    assert topology.size == total + 1 and parents[0] == -1
+    assert all(0 <= parents[i] < i for i in range(1, topology.size))  # parents before children
+    assert list(depths) == sorted(depths) and max(depths) <= depth  # breadth-first, no deeper than asked
+    for node in range(topology.size):
+        kids = [i for i in range(1, topology.size) if parents[i] == node]
+        assert [ranks[i] for i in kids] == list(range(len(kids))) and len(kids) <= branching
+    if branching == 1:
+        assert parents == tuple(range(-1, total))  # a chain
+
+
+def test_the_shape_spends_nodes_where_acceptance_is_likely():
+    """With a first child accepted far more often than a second, the best shape is deep along first
+    children; with equal rates it is wide."""
+    deep = best_topology(10, 8, 4, (0.9, 0.05, 0.02, 0.01))
+    wide = best_topology(10, 8, 4, (0.2, 0.2, 0.2, 0.2))
+    assert deep.levels == 8 and wide.levels <= 3
+    assert deep.truncated(3).size == 1 + sum(d <= 3 for d in deep.depths[1:])
+    assert Topology((-1, 0, 1), (0, 0, 0)).width == 1
+
+
+def sampled_tree(seed: int, topology: Topology) -> tuple[DraftTree, torch.Tensor]:
+    """A tree of `topology` with random q per node and children drawn from it; random target logits."""
+    generator = torch.Generator().manual_seed(seed)
+    n = topology.size
+    q = torch.randn(n, V, generator=generator).mul(1.5).softmax(-1)
+    tokens = [0] * n
+    for node in range(n):
+        kids = [i for i in range(1, n) if topology.parents[i] == node]
+        if kids:
+            drawn = gumbel_top(q[node:node + 1], len(kids), generator)[0].tolist()
+            for kid, token in zip(kids, drawn, strict=True):
+                tokens[kid] = token
+    tree = DraftTree.checked(tokens, list(topology.parents))
+    tree.draft_probs, tree.width = q, topology.width
+    logits = torch.randn(n, V, generator=generator) + 3.0
+    return tree, logits
+
+
+NEVER = [name for name in BUILT_IN if RULES[name].never_relaxes is not None]
+
+
+@pytest.mark.parametrize("name", NEVER)
+def test_every_rule_at_its_never_relaxing_setting_is_strict_on_sampled_drafts(name):
+    rule = make_rule(name, **RULES[name].never_relaxes)
+    for seed in range(10):
+        tree, logits = sampled_tree(seed, best_topology(6 + seed % 4, 3, 3, (0.5, 0.3, 0.2)))
+        for settings in (dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)):
+            never, strict = resolve_sampling(rule=rule, **settings), resolve_sampling(**settings)
+            g_never, g_strict = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            a = accept(process_logits(logits, never), tree, never, g_never)
+            b = accept(process_logits(logits, strict), tree, strict, g_strict)
+            assert (a.path, a.next_token, a.tokens) == (b.path, b.next_token, b.tokens)
+            assert not any(s.relaxed or s.tv or s.kl for s in a.steps)
+            assert torch.equal(g_never.get_state(), g_strict.get_state())
+
+
+RELAXING = [(name, params) for name in BUILT_IN for params in RULES[name].relaxing or ()]
+
+
+@pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
+def test_the_reported_cost_on_sampled_drafts_bounds_the_exact_cost(name, params):
+    """Over every draw of two children, the marginal emitted distribution's TV and KL from p are at
+    most the average of what each position reports (`sampling_cost`); strict reports 0."""
+    rule = make_rule(name, **params)
+    p_logits = torch.tensor([1.0, 0.9, 0.2, 0.8, -0.3, 0.1]) + 2.0
+    q = torch.tensor([0.3, 0.1, 0.05, 0.25, 0.2, 0.1])
+    p = p_logits.softmax(-1)
+    marginal, tv_bound, kl_bound = torch.zeros(V), 0.0, 0.0
+    for draws, prob in every_draw(q, 2):
+        view, relax = star(draws, p_logits, q, rule)
+        marginal += prob * emitted_distribution(view, relax, torch.tensor([0]))[0]
+        cost = sampling_cost(view, relax, torch.tensor([0]))
+        assert cost.bound
+        tv_bound += prob * cost.tv.item()
+        kl_bound += prob * cost.kl.item()
+        strict_view, none = star(draws, p_logits, q)
+        assert sampling_cost(strict_view, none, torch.tensor([0])).tv.item() == 0.0
+    tv = 0.5 * (marginal - p).abs().sum().item()
+    kl = torch.where(marginal > 0, marginal * (marginal / p).log(), 0.0).sum().item()
+    assert 1e-3 < tv <= tv_bound + 1e-6  # the rule does move the output here, and the bound holds
+    assert kl <= kl_bound + 1e-6
+
+
+def test_generate_drafts_sampled_children_when_sampling_and_top_k_when_greedy():
+    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=12, total_tokens=6, depth=3, branching=3)
+    prompt = torch.tensor([[3, 7, 1]])
+    sampled = gen.generate(prompt, max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert sampled.stats.cost()["cost_bound_tokens"] == sampled.stats.sampled > 0
+    topk = SpeculativeGenerator(gen.target.model, gen.head, total_tokens=6, depth=3, branching=3, drafting="topk")
+    fixed = topk.generate(prompt, max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert fixed.stats.cost()["cost_bound_tokens"] == 0 and fixed.stats.sampled > 0
+    greedy = gen.generate(prompt, max_new_tokens=12)
+    assert greedy.tokens == topk.generate(prompt, max_new_tokens=12).tokens
+
+
+def test_generate_with_a_never_relaxing_rule_is_strict_draw_for_draw_on_sampled_drafts():
+    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=12, total_tokens=8, depth=3, branching=3)
+    prompt = torch.tensor([[3, 7, 1]])
+    for seed in range(4):
+        outs = [gen.generate(prompt, max_new_tokens=16, temperature=1.0, generator=torch.Generator().manual_seed(seed),
+                             **settings) for settings in (dict(rule="strict"), dict(rule="mars", theta=1.0,
+                                                                                   margin="prob_ratio"))]
+        assert outs[0].tokens == outs[1].tokens and outs[0].accept_lengths == outs[1].accept_lengths
+
+
+def test_drafting_settings_are_checked():
+    gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=12, total_tokens=6, depth=3, branching=3)
+    with pytest.raises(ValueError, match="drafting must be one of auto, topk, sample"):
+        SpeculativeGenerator(gen.target.model, gen.head, drafting="beam")
+    with pytest.raises(ValueError, match="sampled tree's shape must not depend on its draws"):
+        SpeculativeGenerator(gen.target.model, gen.head, adaptive=True, drafting="sample")
