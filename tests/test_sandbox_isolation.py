@@ -252,3 +252,21 @@ def test_score_cli_refuses_and_allows(nothing_isolates: None, tmp_path: Path, ca
     result = json.loads(out.splitlines()[-1])
     assert result["sandbox"] == "unisolated" and result["pass@1"] == 1.0
     assert "sandbox: unisolated" in out
+
+
+def test_a_job_refuses_before_answering_and_records_unisolated(nothing_isolates: None) -> None:
+    """eval.run's job: the refusal comes before any model loads; allowed, the level is what the summary's
+    settings, the report and the W&B config record."""
+    from types import SimpleNamespace
+
+    from eval.reporting.summaries import SETTING_KEYS
+    from eval.runner.job import sandbox_level
+
+    def config(bench: str, allow: bool) -> SimpleNamespace:
+        return SimpleNamespace(bench=SimpleNamespace(name=bench), sandbox=SimpleNamespace(allow_unisolated=allow))
+
+    assert sandbox_level(config("gsm8k", False)) is None  # no programs to run: no sandbox, no refusal
+    with pytest.raises(sandbox.SandboxUnavailable, match="sandbox.allow_unisolated=true"):
+        sandbox_level(config("humaneval", False))
+    assert sandbox_level(config("humaneval", True)) == "unisolated"
+    assert "sandbox" in SETTING_KEYS  # report.md lists the settings' sandbox level

@@ -149,6 +149,14 @@ class LoggingConfig:
 
 
 @dataclass
+class SandboxConfig:
+    # Score HumanEval even where the sandbox (eval/scoring/sandbox.py) cannot hide the caller's private files
+    # (not root, no bubblewrap, no unprivileged user namespaces): the code then runs with the caller's
+    # permissions, and summary.json, the report and the W&B run record sandbox: unisolated. Off: refuse.
+    allow_unisolated: bool = False
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     bench: BenchConfig = MISSING
@@ -156,6 +164,7 @@ class RunConfig:
     tree: TreeConfig = MISSING
     sampling: SamplingSchema = MISSING
     logging: LoggingConfig = MISSING
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # Methods answered alongside `method`, question by question in rotated order; each keeps its own
     # run directory, shared by every job with the same settings (a θ sweep times vanilla once).
     baselines: list[str] = field(default_factory=lambda: [GENERATE, VANILLA, STRICT])

@@ -29,7 +29,7 @@ RATIOS = {  # figure: (the method it is relative to, the figure divided)
     "quality_recovery_vs_vanilla": (VANILLA, "quality"),
 }
 SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
-                "exact_attention", "prepack", "questions", "methods", "shard")
+                "exact_attention", "prepack", "questions", "methods", "shard", "sandbox")
 
 
 class ReportError(ValueError):

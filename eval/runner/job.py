@@ -62,7 +62,7 @@ from eval.runner.models import (
 from eval.runner.plain import GenerateWorker
 from eval.runner.settings import resolve_settings
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
-from eval.scoring import quality
+from eval.scoring import quality, sandbox
 from mars.settings import DecodeSettings
 
 # --- quality ------------------------------------------------------------------------------------
@@ -120,6 +120,18 @@ def machine() -> str:
     if torch.cuda.is_available():
         text += f", {torch.cuda.get_device_name(0)}"
     return text
+
+
+SANDBOXED = ("humaneval",)  # benchmarks whose answers run as programs in eval.scoring.sandbox
+
+
+def sandbox_level(run: RunConfig) -> str | None:
+    """The sandbox isolation level HumanEval's programs will run under (None for benchmarks without
+    programs); raises SandboxUnavailable now, before any model loads, where it would refuse."""
+    if run.bench.name not in SANDBOXED:
+        return None
+    sandbox.allow_unisolated(run.sandbox.allow_unisolated)
+    return sandbox.isolation()
 
 
 def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, directories: dict[str, Path]) -> dict:
@@ -183,6 +195,9 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     """One job: answer what is missing, then write the job's summary (see the module docstring)."""
     config = validate(cfg)  # value ranges, before anything else
     fmt, questions = check_settings(config)  # bad settings fail before any model loads
+    level = sandbox_level(config)  # a sandbox that would refuse fails now, not after hours of answering
+    if level == sandbox.UNISOLATED:
+        print("sandbox: unisolated (sandbox.allow_unisolated=true): HumanEval's programs run with your permissions")
     # Resolved once, before the run directories (their names include the precision and the tree); every
     # later step reads this object.
     resolved = resolve_settings(config, fmt)
@@ -205,12 +220,20 @@ def run(cfg: DictConfig | RunConfig) -> dict:
     started = time.time()
     OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
                    resolve=True)
-    tracker = start_tracking(config.logging, job_dir, {**plain(config), "resolved": resolved.record()},
+    wandb_config = {**plain(config), "resolved": resolved.record()}
+    if level is not None:
+        wandb_config["sandbox"] = {**wandb_config.get("sandbox", {}), "isolation": level}
+        if level == sandbox.UNISOLATED:
+            config.logging.tags = [*config.logging.tags, "sandbox:unisolated"]
+    tracker = start_tracking(config.logging, job_dir, wandb_config,
                              model=config.model.name, bench=config.bench.name,
                              method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
     answered_now = answer_pending(config, resolved, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
-    summary = {"machine": machine(), "settings": settings_record(config, resolved, len(ids), directories),
+    settings = settings_record(config, resolved, len(ids), directories)
+    if level is not None:
+        settings["sandbox"] = level  # the report's settings show it (unisolated: the code ran unconfined)
+    summary = {"machine": machine(), "settings": settings,
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
                "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
