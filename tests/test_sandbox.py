@@ -153,8 +153,8 @@ def test_statuses() -> None:
     assert failed.status == "failed" and failed.returncode == 1 and "ValueError: boom" in failed.output
     assert run_sandboxed("def f(:\n").status == "failed"  # a syntax error is the code's failure
     assert run_sandboxed("raise SystemExit(3)").returncode == 3
-    # Killed by a signal: a real fault (a PID-namespace init ignores signals sent to itself, and the
-    # code, dropped to an unprivileged user, may not signal the root-owned `unshare` of its group).
+    # Killed by a signal: a real fault (a PID-namespace init ignores signals it sends itself, and the
+    # code's kill(0) reaches no wrapper: tests/test_sandbox_isolation.py, test_killing_its_own_group...).
     killed = run_hostile("import faulthandler\nfaulthandler._read_null()\n")
     assert killed.status == "killed" and killed.returncode == -signal.SIGSEGV
     # The sandbox itself cannot start the code: 1 MB of address space is not enough for the bootstrap.
@@ -205,6 +205,7 @@ def test_layers_on_this_machine() -> None:
             assert layers["isolation"] == "root" and layers["namespaces"] == ["mount", "pid", "net"]
     assert layers["levels"][layers["isolation"]] == "works" and layers["hides_private_files"]
     assert "RLIMIT_AS" in layers["rlimits"] and layers["process_group_kill"] and layers["python_guards"]
+    assert layers["own_session"]
     limits = run_sandboxed("import resource\n")  # the limits cannot be raised again: resource is blocked
     assert limits.status == "failed" and "resource" in limits.output
     if "pid" in layers["namespaces"]:

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_attacks import FRESH  # the attacker's side: a fresh, unpatched posix
 
 from eval.config.paths import REPO_ROOT
 from eval.scoring import sandbox
@@ -193,6 +195,100 @@ def _cmdline_has(proc: Path, text: str) -> bool:
         return text.encode() in (proc / "cmdline").read_bytes()
     except OSError:
         return False
+
+
+# --- signalling its own process group ------------------------------------------------------------
+
+# The harness's side for the test below, run as that harness's user (`python -c`): each program through
+# `run_sandboxed` at one level, and, right after each run, the sandboxed processes still alive.
+GROUP_DRIVER = """
+import json, os, sys
+from eval.scoring import sandbox
+
+def alive_in_sandbox():
+    left = []
+    for entry in os.listdir('/proc'):
+        try:
+            with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                if sandbox.TEMP_PREFIX.encode() in f.read():
+                    left.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return left
+
+level, programs = sys.argv[1], json.loads(sys.argv[2])
+forced = sandbox.use_isolation(level)  # kept: a collected generator would undo the forcing
+try:
+    forced.__enter__()
+except sandbox.SandboxUnavailable as e:
+    print(json.dumps({'unavailable': str(e), 'uid': os.geteuid()}))
+    raise SystemExit(0)
+results = {}
+for name, (source, timeout) in programs.items():
+    r = sandbox.run_sandboxed(source, timeout=timeout)
+    results[name] = {'status': r.status, 'returncode': r.returncode, 'output': r.output, 'left': alive_in_sandbox()}
+print(json.dumps({'uid': os.geteuid(), 'layers': sandbox.sandbox_layers(), 'results': results}))
+"""
+# Below the Python guards (a fresh posix): the code ignores SIGTERM and sends it to its own process group,
+# which would end a wrapper (unshare, bwrap) in that group and so the run ("killed", -SIGTERM); then SIGKILL
+# by kill(0) and killpg(0), which a PID namespace's init ignores from inside (anywhere else it ends the code
+# itself, its own doing); then it exits with its own status, 3.
+KILL_OWN_GROUP = FRESH + (
+    "import signal\n"
+    "print('session leader', posix.getsid(0) == posix.getpid(), flush=True)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "posix.kill(0, signal.SIGTERM)\n"
+    "print('after SIGTERM', flush=True)\n"
+    "posix.kill(0, signal.SIGKILL)\n"
+    "posix.killpg(0, signal.SIGKILL)\n"
+    "print('after SIGKILL', flush=True)\n"
+    "raise SystemExit(3)\n")
+# The code in a session of its own, with children in further sessions, all asleep past the timeout: the
+# harness must still kill every one of them.
+OUTLIVE_TIMEOUT = FRESH + (
+    "import time\n"
+    "for _ in range(4):\n"
+    "    if posix.fork() == 0:\n"
+    "        posix.setsid()\n"
+    "        time.sleep(60)\n"
+    "        posix._exit(0)\n"
+    "print('forked', flush=True)\n"
+    "time.sleep(60)\n")
+
+
+@pytest.mark.parametrize("harness, level", LEVELS, ids=[f"{h}-{lv}" for h, lv in LEVELS])
+def test_killing_its_own_group_is_the_codes_own_failure(harness: str, level: str) -> None:
+    """kill(0) / killpg(0) from the sandboxed code reach only the code's processes (it leads a session of
+    its own, out of its wrapper's group): the harness reports the program's own exit, not a killed
+    wrapper; and the timeout still kills the whole sandboxed tree."""
+    if harness == "root" and os.geteuid() != 0:
+        pytest.skip("the suite does not run as root: no root harness to test")
+    uid = os.geteuid() if harness == "root" else TEST_UID
+    prefix = [] if harness == "root" else as_user_command(uid)
+    programs = {"kill_own_group": (KILL_OWN_GROUP, 10.0), "outlive_timeout": (OUTLIVE_TIMEOUT, 1.5)}
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": "/", "PYTHONPATH": str(REPO_ROOT), "LANG": "C.UTF-8"}
+    done = subprocess.run([*prefix, sys.executable, "-c", GROUP_DRIVER, level, json.dumps(programs)],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert done.returncode == 0, f"the harness died: {done.stderr[-3000:]}"
+    report = json.loads(done.stdout.splitlines()[-1])
+    if "unavailable" in report:
+        pytest.skip(f"isolation level {level} is not available to uid {report['uid']} here: {report['unavailable']}")
+    assert report["uid"] == uid and report["layers"]["isolation"] == level
+    killer, outliver = report["results"]["kill_own_group"], report["results"]["outlive_timeout"]
+    print(f"\n{harness} harness, level {level}: kill(0) -> {killer}; timeout -> {outliver}")
+    # SIGTERM to its group reached no wrapper: a dead wrapper would be the run's end, by SIGTERM.
+    assert killer["returncode"] != -signal.SIGTERM and "after SIGTERM" in killer["output"], killer
+    assert "session leader True" in killer["output"]  # a session, and so a process group, of its own
+    if "pid" in report["layers"]["namespaces"]:
+        # The code is its PID namespace's init: its own SIGKILLs pass it by, and it exits as it chose.
+        assert (killer["status"], killer["returncode"]) == ("failed", 3), killer
+        assert "after SIGKILL" in killer["output"]
+    else:  # no wrapper between harness and code (no --fork): the code killed itself, nothing else
+        assert (killer["status"], killer["returncode"]) == ("killed", -signal.SIGKILL), killer
+    assert killer["left"] == []
+    # The timeout still ended the code in its session and its children in theirs.
+    assert outliver["status"] == "timeout" and "forked" in outliver["output"], outliver
+    assert outliver["left"] == [], "sandboxed processes outlived the timeout"
 
 
 # --- fail closed ----------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ works for the harness's user is used for every call:
   root nothing), so it cannot unmount what hides the host, and a chrooted process may not create
   another user namespace to regain them.
 
+Landlock is not used: its one Python binding of some age, PyPI `landlock`, has only dev releases
+(1.0.0.dev0-dev5, the last in May 2025) and reports every call after a failed one as failed, the
+others are months old, and where the code gets a new root (below) Landlock would only repeat it.
+
 The new root (levels root, bwrap, userns) is an empty directory on which only these are mounted:
 /usr, /etc, the /bin, /sbin, /lib* directories (or their symlinks), and the interpreter's prefix,
 base prefix and site-packages wherever they live (a pyenv or venv in the home directory included),
@@ -59,9 +63,13 @@ Below the isolation, on every level:
    FILE_SIZE_MB), RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_NPROC. Hard limits equal soft ones (CPU:
    one second more) and the `resource` module is blocked, so the code cannot raise them (and,
    without capabilities, could not anyway).
-2. Process group: the child starts a new session (`start_new_session=True`); on timeout, and after
-   every run in any case, the whole group is killed with SIGKILL (leftover grandchildren included),
-   and the call waits (up to GROUP_EXIT_WAIT) until no member of it is alive.
+2. Sessions: the harness starts the wrapper (unshare, bwrap) in a new session (`start_new_session=True`)
+   and the code leaves the wrapper's process group for a session of its own (bwrap ``--new-session``,
+   elsewhere the bootstrap's setsid), so its kill(0) / killpg(0) reach only its own processes, never
+   the wrapper whose exit status the harness reports. On timeout the harness looks up every process
+   group below the wrapper (the code's session, and any its processes started), kills them and the
+   wrapper's with SIGKILL, and waits (up to GROUP_EXIT_WAIT) until none has a live member; after
+   every run the wrapper's group is killed in any case (leftover grandchildren included).
 3. Python-level guards installed by the bootstrap (`sandbox_boot._guard` lists them), in the spirit
    of the HumanEval harness's "reliability guard": no process creation, signalling, identity or
    session changes, sockets (but a connected local pair) or name resolution; writing, renaming and
@@ -350,6 +358,7 @@ def sandbox_layers(allow_unisolated: bool | None = None) -> dict:
     layers.update({
         "rlimits": ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NOFILE", "RLIMIT_NPROC"],
         "process_group_kill": True,
+        "own_session": True,
         "python_guards": True,
     })
     return layers
@@ -357,7 +366,7 @@ def sandbox_layers(allow_unisolated: bool | None = None) -> dict:
 
 def _prefix_description(level: str) -> list[str]:
     if level == BWRAP:
-        return [str(_tool("bwrap")), "--unshare-all", "--die-with-parent", "--as-pid-1", "..."]
+        return [str(_tool("bwrap")), "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "..."]
     if level in (ROOT, USERNS):
         user = ["--user", "--map-root-user"] if level == USERNS else []
         setpriv = ["--inh-caps=-all", "--bounding-set=-all"] if level == USERNS else []
@@ -441,7 +450,9 @@ def _new_root(root: Path, inputs: Path, workdir: Path) -> tuple[Path, Path]:
 
 
 def _bwrap_arguments(inputs: Path, workdir: Path) -> list[str]:
-    args = ["--unshare-all", "--die-with-parent", "--as-pid-1", "--cap-drop", "ALL"]
+    # --new-session: the code leads a session of its own, out of bwrap's process group (as the bootstrap
+    # arranges on the other levels), so its kill(0) cannot end bwrap.
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
     for name in SYSTEM_DIRS:
         if os.path.islink(name):
             args += ["--symlink", os.readlink(name), name]
@@ -499,31 +510,56 @@ def _environment(workdir: Path) -> dict[str, str]:
             "LC_ALL": "C.UTF-8"}
 
 
-def _live_members(pgid: int) -> bool:
-    """Has process group `pgid` a member that is not a zombie? (Killed members re-parented away from us,
-    such as a PID-namespace init whose `unshare` died with it, stay zombies until PID 1 reaps them.)"""
+def _processes() -> dict[int, tuple[int, int, bool]]:
+    """pid -> (parent pid, process group, alive: not a zombie) of every process, from /proc."""
+    table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
-                    state, _, group = f.read().rsplit(b")", 1)[1].split()[:3]
+                    state, ppid, group = f.read().rsplit(b")", 1)[1].split()[:3]
             except (OSError, ValueError):  # gone meanwhile
                 continue
-            if int(group) == pgid and state not in (b"Z", b"X"):
-                return True
-    return False
+            table[int(entry)] = (int(ppid), int(group), state not in (b"Z", b"X"))
+    return table
 
 
-def _kill_group(pgid: int, wait: float = 0.0) -> None:
-    """SIGKILL every process of group `pgid`; with `wait`, keep at it for up to that many seconds until no
-    member is alive."""
+def _run_groups(pid: int) -> set[int]:
+    """The process groups of the run started as `pid` (a new session: its group is `pid`): that group and
+    those of its descendants. The bootstrap leaves the wrapper's group for a session of its own (so that
+    the code's kill(0) cannot reach unshare / bwrap), and the code's processes may start more: only the
+    process tree leads to them."""
+    if not os.path.isdir("/proc"):
+        return {pid}
+    table = _processes()
+    groups, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, group, _) in table.items():
+            if ppid == parent:
+                groups.add(group)
+                frontier.append(child)
+    return groups
+
+
+def _kill_groups(pgids: set[int], wait: float = 0.0) -> None:
+    """SIGKILL every process of the groups `pgids`; with `wait`, keep at it for up to that many seconds
+    until none of them has a live member (killed members re-parented away from us, such as a
+    PID-namespace init whose wrapper died first, stay zombies until PID 1 reaps them; a namespace init
+    becomes one only once every process of its namespace is gone)."""
     deadline = time.monotonic() + wait
     while True:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # the group is gone
+        remaining = set()
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                remaining.add(pgid)
+            except (ProcessLookupError, PermissionError):  # the group is gone
+                pass
+        pgids = remaining
+        if not pgids or time.monotonic() >= deadline or not os.path.isdir("/proc"):
             return
-        if time.monotonic() >= deadline or not (os.path.isdir("/proc") and _live_members(pgid)):
+        if not any(alive and group in pgids for _, group, alive in _processes().values()):
             return
         time.sleep(0.005)
 
@@ -599,9 +635,14 @@ def _run_in(root: Path, level: str, source: str, timeout: float, memory_mb: int,
         try:
             timed_out = not _wait_for_exit(proc, timeout)
         finally:
-            _kill_group(proc.pid)  # the child is the group leader (new session): pgid == pid
+            # The child leads a new session (pgid == pid). A wrapper that has exited by itself waited for
+            # the code (unshare --fork, bwrap): only its own group can be left. One still running (a
+            # timeout) has the code below it in groups of the code's own: look them up before killing
+            # the wrapper, which would detach them from the tree.
+            groups = _run_groups(proc.pid) if proc.poll() is None else {proc.pid}
+            _kill_groups(groups)
             proc.wait()
-            _kill_group(proc.pid, wait=GROUP_EXIT_WAIT)  # leftovers: grandchildren, a dying namespace init
+            _kill_groups(groups, wait=GROUP_EXIT_WAIT)  # leftovers: grandchildren, a dying namespace init
     seconds = time.monotonic() - start
     returncode = proc.returncode
     return SandboxResult(_status(returncode, timed_out), returncode, seconds, _read_output(output))

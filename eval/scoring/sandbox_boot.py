@@ -1,14 +1,14 @@
 """The sandboxed process's own program: `python -I -S sandbox_boot.py PROGRAM WORKDIR LIMITS SITE_DIRS USER`.
 
 Run by `eval.scoring.sandbox` in a fresh interpreter for each sample (see its docstring for the layers). In
-order: set the resource limits and move into WORKDIR (`_setup`); read PROGRAM; install the
-Python-level guards (`_guard`); import what PROGRAM imports (`_preload`); drop to USER ("uid:gid",
-when started as root); then compile and run PROGRAM as __main__. After the drop the process can
-read only what that user may: not the caller's private files (~/.netrc, hub tokens), and not an
-interpreter installed where only root can enter (e.g. under /root), which is why the program's
-imports are loaded first, as root, under the guards. It runs once per sample, so it imports nothing
-slow: modules that need patching but cost time to import (subprocess, socket, shutil: ~30 ms
-together) are patched when, and if, the code first imports them.
+order: start a session of its own (`_own_session`); set the resource limits and move into WORKDIR
+(`_setup`); read PROGRAM; install the Python-level guards (`_guard`); import what PROGRAM imports
+(`_preload`); drop to USER ("uid:gid", when started as root); then compile and run PROGRAM as
+__main__. After the drop the process can read only what that user may: not the caller's private
+files (~/.netrc, hub tokens), and not an interpreter installed where only root can enter (e.g. under
+/root), which is why the program's imports are loaded first, as root, under the guards. It runs
+once per sample, so it imports nothing slow: modules that need patching but cost time to import
+(subprocess, socket, shutil: ~30 ms together) are patched when, and if, the code first imports them.
 
 Only the standard library, and nothing of this repository, is imported here: the interpreter runs
 isolated (-I), without this file's directory on sys.path.
@@ -19,6 +19,19 @@ import sys
 
 SETUP_FAILED = 125  # exit code of a bootstrap that could not set the sandbox up -> status "error"
 CPU_EXCEEDED = 124  # exit code after SIGXCPU (RLIMIT_CPU) -> status "timeout"
+
+
+def _own_session():
+    """Leave the process group of the wrapper that started us (unshare, bwrap) for a new session of our
+    own, so that kill(0) / killpg(0) by the code reach the code's own processes and not the wrapper: a
+    dead wrapper would end the run as "killed" whatever the code did. The harness finds this group
+    through the wrapper when it has to kill the run. Started directly by the harness (no wrapper: no
+    fork in between), we already lead our group, setsid refuses, and nothing else is in the group."""
+    try:
+        os.setsid()
+    except PermissionError:
+        pass
+
 
 def _setup(workdir, limits, site_dirs):
     import _signal
@@ -279,6 +292,7 @@ def _dropper(user):
 
 def _main(program, workdir, limits, site_dirs, user):
     try:
+        _own_session()
         _setup(workdir, limits, site_dirs)
         with open(program, encoding="utf-8") as f:
             source = f.read()
