@@ -2,6 +2,11 @@
 
     python -m eval.zoo /tmp/zoo/summary_t0.json /tmp/zoo/summary_t1.json --out /tmp/zoo
     python -m eval.zoo results/zoo/ --out results/zoo/report      # directories: searched as eval.report does
+    python -m eval.zoo /tmp/zoo/summary_t1.json /tmp/zoo/summary_t1_sampled.json --out /tmp/zoo   # drafting modes
+
+Runs of one temperature that differ in drafting mode (tree.drafting=topk, tree.drafting=sample) each get
+their table, and share one panel of the plot with a Pareto front each (scripts/rule_zoo_embedded.sh with
+DRAFTING=both runs both at T=1).
 
 What the zoo sweeps and why: `eval.reporting.zoo`; the report's layout: `eval.reporting.zoo_tables`.
 """

@@ -17,7 +17,7 @@ import pytest
 from eval.report import main
 from eval.reporting.metrics import category_speedups
 from eval.reporting.summaries import ReportError, is_plain, load_runs, merge_runs
-from eval.reporting.tables import DASH, generate_cell, table
+from eval.reporting.tables import DASH, cost_cell, generate_cell, table
 
 # --- synthetic fixtures ---------------------------------------------------------------------------
 
@@ -317,3 +317,63 @@ def test_path_that_is_not_a_directory(tmp_path, capsys):
         load_runs([tmp_path / "missing"])
     assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     assert "missing: not a directory" in capsys.readouterr().err
+
+
+# --- costs on sampled drafts: upper bounds ---------------------------------------------------------
+
+def sampled_drafts_summary(bound: int) -> dict:
+    """A T=1 run on sampled drafts whose relaxing method reports its TV / KL as bounds on `bound` tokens
+    (eval.run's cost_bound_tokens; strict's costs are exact zeros)."""
+    data = fake_summary("model-a", "humaneval", 1.0, ["vanilla", "strict", "mars@0.9"])
+    data["settings"].update(drafting="sample", drafting_reason="set explicitly (tree.drafting)")
+    data["settings"]["tree"]["drafting"] = "sample"
+    data["methods"]["strict"].update(tv_per_token=0.0, kl_per_token=0.0, cost_bound_tokens=0)
+    data["methods"]["mars@0.9"].update(tv_per_token=0.0125, kl_per_token=0.031, cost_bound_tokens=bound)
+    return data
+
+
+def cost_rows(markdown: str) -> dict[str, str]:
+    """The cost table of temperature 1 in report.md: method -> its cell."""
+    part = markdown.split("per emitted token (mars/cost.py", 1)[1].split("\n\n", 2)[1]
+    return {cells[1]: cells[2] for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                             for line in part.splitlines()[2:])}
+
+
+@pytest.mark.parametrize("bound", [0, 12])
+def test_costs_are_marked_as_upper_bounds_exactly_when_the_run_says_so(tmp_path, bound):
+    write_run(tmp_path / "run", sampled_drafts_summary(bound))
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    cells = cost_rows(md)
+    assert cells["strict"] == "0.0000 / 0.0000"  # exact whatever the drafts: strict reports no bound
+    if bound:
+        assert cells["mars@0.9"] == "≤ 0.0125 / ≤ 0.0310"
+        assert "Cost of the relaxation per emitted token (mars/cost.py; ≤: an upper bound): TV / KL" in md
+        assert "≤: an upper bound on the cost, not the exact cost" in md and "Exact cost" not in md
+    else:
+        assert cells["mars@0.9"] == "0.0125 / 0.0310" and "≤" not in md
+        assert "Exact cost of the relaxation per emitted token (mars/cost.py): TV / KL" in md
+
+
+def test_the_drafting_mode_is_among_the_settings(tmp_path):
+    write_run(tmp_path / "sampled", sampled_drafts_summary(3))
+    write_run(tmp_path / "greedy", fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict"]))
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| run dir"))
+    # It differs between the runs, so it is stated per run dir, next to the tree.
+    assert [c.strip() for c in header.strip("|").split("|")][:4] == ["run dir", "temperature", "tree", "drafting"]
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith(f"| {tmp_path}")}
+    assert "| sample — set explicitly (tree.drafting) |" in rows[str(tmp_path / "sampled")]
+    assert "| topk |" in rows[str(tmp_path / "greedy")]  # greedy (and older summaries): top-k drafts
+
+
+def test_cost_cell_marks_bounds_only_when_sampling():
+    (entry,) = [e for e in merge_runs([{**sampled_drafts_summary(5), "run_dir": "/x"}]) if e.method == "mars@0.9"]
+    assert cost_cell(entry) == "≤ 0.0125 / ≤ 0.0310"
+    entry.fig["cost_bound_tokens"] = 0
+    assert cost_cell(entry) == "0.0125 / 0.0310"
+    del entry.fig["cost_bound_tokens"]  # summaries from before sampled drafts
+    assert cost_cell(entry) == "0.0125 / 0.0310"
+    entry.temperature, entry.fig["argmax_mismatch"], entry.fig["cost_bound_tokens"] = 0.0, 0.25, 5
+    assert cost_cell(entry).startswith("0.2500 / ")  # greedy costs are exact

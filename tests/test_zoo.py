@@ -25,6 +25,7 @@ from eval.config.methods import method_spec
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.reporting import zoo, zoo_tables
+from eval.reporting.plots import pyplot
 from mars.rules import BUILT_IN, make_rule
 from mars.rules.base import TargetView
 
@@ -41,13 +42,17 @@ def rule_of(method: str) -> dict | None:
 
 
 def figures(method: str, speed: float, tau: float = 1.0, relaxed: float = 0.0, cost: float | None = None,
-            temperature: float = 1.0, quality: float = 0.5, kl_infinite: int = 0) -> dict:
-    """One method's figures as eval.run writes them: `speed` over the fastest plain (generate@bfloat16)."""
+            temperature: float = 1.0, quality: float = 0.5, kl_infinite: int = 0, bound: int | None = None,
+            runs: str = "synthetic") -> dict:
+    """One method's figures as eval.run writes them: `speed` over the fastest plain (generate@bfloat16);
+    `bound` the cost_bound_tokens of a run on sampled drafts (absent before sampled drafting)."""
     fig = {"questions": 8, "tokens": 800, "tokens_per_s": speed * FASTEST, "speedup_vs_fastest": speed,
            "fastest_plain": "generate@bfloat16", "speedup": speed * FASTEST / 80.0, "tau": tau,
            "relaxed_frac": relaxed, "kl_infinite_tokens": kl_infinite,
            "tv_per_token": None, "kl_per_token": None, "argmax_mismatch": None, "logprob_regret": None,
-           "quality": {"parse_rate": quality, "token_prob": 0.3}, "run_dir": f"/synthetic/{method}-T{temperature:g}"}
+           "quality": {"parse_rate": quality, "token_prob": 0.3}, "run_dir": f"/{runs}/{method}-T{temperature:g}"}
+    if bound is not None:
+        fig["cost_bound_tokens"] = bound
     if temperature > 0 and rule_of(method):
         fig.update(tv_per_token=cost / 2, kl_per_token=cost)
     elif rule_of(method):
@@ -78,10 +83,16 @@ TREES = {0.0: {"total_tokens": 8, "depth": 4, "branching": 2},  # as calibrated:
          1.0: {"total_tokens": 20, "depth": 6, "branching": 5, "adaptive": True}}
 
 
-def summary(temperature: float, methods: dict, model: str = "embedded", bench: str = "stdlib_heldout") -> dict:
+def summary(temperature: float, methods: dict, model: str = "embedded", bench: str = "stdlib_heldout",
+            drafting: str | None = None) -> dict:
+    """A job's summary; `drafting` the resolved tree.drafting eval.run records (None: a summary from before it)."""
     settings = {"model": model, "bench": bench, "temperature": temperature, "top_p": 1.0, "top_k": 0,
                 "questions": 8, "max_new_tokens": 96, "tree": TREES[temperature],
                 "dtype": "float32", "seed": 0, "methods": list(methods), "shard": None}
+    if drafting is not None:
+        settings.update(tree={**TREES[temperature], "adaptive": False, "drafting": drafting}, drafting=drafting,
+                        drafting_reason="set explicitly (tree.drafting)" if temperature > 0
+                        else "greedy decoding drafts the head's top-k")
     return {"machine": MACHINE, "settings": settings, "quality_metric": "parse_rate", "methods": methods}
 
 
@@ -91,6 +102,27 @@ def t1_summary(**kw) -> dict:
         methods[m] = figures(m, speed, tau=2 * speed, relaxed=kl, cost=kl, temperature=1.0,
                              kl_infinite=2 if m == "entropy@1" else 0)
     return summary(1.0, methods, **kw)
+
+
+# T=1 on sampled drafts: (speed, KL per token, upper bounds as eval.run reports them there). Front by hand:
+# strict, ears@0.1, mars@0.98, mars@0.9, typical@0.15[delta=100], topm@2, entropy@1 (finite KL here);
+# mars@0.8 loses to mars@0.9 and typical@0.09 to topm@2. Not the top-k front: each mode has its own.
+T1S = {"strict": (1.90, 0.0), "mars@0.98": (1.95, 0.004), "mars@0.9": (2.05, 0.020), "mars@0.8": (2.00, 0.050),
+       "typical@0.15[delta=100]": (2.10, 0.080), "typical@0.09": (2.08, 0.400), "topm@2": (2.20, 0.090),
+       "entropy@1": (2.30, 0.500), "ears@0.1": (1.92, 0.002)}
+T1S_FRONT = {"strict", "ears@0.1", "mars@0.98", "mars@0.9", "typical@0.15[delta=100]", "topm@2", "entropy@1"}
+BOUND_TOKENS = 37  # sampled positions a relaxing rule's costs bound rather than give exactly
+
+
+def t1_sampled_summary(bound: int = BOUND_TOKENS, **kw) -> dict:
+    """The T=1 job again with tree.drafting=sample, in run directories of its own; strict's costs are
+    exact (0), the relaxing rules' are upper bounds on `bound` tokens (none when 0)."""
+    runs = "synthetic-sampled"
+    methods = {m: figures(m, s, temperature=1.0, runs=runs) for m, s in PLAIN.items()}
+    for m, (speed, kl) in T1S.items():
+        methods[m] = figures(m, speed, tau=2 * speed, relaxed=kl, cost=kl, temperature=1.0, runs=runs,
+                             bound=0 if m == "strict" else bound)
+    return summary(1.0, methods, drafting="sample", **kw)
 
 
 def t0_summary(**kw) -> dict:
@@ -270,25 +302,141 @@ def test_missing_input_exits_2_naming_it(tmp_path, capsys):
     assert e.value.code == 2
 
 
+# --- two drafting modes at one temperature -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def drafting_report(tmp_path_factory) -> Path:
+    """The zoo of DRAFTING=both: T=0, and T=1 on top-k drafts and again on sampled drafts."""
+    root = tmp_path_factory.mktemp("zoo-drafting")
+    files = [write(root / "summary_t0.json", t0_summary(drafting="topk")),
+             write(root / "summary_t1.json", t1_summary(drafting="topk")),
+             write(root / "summary_t1_sampled.json", t1_sampled_summary())]
+    assert zoo_command.main([*map(str, files), "--out", str(root / "out")]) == 0
+    return root / "out"
+
+
+def section(markdown: str, heading: str) -> str:
+    return markdown.split(f"### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ")[0]
+
+
+def section_rows(markdown: str, heading: str) -> dict[str, list[str]]:
+    lines = [line for line in section(markdown, heading).splitlines() if line.startswith("| ")]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+
+
+def test_two_drafting_modes_give_a_table_and_a_front_each(drafting_report):
+    data = json.loads((drafting_report / "zoo.json").read_text())
+    assert [(g["temperature"], g["drafting"], g["cost_is_upper_bound"], g["plot"]) for g in data["groups"]] == [
+        (1.0, "topk", False, "pareto.png"), (1.0, "sample", True, "pareto.png"), (0.0, "topk", False, "pareto.png")]
+    fronts = [{m["method"] for m in g["methods"] if m["pareto"].get("cost")} for g in data["groups"][:2]]
+    assert fronts == [T1_FRONT, T1S_FRONT]  # merged per mode: the same method twice is two points, not shards
+    sampled = {m["method"]: m for m in data["groups"][1]["methods"]}
+    assert sampled["mars@0.9"]["speedup_vs_fastest"] == 2.05 and sampled["mars@0.9"]["cost_bound_tokens"] == 37
+    text = (drafting_report / "report.md").read_text()
+    assert "### Temperature 1\n" not in text and "### Temperature 0\n" in text  # greedy drafts top-k only
+    topk, sample = (section_rows(text, f"Temperature 1, {d}") for d in ("top-k drafts", "sampled drafts"))
+    assert list(topk) == list(sample) and len(topk) == len(PLAIN) + len(T1)
+    assert topk["mars@0.9"][2] == "1.60×" and sample["mars@0.9"][2] == "2.05×"
+    assert {m for m, cells in topk.items() if cells[-1] == "KL"} == T1_FRONT
+    assert {m for m, cells in sample.items() if cells[-1] == "KL"} == T1S_FRONT
+    assert ("Settings: tree 20 nodes / depth 6 / 5 children; drafting topk — set explicitly (tree.drafting)."
+            in section(text, "Temperature 1, top-k drafts"))
+    assert "drafting sample — set explicitly (tree.drafting)" in section(text, "Temperature 1, sampled drafts")
+    assert "drafting topk — greedy decoding drafts the head's top-k" in section(text, "Temperature 0")
+
+
+def test_costs_on_sampled_drafts_are_marked_as_upper_bounds(drafting_report):
+    text = (drafting_report / "report.md").read_text()
+    topk_section, sample_section = (section(text, f"Temperature 1, {d}") for d in ("top-k drafts", "sampled drafts"))
+    topk, sample = (section_rows(text, f"Temperature 1, {d}") for d in ("top-k drafts", "sampled drafts"))
+    first = next(line for line in sample_section.splitlines() if line.startswith("| "))
+    header = [c.strip() for c in first.strip("|").split("|")]
+    assert header[6:8] == ["TV / token (≤: upper bound)", "KL / token (≤: upper bound)"]
+    assert sample["mars@0.9"][6:8] == ["≤ 0.01", "≤ 0.02"] and sample["entropy@1"][7] == "≤ 0.5"
+    assert sample["strict"][6:8] == ["0", "0"]  # exact: its run reported no bound (cost_bound_tokens 0)
+    assert sample["vanilla"][6:8] == ["–", "–"]
+    assert "≤" not in topk_section and "≤" not in section(text, "Temperature 0")
+    assert "upper bound" in sample_section and "- **≤** (sampled drafts): an upper bound" in text
+    assert "≤" not in topk["mars@0.9"][6] and topk["mars@0.9"][6:8] == ["0.005", "0.01"]
+
+
+def test_one_t1_panel_draws_both_fronts_and_says_which_costs_are_bounds(drafting_report):
+    groups = zoo.groups(zoo.load(sorted(drafting_report.parent.glob("summary_t*.json"))))
+    panels = zoo_tables.panels(groups)
+    assert [(o.temperature, [g.drafting for g in o.groups], panel) for o, panel in panels] == [
+        (1.0, ["topk", "sample"], "cost"), (0.0, ["topk"], "cost"), (0.0, ["topk"], "quality")]
+    width, height = png_size(drafting_report / "pareto.png")
+    assert 2.5 * height < width < 4 * height  # three panels, not four: the drafting modes share T=1's
+    overlay = panels[0][0]
+    assert zoo_tables.cost_label(overlay) == "KL(π‖p) per token (nats); sampled drafts: ≤ upper bound"
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    zoo_tables._panel(ax, overlay, "cost", zoo_tables._style(zoo_tables._rules(groups)))
+    steps = [line for line in ax.get_lines() if line.get_drawstyle() == "steps-post"]
+    assert [line.get_linestyle() for line in steps] == ["--", ":"]  # top-k's front dashed, sampled's dotted
+    for line, front, data in zip(steps, (T1_FRONT, T1S_FRONT), (T1, T1S), strict=True):
+        assert sorted(zip(line.get_xdata(), line.get_ydata(), strict=True)) == sorted(
+            (kl, speed) for m, (speed, kl) in data.items() if m in front)
+    assert "top-k drafts vs sampled drafts" in ax.get_title()
+    plt.close(fig)
+    labels = [label for label, _ in zoo_tables.legend_entries(groups, panels)]
+    assert labels[:6] == ["strict", "mars", "typical", "topm", "entropy", "ears"]
+    assert labels[6:] == ["top-k drafts", "sampled drafts (cost ≤: upper bound)", "Pareto front, top-k drafts",
+                          "Pareto front, sampled drafts"]
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+def test_the_bound_is_labelled_exactly_when_the_run_reports_one(tmp_path, bound):
+    """Sampled drafts alone do not make a figure a bound: cost_bound_tokens > 0 does."""
+    file = write(tmp_path / "summary_t1_sampled.json", t1_sampled_summary(bound=bound))
+    assert zoo_command.main([str(file), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    (group,) = zoo.groups(zoo.load([file]))
+    labels = [label for label, _ in zoo_tables.legend_entries([group], zoo_tables.panels([group]))]
+    label = zoo_tables.cost_label(zoo_tables.overlays([group])[0])
+    rows_ = section_rows(text, "Temperature 1, sampled drafts")
+    if bound:
+        assert rows_["mars@0.9"][6:8] == ["≤ 0.01", "≤ 0.02"] and label.startswith("≤ KL(π‖p)")
+        assert "sampled drafts (cost ≤: upper bound)" in labels and "upper bound" in label
+    else:
+        assert "≤" not in text and "≤" not in label and "upper bound" not in label
+        assert rows_["mars@0.9"][6:8] == ["0.01", "0.02"] and "sampled drafts" in labels
+    assert json.loads((tmp_path / "out" / "zoo.json").read_text())["groups"][0]["cost_is_upper_bound"] is bool(bound)
+
+
+def test_a_zoo_of_top_k_drafts_only_keeps_its_legend(report):
+    groups = zoo.groups(zoo.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
+    assert {g.drafting for g in groups} == {"topk"}  # summaries from before sampled drafting drafted top-k
+    labels = [label for label, _ in zoo_tables.legend_entries(groups, zoo_tables.panels(groups))]
+    assert labels == ["strict", "mars", "typical", "topm", "entropy", "ears", "Pareto front"]
+    assert "drafts" not in (report / "report.md").read_text().split("## Legend")[0]
+
+
 # --- scripts/rule_zoo_embedded.sh -------------------------------------------------------------------
 
-def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report(tmp_path):
+def run_script(tmp_path: Path, *args: str, **env_vars: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     """The script with a stand-in `python` first on PATH: it records every call but the sweep's
-    `eval.zoo --baselines`, which the real interpreter answers. Each eval.run call must compose and validate."""
+    `eval.zoo --baselines`, which the real interpreter answers. Returns the run and the recorded calls."""
     log = tmp_path / "calls.txt"
     fake = tmp_path / "bin" / "python"
-    fake.parent.mkdir()
+    fake.parent.mkdir(exist_ok=True)
     python, calls = shlex.quote(sys.executable), shlex.quote(str(log))
     fake.write_text(f'#!/usr/bin/env bash\nif [[ " $* " == *" --baselines "* ]]; then exec {python} "$@"; fi\n'
                     f'printf "%q " "$@" >> {calls}\necho >> {calls}\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "NUM_PROMPTS": "3",
-           "PYTHONPATH": str(REPO_ROOT)}
-    out = tmp_path / "zoo out"  # a space must survive the shell and Hydra
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "rule_zoo_embedded.sh"), str(out), "seed=7"],
+    inherited = {k: v for k, v in os.environ.items() if k != "DRAFTING"}  # a DRAFTING of the caller's must not leak in
+    env = {**inherited, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "NUM_PROMPTS": "3",
+           "PYTHONPATH": str(REPO_ROOT), **env_vars}
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "rule_zoo_embedded.sh"), *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return done, [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report(tmp_path):
+    """Each eval.run call must compose and validate."""
+    out = tmp_path / "zoo out"  # a space must survive the shell and Hydra
+    done, (t0, t1, report) = run_script(tmp_path, str(out), "seed=7")
     assert done.returncode == 0, done.stderr
-    t0, t1, report = (shlex.split(line) for line in log.read_text().splitlines())
     assert report == ["-m", "eval.zoo", str(out / "summary_t0.json"), str(out / "summary_t1.json"), "--out", str(out)]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
         for call, temperature in ((t0, 0.0), (t1, 1.0)):
@@ -300,6 +448,34 @@ def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report
             assert run.out_dir == str(out / "runs")
             assert run.summary_path == str(out / f"summary_t{temperature:g}.json")
     assert "rule_zoo_embedded:" in done.stdout and str(out / "pareto.png") in done.stdout
-    usage = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "rule_zoo_embedded.sh")], capture_output=True,
-                           text=True, env=env)
+    assert not any("tree.drafting" in arg for arg in t1)  # unset: the run's own tree.drafting (auto)
+    usage, calls = run_script(tmp_path)
     assert usage.returncode == 2 and "usage: scripts/rule_zoo_embedded.sh OUT" in usage.stderr
+
+
+def test_drafting_both_runs_t1_on_top_k_and_on_sampled_drafts_into_one_report(tmp_path):
+    out = tmp_path / "zoo out"
+    done, (t0, t1, t1s, report) = run_script(tmp_path, str(out), "seed=7", DRAFTING="both")
+    assert done.returncode == 0, done.stderr
+    assert report == ["-m", "eval.zoo", str(out / "summary_t0.json"), str(out / "summary_t1.json"),
+                      str(out / "summary_t1_sampled.json"), "--out", str(out)]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        runs = [validate(compose("config", overrides=call[2:])) for call in (t0, t1, t1s)]
+    assert [(r.sampling.temperature, r.tree.drafting) for r in runs] == [(0.0, "auto"), (1.0, "topk"), (1.0, "sample")]
+    assert [r.out_dir for r in runs] == [str(out / "runs"), str(out / "runs"), str(out / "runs-sampled")]
+    assert [r.summary_path for r in runs] == [str(out / f"summary_t{n}.json") for n in ("0", "1", "1_sampled")]
+    assert runs[1].baselines == runs[2].baselines == zoo.baselines(1.0) and all(r.seed == 7 for r in runs)
+    assert all(r.tree.calibrate and not r.tree.adaptive for r in runs)
+
+
+@pytest.mark.parametrize("drafting,expect", [("sample", 0), ("topk", 0), ("nonsense", 2)])
+def test_drafting_one_mode_sets_it_on_the_t1_job_and_rejects_others(tmp_path, drafting, expect):
+    done, calls = run_script(tmp_path, str(tmp_path / "out"), DRAFTING=drafting)
+    assert done.returncode == expect, done.stderr
+    if expect:
+        assert "DRAFTING must be topk, sample or both" in done.stderr and calls == []
+        return
+    t0, t1, report = calls
+    assert f"tree.drafting={drafting}" in t1 and not any("tree.drafting" in arg for arg in t0)
+    assert report[2:] == [str(tmp_path / "out" / "summary_t0.json"), str(tmp_path / "out" / "summary_t1.json"),
+                          "--out", str(tmp_path / "out")]

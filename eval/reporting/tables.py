@@ -13,6 +13,7 @@ from pathlib import Path
 from eval.reporting.summaries import COSTS, SETTING_KEYS, Entry, method_order
 
 DASH = "–"
+BOUND = "≤"  # before a cost the run reported as an upper bound (sampled drafts: mars.cost.sampling_cost)
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
 CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
                "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
@@ -51,13 +52,23 @@ def fastest_cell(e: Entry | None) -> str:
     return DASH if e is None else _fmt(e, "speedup_vs_fastest", "×")
 
 
+def cost_bounded(e: Entry) -> bool:
+    """Whether the run reported `e`'s TV and KL per token as upper bounds, not exact (sampled drafts)."""
+    bound = e.fig.get("cost_bound_tokens")
+    return isinstance(bound, (int, float)) and bound > 0
+
+
 def cost_cell(e: Entry | None) -> str:
-    """The relaxation's exact cost per token: `TV / KL` when sampling, `mismatch / regret` when greedy."""
+    """The relaxation's cost per token: `TV / KL` when sampling, `mismatch / regret` when greedy; exact,
+    or an upper bound marked `≤` (`≤ TV / ≤ KL`) where the run says so (`cost_bound_tokens` > 0)."""
     if e is None:
         return DASH
     pair = ("argmax_mismatch", "logprob_regret") if e.temperature == 0 else ("tv_per_token", "kl_per_token")
     values = [e.value(k) for k in pair]
-    return DASH if all(v is None for v in values) else " / ".join(DASH if v is None else f"{v:.4f}" for v in values)
+    if all(v is None for v in values):
+        return DASH
+    mark = f"{BOUND} " if e.temperature != 0 and cost_bounded(e) else ""
+    return " / ".join(DASH if v is None else f"{mark}{v:.4f}" for v in values)
 
 
 def table(entries: Sequence[Entry], temperature: float,
@@ -78,12 +89,35 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
+# The settings the report states: the summaries' keys, and the drafting mode ("topk" / "sample") after the tree.
+REPORT_SETTINGS = tuple(k for key in SETTING_KEYS for k in ((key, "drafting") if key == "tree" else (key,)))
+
+
 def _setting(value: object) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
     if isinstance(value, list):
         return ", ".join(map(str, value))
     return DASH if value is None else str(value)
+
+
+def drafting_of(run: dict) -> str:
+    """A run's drafting mode ("topk" or "sample"): its resolved `settings.drafting`, else its tree's; "topk"
+    for greedy runs (always top-k) and for summaries from before sampled drafting (which drafted top-k)."""
+    s = run["settings"]
+    if not float(s["temperature"]) > 0:
+        return "topk"
+    tree = s.get("tree") if isinstance(s.get("tree"), dict) else {}
+    return str(s.get("drafting") or tree.get("drafting") or "topk")
+
+
+def run_setting(run: dict, key: str, show: Callable[[object], str] = _setting) -> str:
+    """One setting of a run as a report states it (`show` formats the value); the drafting mode with the
+    run's reason for it."""
+    if key != "drafting":
+        return show(run["settings"].get(key))
+    reason = run["settings"].get("drafting_reason")
+    return drafting_of(run) + (f" — {reason}" if reason else "")
 
 
 def category_tables(entries: Sequence[Entry]) -> list[str]:
@@ -115,25 +149,33 @@ def category_tables(entries: Sequence[Entry]) -> list[str]:
 
 def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Sequence[str]) -> str:
     machines = sorted({str(r.get("machine", "unknown")) for r in runs})
-    keys = [k for k in SETTING_KEYS if any(k in r["settings"] for r in runs)]
-    values = {k: {_setting(r["settings"].get(k)) for r in runs} for k in keys}
+    keys = [k for k in REPORT_SETTINGS if any(k in r["settings"] for r in runs)]
+    values = {k: {run_setting(r, k) for r in runs} for k in keys}
     common = [k for k in keys if len(values[k]) == 1]  # stated once; the rest per run dir
     varying = [k for k in keys if k not in common]
     parts = ["# Evaluation report", "", f"Machine: {'; '.join(machines)}", "",
              "Settings of every run: " + "; ".join(f"{k} = {next(iter(values[k]))}" for k in common), "",
              markdown_table(["run dir", *varying],
-                            [[r["run_dir"], *(_setting(r["settings"].get(k)) for k in varying)] for r in runs])]
+                            [[r["run_dir"], *(run_setting(r, k) for k in varying)] for r in runs])]
     for t in sorted({e.temperature for e in entries}):
         parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
                   markdown_table(*table(entries, t))]
+        bounded = any(cost_bounded(e) for e in entries if e.temperature == t)
+        cost_title = ("Exact cost of the relaxation per emitted token (mars/cost.py): " if not bounded else
+                      f"Cost of the relaxation per emitted token (mars/cost.py; {BOUND}: an upper bound): ")
         for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
                               (fastest_cell, "Speedup over the fastest plain decoding timed in the run"),
-                              (cost_cell, "Exact cost of the relaxation per emitted token (mars/cost.py): "
-                                          + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
+                              (cost_cell, cost_title + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
             header, rows = table(entries, t, render)
             rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
             if rows:
                 parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
+            if rows and render is cost_cell and bounded:
+                parts += ["", f"{BOUND}: an upper bound on the cost, not the exact cost: on sampled drafts the "
+                          "distribution emitted on average over the draws has no closed form, and its distance "
+                          "from p is at most the average of each draw's (TV and KL are jointly convex; "
+                          "`mars.cost.sampling_cost`), which is the figure given (the method's "
+                          "`cost_bound_tokens` > 0)."]
     parts += category_tables(entries)
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",

@@ -1,7 +1,9 @@
 """The rule zoo: every verification rule swept over its parameter range, all answered in one run per
-temperature, and its report: a table per temperature and a Pareto plot of speed against cost.
+temperature (and drafting mode), and its report: a table per temperature and drafting mode and a Pareto
+plot of speed against cost.
 
     python -m eval.zoo OUT/summary_t0.json OUT/summary_t1.json --out OUT   # report.md, pareto.png, zoo.json
+    python -m eval.zoo OUT/summary_t1.json OUT/summary_t1_sampled.json --out OUT   # T=1: top-k vs sampled drafts
     python -m eval.zoo results/paper/zoo/llama31_8b --out results/paper/zoo/report   # run dirs, or parents
     python -m eval.zoo --baselines 0 1     # eval.run's baselines=[...] value at T=0 and at T=1, one a line
 
@@ -31,8 +33,12 @@ prompts x 48 tokens, T=0 and 1) showed where each knob bites on a flat target (t
   default (pilot: 13% to 50% relaxed).
 
 The report reads the summaries eval.run wrote (files, or directories searched as eval.report does) and
-merges them as eval.report does (a baseline shared by several jobs counts once). Per model × bench:
-- report.md: a table per temperature (method, rule parameters, speedup over the fastest plain
+merges them as eval.report does (a baseline shared by several jobs counts once), separately per drafting
+mode: a run's `settings.drafting` ("topk": the head's top-k children, "sample": children sampled from the
+head, `tree.drafting`; summaries from before sampled drafting lack it and drafted top-k, as every greedy
+run does). Two T=1 runs that differ only in drafting are two groups of one temperature, each with its
+own Pareto front. Per model × bench:
+- report.md: a table per temperature and drafting mode (method, rule parameters, speedup over the fastest plain
   decoding timed and over vanilla, τ, relaxed share, TV and KL per token at T > 0, argmax mismatch and
   log-prob regret at T = 0, the bench's quality and its recovery vs strict, identical_to_vanilla, and
   whether the point is on the Pareto front);
@@ -40,7 +46,13 @@ merges them as eval.report does (a baseline shared by several jobs counts once).
   speedup against KL per token; at T = 0, against argmax mismatch; and speedup against quality at a
   temperature where the quality differs between the rules. One colour and marker per rule, each point
   labelled with its parameters, the Pareto front (faster and cheaper than every other point) drawn;
+  both drafting modes of a temperature share its panel (top-k drafts filled, sampled drafts hollow),
+  one front each;
 - zoo.json: the same figures.
+
+Costs on sampled drafts are upper bounds (`mars.cost.sampling_cost`: the cost of a relaxation averaged
+over the draws is at most the average of each draw's cost, by joint convexity); a method's summary says
+so with `cost_bound_tokens` > 0, and the tables, axis labels and legends mark those figures with "≤".
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ from pathlib import Path
 
 from eval.config.methods import GENERATE, STRICT, VANILLA
 from eval.reporting.summaries import Entry, ReportError, find_summaries, is_plain, merge_runs, read_summary
+from eval.reporting.tables import cost_bounded, drafting_of
 from mars.rules import Rule, make_rule, rule_class
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate
@@ -110,6 +123,13 @@ def sweep_order(method: str, rule: dict) -> tuple:
 
 # --- figures and fronts -----------------------------------------------------------------------------
 
+DRAFTING = {"topk": "top-k drafts", "sample": "sampled drafts"}  # settings.drafting: its name in the report
+
+
+def drafts_name(drafting: str) -> str:
+    """A drafting mode as the report names it ("top-k drafts", "sampled drafts")."""
+    return DRAFTING.get(drafting, f"{drafting} drafts")
+
 SPEED = ("speedup_vs_fastest", "speedup")  # the speed axis: over the fastest plain decoding, else over vanilla
 COST = {True: ("kl_per_token", "KL(π‖p) per token (nats)"), False: ("argmax_mismatch", "argmax mismatch per token")}
 
@@ -154,6 +174,11 @@ class Point:
             return 0.0
         return value
 
+    @property
+    def bounded(self) -> bool:
+        """Whether the run reported this point's TV and KL as upper bounds (sampled drafts, `mars.cost`)."""
+        return cost_bounded(self.entry)
+
 
 def pareto(points: Sequence[tuple[str, float, float]], lower_x_is_better: bool = True) -> set[str]:
     """The names of the points (name, x, y) that no other point dominates: y at least as high and x at
@@ -170,17 +195,27 @@ def pareto(points: Sequence[tuple[str, float, float]], lower_x_is_better: bool =
 
 @dataclass
 class Group:
-    """One model × bench × temperature of the zoo."""
+    """One model × bench × temperature × drafting mode of the zoo."""
 
     model: str
     bench: str
     temperature: float
     points: list[Point]
     quality_metric: str | None
+    drafting: str = "topk"
 
     @property
     def sampled(self) -> bool:
         return self.temperature > 0
+
+    @property
+    def drafts(self) -> str:
+        return drafts_name(self.drafting)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether some rule point's costs are upper bounds (cost_bound_tokens > 0)."""
+        return any(p.bounded for p in self.rules)
 
     @property
     def rules(self) -> list[Point]:
@@ -231,16 +266,28 @@ def load(paths: Iterable[str | Path]) -> list[dict]:
     return [read_summary(f) for f in files.values()]
 
 
+def _drafting_order(drafting: str) -> tuple:
+    return (list(DRAFTING).index(drafting) if drafting in DRAFTING else len(DRAFTING), drafting)
+
+
 def groups(runs: Sequence[dict]) -> list[Group]:
-    """The zoo's groups, by model, bench and temperature (highest first), fronts marked."""
+    """The zoo's groups, by model, bench, temperature (highest first) and drafting mode (top-k first),
+    fronts marked per group."""
+    by_drafting: dict[str, list[dict]] = defaultdict(list)
+    for run in runs:
+        by_drafting[drafting_of(run)].append(run)
     by_key: dict[tuple, list[Entry]] = defaultdict(list)
-    for e in merge_runs(runs):
-        by_key[e.model, e.bench, e.temperature].append(e)
+    # Merged per drafting mode: the same method on top-k and on sampled drafts is two points, not two
+    # shards of one, and each mode's speed ratios are against the plain decoding timed in its own runs.
+    for drafting, mine in by_drafting.items():
+        for e in merge_runs(mine):
+            by_key[e.model, e.bench, e.temperature, drafting].append(e)
     out = []
-    for (model, bench, t), entries in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])):
+    for (model, bench, t, drafting), entries in sorted(
+            by_key.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2], _drafting_order(kv[0][3]))):
         pts = sorted((Point(e, sweep_order(e.method, e.rule)) for e in entries), key=lambda p: p.order)
         metric = next((e.quality_metric for e in entries if e.quality_metric), None)
-        group = Group(model, bench, t, pts, metric)
+        group = Group(model, bench, t, pts, metric, drafting)
         group.mark_fronts()
         out.append(group)
     return out

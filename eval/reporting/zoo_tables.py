@@ -1,5 +1,6 @@
-"""The zoo's report: a table per temperature (report.md), zoo.json, and the Pareto plot of speed
-against exact cost (see `eval.reporting.zoo` for what the zoo sweeps).
+"""The zoo's report: a table per temperature and drafting mode (report.md), zoo.json, and the Pareto
+plot of speed against cost, both drafting modes of a temperature in one panel (see `eval.reporting.zoo`
+for what the zoo sweeps). Costs a run reported as upper bounds (sampled drafts) are marked "≤".
 """
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eval.config.methods import STRICT
 from eval.reporting.plots import pyplot
-from eval.reporting.tables import DASH, format_quality
-from eval.reporting.zoo import COST, SWEEP, Group, _rounded
+from eval.reporting.tables import BOUND, DASH, drafting_of, format_quality, run_setting
+from eval.reporting.zoo import COST, SWEEP, Group, Point, _rounded, drafts_name
 from mars.rules import make_rule
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate
@@ -37,12 +39,18 @@ def _params(rule: dict) -> str:
         or "(none: lossless)"
 
 
+def _bounded(p: Point, text: str) -> str:
+    """A cost cell, "≤"-prefixed where the run reported the figure as an upper bound."""
+    return f"{BOUND} {text}" if p.bounded and text != DASH else text
+
+
 def table(group: Group) -> tuple[list[str], list[list[str]]]:
     """Header and rows of one group's table (see the module docstring)."""
     quality = group.quality_metric
     moves = group.quality_moves()
     header = ["method", "rule parameters", "vs fastest plain", "vs vanilla", "τ", "relaxed"]
-    header += ["TV / token", "KL / token"] if group.sampled else ["argmax mismatch", "log-prob regret"]
+    bound = f" ({BOUND}: upper bound)" if group.bounded else ""
+    header += [f"TV / token{bound}", f"KL / token{bound}"] if group.sampled else ["argmax mismatch", "log-prob regret"]
     if quality:
         header += [quality, "recovery"]
     header += ["= vanilla", "Pareto front"]
@@ -55,7 +63,7 @@ def table(group: Group) -> tuple[list[str], list[list[str]]]:
             kl = _sig(p.value("kl_per_token"))
             if fig.get("kl_infinite_tokens"):
                 kl += f" (+∞ on {fig['kl_infinite_tokens']} tokens)"
-            row += [_sig(p.value("tv_per_token")), kl]
+            row += [_bounded(p, _sig(p.value("tv_per_token"))), _bounded(p, kl)]
         else:
             row += [_num(p.value("argmax_mismatch"), "{:.1%}"), _sig(p.value("logprob_regret"))]
         if quality:
@@ -73,7 +81,7 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in [header, ["---"] * len(header), *rows])
 
 
-SETTINGS = ("model", "bench", "questions", "max_new_tokens", "tree", "dtype", "seed", "top_p", "top_k")
+SETTINGS = ("model", "bench", "questions", "max_new_tokens", "tree", "drafting", "dtype", "seed", "top_p", "top_k")
 
 
 def _setting(value: object) -> str:
@@ -85,15 +93,26 @@ def _setting(value: object) -> str:
     return DASH if value is None else str(value)
 
 
-def _key(run: dict) -> tuple[str, str, float]:
+def _key(run: dict) -> tuple[str, str, float, str]:
     s = run["settings"]
-    return str(s["model"]), str(s["bench"]), float(s["temperature"])
+    return str(s["model"]), str(s["bench"]), float(s["temperature"]), drafting_of(run)
+
+
+def _named(group: Group, groups_: Sequence[Group]) -> bool:
+    """Whether the report names `group`'s drafting mode: once it has sampled drafts, at T > 0 (greedy
+    decoding drafts top-k only, so there is nothing to tell apart at T = 0)."""
+    return group.sampled and any(g.drafting != "topk" for g in groups_)
+
+
+def _heading(group: Group, groups_: Sequence[Group]) -> str:
+    """A group's section title: its temperature, and its drafting mode where the report names it."""
+    return f"Temperature {group.temperature:g}" + (f", {group.drafts}" if _named(group, groups_) else "")
 
 
 def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[tuple, str]) -> str:
     machines = sorted({str(r.get("machine", "unknown")) for r in runs})
     keys = [k for k in SETTINGS if any(k in r["settings"] for r in runs)]
-    values = {k: {_setting(r["settings"].get(k)) for r in runs} for k in keys}
+    values = {k: {run_setting(r, k, _setting) for r in runs} for k in keys}
     common = [k for k in keys if len(values[k]) == 1]  # the rest is stated per temperature
     parts = ["# Rule zoo", "", f"Machine: {'; '.join(machines)}", "",
              "Settings of every run: " + "; ".join(f"{k} {next(iter(values[k]))}" for k in common) + "."]
@@ -103,13 +122,14 @@ def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[
     for (model, bench), plot in plots.items():
         parts += ["", f"## {model}, {bench}", "", f"![Pareto plot]({plot})"]
         for g in (g for g in groups_ if (g.model, g.bench) == (model, bench)):
-            mine = [r for r in runs if _key(r) == (g.model, g.bench, g.temperature)]
-            own = "; ".join(f"{k} {'; '.join(sorted({_setting(r['settings'].get(k)) for r in mine}))}"
+            mine = [r for r in runs if _key(r) == (g.model, g.bench, g.temperature, g.drafting)]
+            own = "; ".join(f"{k} {'; '.join(sorted({run_setting(r, k, _setting) for r in mine}))}"
                             for k in keys if k not in common and k not in ("model", "bench"))
-            parts += ["", f"### Temperature {g.temperature:g}", "", *([f"Settings: {own}.", ""] if own else []),
+            parts += ["", f"### {_heading(g, groups_)}", "", *([f"Settings: {own}.", ""] if own else []),
                       f"Fastest plain decoding timed: {g.fastest_plain or DASH}. Pareto front: the rules no other "
-                      f"point beats on both speed ({g.speed}) and "
-                      + ("KL per token" if g.sampled else "argmax mismatch")
+                      f"point{f' on {g.drafts}' if _named(g, groups_) else ''} beats on both speed ({g.speed}) and "
+                      + ("KL per token" + (f" (an upper bound where marked {BOUND})" if g.bounded else "")
+                         if g.sampled else "argmax mismatch")
                       + (" (and, separately, on both speed and quality)" if g.quality_moves() else "") + ".", "",
                       _markdown(*table(g))]
     parts += ["", "## Legend", "",
@@ -119,6 +139,14 @@ def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[
               "through the rule's relaxation.",
               "- **TV / KL per token** (T > 0): the exact total variation and KL(π‖p) between the distribution "
               "the rule emits (π) and the target's (p), per emitted token (`mars.cost`); strict's are 0.",
+              *([f"- **{BOUND}** (sampled drafts): an upper bound on the cost, not the cost: the distribution "
+                 "emitted on average over the draft's draws is no farther from p than the average over draws "
+                 "of each draw's distance (TV and KL are jointly convex; `mars.cost.sampling_cost`), and the "
+                 "figure is that average (the run's `cost_bound_tokens` > 0)."]
+                if any(g.bounded for g in groups_) else []),
+              *(["- **top-k drafts / sampled drafts**: the tree's children are the draft head's most likely "
+                 "tokens, or drawn from its distribution without replacement (`tree.drafting`); greedy runs "
+                 "draft top-k."] if any(g.drafting != "topk" for g in groups_) else []),
               "- **argmax mismatch / log-prob regret** (T = 0): share of tokens that are not the target's argmax, "
               "and log p₁ − log p(token) at temperature 1, per token.",
               "- **recovery**: quality / strict's quality. **= vanilla**: share of questions whose tokens equal "
@@ -128,7 +156,8 @@ def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[
 
 
 FIGURES = ("questions", "tokens_per_s", "speedup_vs_fastest", "speedup", "tau", "relaxed_frac", "tv_per_token",
-           "kl_per_token", "kl_infinite_tokens", "argmax_mismatch", "logprob_regret", "quality_recovery",
+           "kl_per_token", "kl_infinite_tokens", "cost_bound_tokens", "argmax_mismatch", "logprob_regret",
+           "quality_recovery",
            "identical_to_vanilla")
 
 
@@ -136,8 +165,9 @@ def zoo_json(groups_: Sequence[Group], plots: dict[tuple, str]) -> dict:
     return {
         "sweep": {name: [make_rule(name, **_rounded(p)).display for p in sweep] for name, sweep in SWEEP.items()},
         "groups": [{
-            "model": g.model, "bench": g.bench, "temperature": g.temperature, "plot": plots.get((g.model, g.bench)),
-            "fastest_plain": g.fastest_plain, "speed_figure": g.speed, "cost_figure": COST[g.sampled][0],
+            "model": g.model, "bench": g.bench, "temperature": g.temperature, "drafting": g.drafting,
+            "plot": plots.get((g.model, g.bench)), "fastest_plain": g.fastest_plain, "speed_figure": g.speed,
+            "cost_figure": COST[g.sampled][0], "cost_is_upper_bound": g.bounded,
             "quality_metric": g.quality_metric, "quality_moves": g.quality_moves(),
             "methods": [{"method": p.method, "rule": p.rule or None,
                          **{k: p.entry.fig.get(k) for k in FIGURES},
@@ -150,6 +180,52 @@ def zoo_json(groups_: Sequence[Group], plots: dict[tuple, str]) -> dict:
 # --- the plot ---------------------------------------------------------------------------------------
 
 MARKERS = {STRICT: "*", Mars.name: "o", Typical.name: "s", TopM.name: "D", EntropyGate.name: "^", Ears.name: "v"}
+# How a drafting mode is drawn when both share a panel: top-k drafts as the zoo always drew them (filled
+# markers, solid lines, a dashed front); sampled drafts hollow, dashed, their front dotted. The rules keep
+# their colours and markers in both, so a rule's two curves read as one rule under two draftings.
+MODES = {"topk": {"filled": True, "ls": "-", "front": "--", "italic": False},
+         "sample": {"filled": False, "ls": "--", "front": ":", "italic": True}}
+
+
+def _mode(drafting: str) -> dict:
+    return MODES.get(drafting, MODES["sample"])
+
+
+@dataclass
+class Overlay:
+    """The groups of one model × bench × temperature, one per drafting mode: one panel draws them all."""
+
+    groups: list[Group]
+
+    @property
+    def temperature(self) -> float:
+        return self.groups[0].temperature
+
+    @property
+    def sampled(self) -> bool:
+        return self.groups[0].sampled
+
+    def quality_moves(self) -> bool:
+        return any(g.quality_moves() for g in self.groups)
+
+
+def overlays(groups_: Sequence[Group]) -> list[Overlay]:
+    """`groups_` (one model × bench) gathered by temperature, in their order."""
+    by_t: dict[float, list[Group]] = {}
+    for g in groups_:
+        by_t.setdefault(g.temperature, []).append(g)
+    return [Overlay(gs) for gs in by_t.values()]
+
+
+def cost_label(overlay: Overlay) -> str:
+    """The cost axis's label; it says which costs are upper bounds (sampled drafts), and that they are."""
+    name = COST[overlay.sampled][1]
+    bounded = [g for g in overlay.groups if g.bounded]
+    if not bounded:
+        return name
+    if len(bounded) == len(overlay.groups):
+        return f"{BOUND} {name} (upper bound)"
+    return f"{name}; {', '.join(g.drafts for g in bounded)}: {BOUND} upper bound"
 
 
 def _style(rules: Sequence[str]) -> dict[str, tuple]:
@@ -161,73 +237,111 @@ def _style(rules: Sequence[str]) -> dict[str, tuple]:
     return style
 
 
-def _panel(ax, group: Group, panel: str, style: dict) -> None:
-    xy = group.panel_points(panel)
-    if not xy:
+def _panel(ax, overlay: Overlay, panel: str, style: dict) -> None:
+    layers = [(g, g.panel_points(panel)) for g in overlay.groups]
+    if not any(xy for _, xy in layers):
         ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes)
         return
-    finite = [x for _, x, _ in xy if math.isfinite(x)]
-    right = max(finite, default=1.0) * 1.15 or 1.0
-    plotted = [(p, x if math.isfinite(x) else right, y) for p, x, y in xy]
-    for rule in dict.fromkeys(p.rule_name for p, _, _ in plotted):
-        mine = [(p, x, y) for p, x, y in plotted if p.rule_name == rule]
-        color, marker = style[rule]
-        ax.plot([x for _, x, _ in mine], [y for _, _, y in mine], color=color, lw=0.8, alpha=0.5, zorder=2)
-        ax.scatter([x for _, x, _ in mine], [y for _, _, y in mine], color=color, marker=marker,
-                   s=140 if rule == STRICT else 45, zorder=4, label=rule)
-        for p, x, y in mine:
-            if rule != STRICT:
-                text = p.label + (" (KL ∞)" if not math.isfinite(p.cost(group.sampled) or 0.0) else "")
-                ax.annotate(text, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6.5, color=color)
-    front = sorted(((x, y) for p, x, y in plotted if p.on_front.get(panel)), key=lambda xy_: (xy_[0], -xy_[1]))
-    if panel == "quality":
-        front.reverse()
-    if front:
-        fx, fy = zip(*front, strict=True)
-        # The edge of the region the front dominates: from each point across to the next one's x, then up to it.
-        ax.plot(fx, fy, color="black", ls="--", lw=1.1, zorder=3, drawstyle="steps-post", label="Pareto front")
-        ax.scatter(fx, fy, s=170, facecolors="none", edgecolors="black", lw=0.9, zorder=3)
+    finite = [x for _, xy in layers for _, x, _ in xy if math.isfinite(x)]
+    right = max(finite, default=1.0) * 1.15 or 1.0  # where an infinite cost is drawn: past every finite one
+    for group, xy in layers:
+        mode = _mode(group.drafting)
+        plotted = [(p, x if math.isfinite(x) else right, y) for p, x, y in xy]
+        for rule in dict.fromkeys(p.rule_name for p, _, _ in plotted):
+            mine = [(p, x, y) for p, x, y in plotted if p.rule_name == rule]
+            color, marker = style[rule]
+            xs, ys = [x for _, x, _ in mine], [y for _, _, y in mine]
+            ax.plot(xs, ys, color=color, lw=0.8, ls=mode["ls"], alpha=0.5, zorder=2)
+            ax.scatter(xs, ys, marker=marker, s=140 if rule == STRICT else 45, zorder=4, linewidths=1.0,
+                       facecolors=color if mode["filled"] else "none", edgecolors=color)
+            for p, x, y in mine:
+                if rule != STRICT:
+                    text = p.label + (" (KL ∞)" if not math.isfinite(p.cost(group.sampled) or 0.0) else "")
+                    ax.annotate(text, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6.5, color=color,
+                                fontstyle="italic" if mode["italic"] else "normal")
+        front = sorted(((x, y) for p, x, y in plotted if p.on_front.get(panel)), key=lambda xy_: (xy_[0], -xy_[1]))
+        if panel == "quality":
+            front.reverse()
+        if front:
+            fx, fy = zip(*front, strict=True)
+            # The edge of the region the front dominates: from each point across to the next one's x, then up to it.
+            ax.plot(fx, fy, color="black", ls=mode["front"], lw=1.1, zorder=3, drawstyle="steps-post")
+            ax.scatter(fx, fy, s=170, facecolors="none", edgecolors="black", lw=0.9, zorder=3,
+                       linestyle="solid" if mode["filled"] else "dotted")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", zorder=1)
     if panel == "cost" and len(positive := [x for x in finite if x > 0]) > 1 and max(positive) / min(positive) > 100:
         ax.set_xscale("symlog", linthresh=min(positive))
-    speed = "the fastest plain decoding" if group.speed == "speedup_vs_fastest" else "vanilla"
-    fastest = f" ({group.fastest_plain})" if group.speed == "speedup_vs_fastest" and group.fastest_plain else ""
+    g0 = overlay.groups[0]
+    speed = "the fastest plain decoding" if g0.speed == "speedup_vs_fastest" else "vanilla"
+    fastest = {g.fastest_plain for g in overlay.groups if g.fastest_plain}
+    fastest_text = f" ({', '.join(sorted(fastest))})" if g0.speed == "speedup_vs_fastest" and fastest else ""
+    drafts = (" — " + " vs ".join(g.drafts for g in overlay.groups) if len(overlay.groups) > 1
+              else f" ({g0.drafts})" if g0.drafting != "topk" else "")
     if panel == "cost":
-        xlabel = COST[group.sampled][1] + " → costlier"
-        title = f"T={group.temperature:g}: speed vs {'KL' if group.sampled else 'argmax mismatch'}"
+        xlabel = cost_label(overlay) + " → costlier"
+        title = f"T={overlay.temperature:g}: speed vs {'KL' if overlay.sampled else 'argmax mismatch'}{drafts}"
     else:
-        xlabel = f"{group.quality_metric} → better"
-        title = f"T={group.temperature:g}: speed vs quality"
-    ax.set(xlabel=xlabel, ylabel=f"speedup over {speed}{fastest} (×)", title=title)
+        xlabel = f"{g0.quality_metric} → better"
+        title = f"T={overlay.temperature:g}: speed vs quality{drafts}"
+    ax.set(xlabel=xlabel, ylabel=f"speedup over {speed}{fastest_text} (×)", title=title)
     ax.margins(x=0.12, y=0.1)
 
 
-def panels(groups_: Sequence[Group]) -> list[tuple[Group, str]]:
+def panels(groups_: Sequence[Group]) -> list[tuple[Overlay, str]]:
     """One model × bench's panels: a cost panel per temperature (highest first), then a quality panel per
-    temperature where quality differs between the rules."""
-    return [(g, "cost") for g in groups_] + [(g, "quality") for g in groups_ if g.quality_moves()]
+    temperature where quality differs between the rules; each panel holds every drafting mode run."""
+    layers = overlays(groups_)
+    return [(o, "cost") for o in layers] + [(o, "quality") for o in layers if o.quality_moves()]
+
+
+def _rules(groups_: Sequence[Group]) -> list[str]:
+    """The rules of `groups_` in sweep order (strict first)."""
+    return list(dict.fromkeys(p.rule_name for g in groups_ for p in sorted(g.rules, key=lambda p: p.order)))
+
+
+def legend_entries(groups_: Sequence[Group], panels_: Sequence[tuple[Overlay, str]]) -> list[tuple[str, dict]]:
+    """(label, Line2D keywords) of the figure's legend: the rules; the drafting modes when a sampled one is
+    drawn ("(cost ≤: upper bound)" where its costs are bounds); a Pareto front per mode that has one."""
+    style = _style(_rules(groups_))
+    out = [(rule, {"color": style[rule][0], "marker": style[rule][1], "ls": "none",
+                   "markersize": 11 if rule == STRICT else 6.5}) for rule in _rules(groups_)]
+    modes = list(dict.fromkeys(g.drafting for g in groups_))
+    named = modes != ["topk"]  # a zoo of top-k drafts only keeps the legend it always had
+    if named:
+        for drafting in modes:
+            mode, bounded = _mode(drafting), any(g.bounded for g in groups_ if g.drafting == drafting)
+            label = drafts_name(drafting) + (f" (cost {BOUND}: upper bound)" if bounded else "")
+            out.append((label, {"color": "grey", "marker": "o", "ls": mode["ls"],
+                                "markerfacecolor": "grey" if mode["filled"] else "none"}))
+    for drafting in modes:
+        if any(g.drafting == drafting and any(p.on_front.get(panel) for p in g.rules)
+               for overlay, panel in panels_ for g in overlay.groups):
+            label = f"Pareto front, {drafts_name(drafting)}" if named else "Pareto front"
+            out.append((label, {"color": "black", "ls": _mode(drafting)["front"]}))
+    return out
 
 
 def plot(groups_: Sequence[Group], path: Path) -> None:
     """One model × bench's Pareto plot (`panels`) into `path`."""
     plt = pyplot()
+    from matplotlib.lines import Line2D  # after pyplot(), which chooses the backend
+
     panels_ = panels(groups_)
-    rules = list(dict.fromkeys(p.rule_name for g in groups_ for p in sorted(g.rules, key=lambda p: p.order)))
-    style = _style(rules)
+    style = _style(_rules(groups_))
     fig, axes = plt.subplots(1, len(panels_), figsize=(6.2 * len(panels_), 5.2), squeeze=False)
-    for ax, (g, panel) in zip(axes[0], panels_, strict=True):
-        _panel(ax, g, panel, style)
-    handles, labels = {}, []
-    for ax in axes[0]:
-        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in handles:
-                handles[label] = h
-                labels.append(label)
-    fig.legend([handles[label] for label in labels], labels, loc="upper center", ncol=len(labels), fontsize=9,
-               bbox_to_anchor=(0.5, 1.0), frameon=False)
-    g0 = groups_[0]
-    fig.suptitle(f"Rule zoo — {g0.model}, {g0.bench}: speed against the rules' cost", y=1.06)
+    for ax, (overlay, panel) in zip(axes[0], panels_, strict=True):
+        _panel(ax, overlay, panel, style)
     fig.tight_layout()
+    entries = legend_entries(groups_, panels_)
+    ncol = min(len(entries), 4 * len(panels_))  # about the figure's width; more wrap to further rows
+    legend = fig.legend([Line2D([], [], **kw) for _, kw in entries], [label for label, _ in entries],
+                        loc="lower center", ncol=ncol, fontsize=9, bbox_to_anchor=(0.5, 1.0), frameon=False)
+    # Above the panels, however many rows the legend takes: the title goes on top of its measured height.
+    fig.canvas.draw()
+    height = legend.get_window_extent().height / fig.bbox.height
+    g0 = groups_[0]
+    fig.suptitle(f"Rule zoo — {g0.model}, {g0.bench}: speed against the rules' cost", y=1.0 + height,
+                 va="bottom")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
