@@ -30,7 +30,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -55,6 +55,28 @@ CANDIDATES = (
     TreeShape(8, 4, 2), TreeShape(12, 4, 3), TreeShape(16, 4, 4), TreeShape(20, 4, 5), TreeShape(24, 5, 5),
     TreeShape(32, 5, 6), TreeShape(32, 6, 6), TreeShape(48, 6, 8), TreeShape(60, 6, 10), TreeShape(20, 6, 5, True),
 )
+# At temperature > 0, sampled children (eagle.tree.sample_tree): a first draw is accepted far more
+# often than any later sibling, so deep chains and narrow trees, deeper than top-k trees go.
+SAMPLED_CANDIDATES = tuple(TreeShape(*shape, drafting="sample") for shape in (
+    (4, 4, 1), (6, 6, 1), (8, 6, 2), (8, 8, 2), (12, 6, 3), (12, 8, 3), (16, 8, 4), (20, 6, 5)))
+
+
+def tree_candidates(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
+    """The trees a calibration times: top-k trees when greedy; when sampling, those of `drafting`
+    ("topk", "sample", or both for "auto")."""
+    if not sampled or drafting == "topk":
+        return CANDIDATES
+    return SAMPLED_CANDIDATES if drafting == "sample" else CANDIDATES + SAMPLED_CANDIDATES
+
+
+def fixed_candidates(tree: TreeShape, sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
+    """A configured tree's shape in the drafting modes a run may use (both, for "auto" when sampling)."""
+    topk = replace(tree, drafting="topk")
+    if not sampled or tree.adaptive or drafting == "topk":
+        return (topk,)
+    return (topk.sampled(),) if drafting == "sample" else (topk, topk.sampled())
+
+
 # Stage 1 times kernels at a small and a mid-size tree: which kernels win can depend on how many rows
 # a verification multiplies (a few on a weak draft, ~20 on a good one).
 PROBES = (TreeShape(8, 4, 2), TreeShape(20, 4, 5))
@@ -114,12 +136,12 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
     with ExitStack() as stack:
         yield {k: stack.enter_context(SpeculativeGenerator(
             target, head, tree.total_tokens, tree.depth, tree.branching, adaptive=tree.adaptive,
-            exact_attention=k.exact_attention, prepack=k.prepack)) for k in kernels}
+            drafting=tree.drafting, exact_attention=k.exact_attention, prepack=k.prepack)) for k in kernels}
 
 
 def use_tree(gen: SpeculativeGenerator, tree: TreeShape) -> None:
     gen.total_tokens, gen.depth, gen.branching = tree.total_tokens, tree.depth, tree.branching
-    gen.adaptive = tree.adaptive
+    gen.adaptive, gen.drafting = tree.adaptive, tree.drafting
 
 
 @torch.inference_mode()
@@ -173,11 +195,13 @@ def _dtypes(kernels: list[Kernels]) -> list[str]:
 
 def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], sampling: SamplingConfig,
               trees: tuple[TreeShape, ...] | None = CANDIDATES, fixed_tree: TreeShape | None = None,
-              max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print) -> dict:
+              max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print,
+              drafting: str = "auto") -> dict:
     """The fastest kernels of `kernels` and tree of `trees` here (see the module docstring).
 
     load(dtype name) gives the target and its draft head in that precision. trees=None: the tree is
-    `fixed_tree` (only the kernels are chosen, timed at that tree). Returns the record
+    `fixed_tree`, timed in each drafting mode `drafting` allows (`fixed_candidates`: when sampling
+    with "auto", top-k and sampled children), and the kernels and the mode are chosen. Returns the record
     {"kernels": Kernels fields, "tree": TreeShape fields, "kernel_candidates": {label: {"plain", "trees",
     "identical"}}, "tokens_per_s": each tree's and plain decoding's with the chosen kernels,
     "speedup_over_plain", "fastest_plain": {"kernels", "tokens_per_s"}, "cache", "cached", ...}.
@@ -201,13 +225,14 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     first = models(kernels[0].dtype)
     key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
            "trees": [t.label for t in trees] if trees else None, "fixed_tree": fixed_tree and fixed_tree.label,
+           "drafting": drafting,
            "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
     weights = sum(p.numel() for model in first for p in model.parameters())
     hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in _dtypes(kernels)))
-    probes = tuple(dict.fromkeys(PROBES if trees else (fixed_tree,)))
+    probes = tuple(dict.fromkeys(PROBES if trees else fixed_candidates(fixed_tree, sampled, drafting)))
     log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
         f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
         f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "
@@ -236,7 +261,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
             speeds = time_runs(named, prompts, sampling, trees, max_new_tokens, rounds)[best.label]
         shape = max(trees, key=lambda t: speeds["trees"][t.label])
     else:
-        speeds, shape = measured[best.label], fixed_tree
+        speeds = measured[best.label]
+        shape = max(probes, key=lambda t: speeds["trees"][t.label])
     held.clear()
     plains = {label: m["plain"] for label, m in measured.items()} or {best.label: speeds["plain"]}
     fastest_plain = max(plains, key=plains.get)

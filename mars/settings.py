@@ -17,20 +17,37 @@ import torch
 
 from eagle.precision import DTYPES
 
+DRAFTING_MODES = ("topk", "sample")  # a resolved tree's; runs also take "auto" (mars.calibrate chooses)
+
 
 @dataclass(frozen=True)
 class TreeShape:
     """A draft tree: `total_tokens` nodes verified per cycle, `depth` draft levels, `branching`
-    children per expanded node; `adaptive` sizes each cycle's tree up to these caps (mars.adaptive)."""
+    children per expanded node; `adaptive` sizes each cycle's tree up to these caps (mars.adaptive).
+    `drafting`: "topk" (EAGLE-2's dynamic tree of the head's most likely tokens) or "sample" (children
+    sampled from the head into a fixed shape; temperature > 0 only, `SpeculativeGenerator`'s drafting)."""
 
     total_tokens: int
     depth: int
     branching: int
     adaptive: bool = False
+    drafting: str = "topk"
+
+    def __post_init__(self):
+        if self.drafting not in DRAFTING_MODES:
+            raise ValueError(f"tree drafting must be one of {', '.join(DRAFTING_MODES)}, got {self.drafting!r}")
+        if self.adaptive and self.drafting == "sample":
+            raise ValueError("an adaptive tree drafts top-k children: a sampled tree's shape must not depend on its "
+                             "draws (use tree.drafting=topk with tree.adaptive=true)")
 
     @property
     def label(self) -> str:
-        return f"{self.total_tokens}/{self.depth}/{self.branching}" + (" adaptive" if self.adaptive else "")
+        return (f"{self.total_tokens}/{self.depth}/{self.branching}" + (" adaptive" if self.adaptive else "")
+                + (" sampled" if self.drafting == "sample" else ""))
+
+    def sampled(self) -> TreeShape:
+        """This shape with sampled children."""
+        return TreeShape(self.total_tokens, self.depth, self.branching, False, "sample")
 
 
 @dataclass(frozen=True)
@@ -72,8 +89,13 @@ class DecodeSettings:
     exact_attention: Setting  # bool
     prepack: Setting  # bool
     tree: Setting  # TreeShape
+    drafting: Setting  # str: the tree's `drafting` ("topk" / "sample"), with why
     placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
     calibration: dict | None = None
+
+    def __post_init__(self):
+        if self.drafting.value != self.tree.value.drafting:
+            raise ValueError(f"drafting {self.drafting.value!r} disagrees with the tree's {self.tree.value.drafting!r}")
 
     @property
     def kernels(self) -> Kernels:
@@ -87,7 +109,7 @@ class DecodeSettings:
         """`SpeculativeGenerator`'s arguments for the tree, exact attention and kernels (explicit values, no "auto")."""
         tree: TreeShape = self.tree.value
         return {"total_tokens": tree.total_tokens, "depth": tree.depth, "branching": tree.branching,
-                "adaptive": tree.adaptive, "exact_attention": self.exact_attention.value,
+                "adaptive": tree.adaptive, "drafting": tree.drafting, "exact_attention": self.exact_attention.value,
                 "prepack": self.prepack.value}
 
     def describe(self) -> list[str]:
@@ -96,8 +118,8 @@ class DecodeSettings:
         return [f"precision: {self.dtype.value} ({self.dtype.reason}); exact attention "
                 f"{on[self.exact_attention.value]} ({self.exact_attention.reason}); prepacked linears "
                 f"{on[self.prepack.value]} ({self.prepack.reason})",
-                f"tree: {self.tree.value.label} ({self.tree.reason}); placement: {self.placement.value} "
-                f"({self.placement.reason})"]
+                f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.drafting.value} "
+                f"({self.drafting.reason}); placement: {self.placement.value} ({self.placement.reason})"]
 
     def record(self) -> dict:
         """The summary's (and W&B's) record of the settings: each value with its reason."""
@@ -105,5 +127,6 @@ class DecodeSettings:
                 "exact_attention": self.exact_attention.value, "exact_attention_reason": self.exact_attention.reason,
                 "prepack": self.prepack.value, "prepack_reason": self.prepack.reason,
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
+                "drafting": self.drafting.value, "drafting_reason": self.drafting.reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
                 "calibration": self.calibration}

@@ -18,7 +18,9 @@ class VerifyStats:
     accepted one, `relaxed[d]` of them only through the rule's relaxation. `gates` keeps every
     position's gate metric (MARS: the margin; for histograms); `relax_allowed` how many the gate
     opened; `counters` the rule's own facts (MARS: `nonfinite` top-1/top-2 logits, never relaxed, and
-    `negative_logit`, a top-1 logit <= 0 where the logit ratio's meaning inverts).
+    `negative_logit`, a top-1 logit <= 0 where the logit ratio's meaning inverts). `accepted_ranks[r]`:
+    positions whose accepted child was its parent's r-th in draft order (what sizes sampled trees,
+    `eagle.tree.best_topology`).
 
     Cost of the relaxation per emitted token (`mars.cost`): sampled positions add TV(pi, p) and
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
@@ -40,6 +42,7 @@ class VerifyStats:
     mismatches: int = 0
     regret_sum: float = 0.0
     bounded: int = 0
+    accepted_ranks: Counter = field(default_factory=Counter)
 
     def add(self, verdict: Verdict, keep_steps: int | None = None, sampled: bool = False) -> None:
         """Record a verdict's steps (only the first `keep_steps`, when output was cut short)."""
@@ -57,6 +60,8 @@ class VerifyStats:
                 self.kl_infinite += 1
             else:
                 self.kl_sum += step.kl
+            if step.rank is not None:
+                self.accepted_ranks[step.rank] += 1
             if step.has_children:
                 self.attempts[step.depth] += 1
                 self.accepts[step.depth] += step.accepted
@@ -66,6 +71,7 @@ class VerifyStats:
         self.attempts.update(other.attempts)
         self.accepts.update(other.accepts)
         self.relaxed.update(other.relaxed)
+        self.accepted_ranks.update(other.accepted_ranks)
         self.gates.extend(other.gates)
         self.counters.update(other.counters)
         for name in ("relax_allowed", "positions", "sampled", "bounded", "tv_sum", "kl_sum", "kl_infinite",
@@ -75,6 +81,12 @@ class VerifyStats:
     @property
     def acceptance_rate_by_depth(self) -> dict[int, float]:
         return {d: self.accepts[d] / n for d, n in sorted(self.attempts.items()) if n}
+
+    @property
+    def acceptance_by_rank(self) -> dict[int, float]:
+        """P(the accepted child is its parent's r-th | a position with children), per rank r."""
+        n = sum(self.attempts.values())
+        return {r: self.accepted_ranks[r] / n for r in sorted(self.accepted_ranks)} if n else {}
 
     @property
     def relaxed_tokens(self) -> int:
@@ -103,6 +115,7 @@ class VerifyStats:
             "attempts": dict(self.attempts),
             "accepts": dict(self.accepts),
             "relaxed": dict(self.relaxed),
+            "accepted_ranks": dict(self.accepted_ranks),
             "gates": [round(m, 4) for m in self.gates if math.isfinite(m)],
             "relax_allowed": self.relax_allowed,
             "positions": self.positions,
@@ -124,6 +137,7 @@ class VerifyStats:
             if d.get(old):
                 counters[old] += d[old]
         return cls(attempts=counter(d["attempts"]), accepts=counter(d["accepts"]), relaxed=counter(d["relaxed"]),
+                   accepted_ranks=counter(d.get("accepted_ranks", {})),
                    gates=list(d.get("gates", d.get("margins", []))), relax_allowed=d["relax_allowed"],
                    positions=d["positions"], counters=counters, sampled=d.get("sampled", 0),
                    bounded=d.get("bounded", 0),
@@ -137,6 +151,7 @@ class VerifyStats:
             "relaxed_tokens": self.relaxed_tokens,
             "relaxed_by_depth": dict(sorted(self.relaxed.items())),
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
+            "acceptance_by_rank": self.acceptance_by_rank,
             **{f"{k}_positions": v for k, v in sorted(self.counters.items())},
             **self.cost(),
         }

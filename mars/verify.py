@@ -45,6 +45,7 @@ class Step:
     mismatch: bool = False  # greedy: the emitted token is not the target's argmax
     regret: float = 0.0  # greedy: log p_1 - log p(token) at temperature 1
     counters: dict[str, bool] = field(default_factory=dict)  # the rule's own per-position facts
+    rank: int | None = None  # the accepted child's place among its siblings in draft order (0 = first)
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Verdict:
         return sum(s.relaxed for s in self.steps)
 
 
-_FIELDS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "tv", "kl", "mismatch", "regret")
+_FIELDS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "rank", "tv", "kl", "mismatch", "regret")
 
 
 def children(tree: DraftTree) -> torch.Tensor:
@@ -77,8 +78,12 @@ def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torc
           scalars: list[torch.Tensor]) -> tuple[list[int], list[int], list[dict], list[float]]:
     """The one device-to-host transfer of a verdict: chain [L] node ids, their tokens, the Step facts
     of each (relaxed [L]: the chain node's accepted child was accepted by the relaxation), and `scalars`."""
-    has_children = children(tree).any(dim=1)
-    columns = [tree.depths[chain], relax.gate[chain], relax.open[chain], has_children[chain], relaxed,
+    kids = children(tree)
+    has_children = kids.any(dim=1)
+    nodes = torch.arange(tree.size, device=chain.device)
+    sibling_rank = (kids.long().cumsum(dim=1) - 1)[tree.parents.clamp(min=0), nodes]  # [n] place among siblings
+    rank = sibling_rank[torch.cat([chain[1:], chain[-1:]])]  # of the chain node's accepted child
+    columns = [tree.depths[chain], relax.gate[chain], relax.open[chain], has_children[chain], relaxed, rank,
                cost.tv, cost.kl, cost.mismatch, cost.regret, *(relax.counters[k][chain] for k in relax.counters)]
     facts = torch.stack([c.double() for c in columns], dim=1)
     packed = torch.cat([chain.double(), tree.tokens[chain].double(), facts.flatten(),
@@ -97,7 +102,8 @@ def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]
         accepted = j + 1 < len(path)
         steps.append(Step(int(row["depth"]), row["gate"], bool(row["relax_allowed"]), accepted,
                           accepted and bool(row["relaxed"]), bool(row["has_children"]), row["tv"], row["kl"],
-                          bool(row["mismatch"]), row["regret"], {k: bool(row[k]) for k in counters}))
+                          bool(row["mismatch"]), row["regret"], {k: bool(row[k]) for k in counters},
+                          int(row["rank"]) if accepted else None))
     return steps
 
 

@@ -75,9 +75,9 @@ def test_model_config_composes_with_every_field(name):
     assert isinstance(fmt, PromptFormat)
     # the model's tree preset, resolved, is passed to SpeculativeGenerator as keyword arguments
     # (mars.settings.DecodeSettings.generator_kwargs)
-    shape = fixed_tree(OmegaConf.to_object(cfg.tree))
+    shape = fixed_tree(OmegaConf.to_object(cfg.tree), sampled=False)
     resolved = DecodeSettings(Setting("float32", ""), Setting(False, ""), Setting(False, ""), Setting(shape, ""),
-                              Setting("cpu", ""))
+                              Setting(shape.drafting, ""), Setting("cpu", ""))
     tree = resolved.generator_kwargs()
     accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
     assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)

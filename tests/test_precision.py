@@ -15,7 +15,8 @@ from eagle import Eagle3Head
 from eagle import precision as P
 from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.calibrate import Kernels, TreeShape, calibrate, kernel_candidates
+from mars.calibrate import CANDIDATES as CALIBRATED
+from mars.calibrate import SAMPLED_CANDIDATES, Kernels, TreeShape, calibrate, kernel_candidates, tree_candidates
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -172,3 +173,28 @@ def test_calibration_never_chooses_kernels_whose_strict_output_differs_from_plai
                        max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
     assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
     assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2).__dict__}
+
+
+def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_path):
+    """tree.drafting=auto when sampling: the fixed tree is timed with top-k and with sampled children,
+    and the record's tree is the faster of the two; greedy calibrations time top-k only."""
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(0), 16, 8) for _ in range(2)]
+    kernels = [Kernels("float32", False, False)]
+    fixed = TreeShape(8, 4, 2)
+    sampled = calibrate(load, kernels, prompts, SamplingConfig(temperature=1.0), None, fixed_tree=fixed,
+                        max_new_tokens=12, cache_dir=tmp_path, log=lambda _: None)
+    speeds = sampled["kernel_candidates"]["float32"]["trees"]
+    assert set(speeds) == {"8/4/2", "8/4/2 sampled"}
+    assert TreeShape(**sampled["tree"]).label == max(speeds, key=speeds.get)
+    greedy = calibrate(load, kernels, prompts, SamplingConfig(), None, fixed_tree=fixed.sampled(),
+                       max_new_tokens=12, cache_dir=tmp_path, log=lambda _: None)
+    assert set(greedy["kernel_candidates"]["float32"]["trees"]) == {"8/4/2"} and greedy["tree"]["drafting"] == "topk"
+    only = calibrate(load, kernels, prompts, SamplingConfig(temperature=1.0), None, fixed_tree=fixed,
+                     max_new_tokens=12, cache_dir=tmp_path, log=lambda _: None, drafting="sample")
+    assert only["tree"]["drafting"] == "sample" and set(only["kernel_candidates"]["float32"]["trees"]) == {
+        "8/4/2 sampled"}
+    assert tree_candidates(True, "auto") == CALIBRATED + SAMPLED_CANDIDATES
+    assert tree_candidates(False, "sample") == CALIBRATED and tree_candidates(True, "topk") == CALIBRATED
+    with pytest.raises(ValueError, match="a sampled tree's shape must not depend on its draws"):
+        TreeShape(20, 6, 5, adaptive=True, drafting="sample")

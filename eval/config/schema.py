@@ -125,6 +125,11 @@ class TreeConfig:
     depth: int = 4  # draft levels
     branching: int = 5  # children expanded per level (EAGLE's top_k)
     adaptive: bool = False  # size each cycle's tree from measured costs (mars/adaptive.py); the sizes are caps
+    # When sampling (temperature > 0): "topk" drafts the head's most likely tokens (EAGLE-2's tree),
+    # "sample" draws children from the head into a fixed shape (eagle/tree.py, lossless by recursive
+    # rejection sampling), "auto" whichever the calibration times faster here (sample where nothing is timed).
+    # Greedy runs always draft top-k.
+    drafting: str = "auto"
     # Time mars.calibrate's candidate trees on these prompts (never the benchmark's) and use the fastest;
     # cached per machine, model and kind of decoding, so it runs once (~1 min for the embedded pair).
     calibrate: bool = False
@@ -222,6 +227,11 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
     tree = run.tree
     for name in ("total_tokens", "depth", "branching"):
         _positive(f"tree.{name}", getattr(tree, name))
+    if tree.drafting not in ("auto", "topk", "sample"):
+        raise ValueError(f"tree.drafting must be auto, topk or sample, got {tree.drafting!r}")
+    if tree.drafting == "sample" and tree.adaptive:
+        raise ValueError("tree.adaptive sizes top-k trees from their draft scores, and a sampled tree's shape must not "
+                         "depend on its draws: set tree.drafting=topk (or auto) with tree.adaptive=true")
     _positive("max_new_tokens", run.max_new_tokens)
     if run.num_prompts is not None:
         _positive("num_prompts", run.num_prompts)

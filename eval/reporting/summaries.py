@@ -163,6 +163,8 @@ def combine_shards(figs: Sequence[dict]) -> dict:
     for cost in COSTS:  # per emitted token: weighted by tokens (verified positions, up to the prefill's token)
         if any(f.get(cost) is not None for f in figs):
             out[cost] = _wmean([f.get(cost) for f in figs], tokens)
+    if any(f.get("cost_bound_tokens") for f in figs):  # some shard's costs are upper bounds (sampled drafts)
+        out["cost_bound_tokens"] = sum(f.get("cost_bound_tokens") or 0 for f in figs)
     rates = [f.get("acceptance_rate_by_depth") or {} for f in figs]
     depths = sorted({d for r in rates for d in r}, key=lambda d: (len(d), d))
     out["acceptance_rate_by_depth"] = {d: _wmean([r.get(d) for r in rates], questions) for d in depths}

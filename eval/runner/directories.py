@@ -70,7 +70,10 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
             # differ in the last bits only; its directories never named the kernels and keep their names.)
             identity["prepack"] = True
     if isinstance(method, RuleMethod):
-        identity.update(draft=m.draft, tree=asdict(settings.tree.value))  # the tree used, however it was chosen
+        tree = asdict(settings.tree.value)  # the tree used, however it was chosen
+        if tree["drafting"] == "topk":  # what every tree was before sampled drafting: earlier runs keep their names
+            del tree["drafting"]
+        identity.update(draft=m.draft, tree=tree)
         rule = method.rule()  # its main parameter is in the name; the others here, as values
         identity.update({k: v for k, v in rule.params().items() if k != rule.label})
     return identity

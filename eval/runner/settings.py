@@ -22,7 +22,7 @@ from eval.config.methods import STRICT, method_spec
 from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner.models import load_head, load_target, load_tokenizer, model_source
 from eval.runner.placement import parameter_count
-from mars.calibrate import CANDIDATES, calibrate, kernel_candidates
+from mars.calibrate import calibrate, kernel_candidates, tree_candidates
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
 
@@ -35,8 +35,28 @@ def run_device(run: RunConfig) -> str:
     return "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device
 
 
-def fixed_tree(tree: TreeConfig) -> TreeShape:
-    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive)
+def fixed_tree(tree: TreeConfig, sampled: bool) -> TreeShape:
+    """The configured tree; drafted as `tree.drafting` says, "auto" resolving by rule (sampled children
+    when sampling and the tree is not adaptive) where nothing is measured."""
+    drafting = tree.drafting if tree.drafting != "auto" else "sample" if sampled and not tree.adaptive else "topk"
+    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, drafting if sampled else "topk")
+
+
+def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: dict | None) -> str:
+    if not sampled:
+        return "greedy decoding drafts the head's top-k"
+    if run.tree.drafting != "auto":
+        return "set explicitly (tree.drafting)"
+    if record is not None:
+        speeds = record["tokens_per_s"]
+        other = [(label, v) for label, v in speeds.items() if label not in ("plain", tree.label)
+                 and label.endswith(" sampled") != (tree.drafting == "sample")]
+        if other:
+            label, v = max(other, key=lambda item: item[1])
+            return f"measured: {tree.label} {speeds[tree.label]:.1f} tok/s, the best of the other mode {label} {v:.1f}"
+    if run.tree.adaptive:
+        return "auto: the adaptive tree drafts top-k"
+    return "auto: sampled children when sampling (accepted with probability sum min(p, q), not p's mass on k tokens)"
 
 
 def placement_of(run: RunConfig) -> Setting:
@@ -119,19 +139,21 @@ def load_pair(run: RunConfig, dtype: str) -> tuple:
 def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], None] = print) -> DecodeSettings:
     """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine."""
     options = candidates(run)
-    tree, record = fixed_tree(run.tree), None
+    sampling = sampling_of(method_spec(STRICT), run.sampling)
+    sampled = not sampling.greedy
+    tree, record = fixed_tree(run.tree, sampled), None
+    trees = tree_candidates(sampled, run.tree.drafting) if run.tree.calibrate else None
     measure = run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     if len(options) > 1 or run.tree.calibrate:
-        sampling = sampling_of(method_spec(STRICT), run.sampling)
         record = calibrate(partial(load_pair, run), options, calibration_prompts(run, fmt), sampling,
-                           trees=CANDIDATES if run.tree.calibrate else None, fixed_tree=tree, log=log)
+                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
         kernels = options[0]
     if run.tree.calibrate:
-        tree_setting = Setting(tree, f"measured: the fastest of {len(CANDIDATES)} candidates, "
+        tree_setting = Setting(tree, f"measured: the fastest of {len(trees)} candidates, "
                                      f"{record['speedup_over_plain']:.2f}x plain decoding in calibration "
                                      f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
     else:
@@ -140,4 +162,5 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
         prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
-        tree=tree_setting, placement=placement_of(run), calibration=record)
+        tree=tree_setting, drafting=Setting(tree.drafting, drafting_reason(run, tree, sampled, record)),
+        placement=placement_of(run), calibration=record)
