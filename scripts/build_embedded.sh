@@ -4,14 +4,18 @@
 #   2. EAGLE-3 draft head trained against it with training-time test            (~30 min)
 #   3. the head fine-tuned on the target's own continuations, greedy and sampled,
 #      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
-#   4. export both to data/models/{target,draft} and check the pair loads        (seconds)
-#   5. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
-# Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little.
+#   4. the head distilled for sampling: forward KL to the target's full T=1 distribution on
+#      its own continuations (1/3 greedy, 2/3 sampled) of other train-split prompts  (~60 min)
+#   5. export both to data/models/{target,draft} and check the pair loads        (seconds)
+#   6. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
+# Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little. Stage 4
+# runs in chunks of KL_MINUTES (default 60, one chunk fits a 3-hour session with room to spare): while
+# its schedule is unfinished the script stops after it and says so; rerun it to continue.
 #
 #   scripts/build_embedded.sh [RUNS_DIR]        (default: runs/)
 # Smoke test of the whole chain in ~10 minutes, without touching the shipped pair:
-#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 EXPORT_DIR=/tmp/pair \
-#       PROMPTS_OUT=/tmp/p.jsonl CALIBRATION_OUT=/tmp/c.jsonl scripts/build_embedded.sh /tmp/runs
+#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 KL_PROMPTS=48 KL_STEPS=4 \
+#       EXPORT_DIR=/tmp/pair PROMPTS_OUT=/tmp/p.jsonl CALIBRATION_OUT=/tmp/c.jsonl scripts/build_embedded.sh /tmp/runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-runs}"
@@ -23,6 +27,9 @@ prompts_out="${PROMPTS_OUT:-data/prompts/stdlib_heldout.jsonl}"
 calibration_out="${CALIBRATION_OUT:-data/prompts/stdlib_calibration.jsonl}"
 self_prompts="${SELF_PROMPTS:-3600}"     # train-split function prompts the target continues (half greedy, half T=1)
 self_minutes="${SELF_MINUTES:-45}"
+kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a third greedy, two thirds T=1)
+kl_steps="${KL_STEPS:-120}"             # 1,200 sequences x 8 per step: 0.8 epoch
+kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
@@ -44,11 +51,36 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft/fi
     --max-tokens $((self_prompts * 256)) --batch 8 --epochs 3 --ttt-steps 5 --lr 5e-4 --warmup 20 --save-every 50 \
     --minutes "$self_minutes" --wandb "${WANDB_MODE_DRAFT:-offline}"
 
-python -m eagle.train.evaluate --target "$runs/target/final" --draft "$runs/draft_self/final" \
-    --cache-dir "$runs/draft/data" --out "$runs/draft_self/final/eval.json"
-python -m eval.tau --target "$runs/target/final" --draft "$runs/draft_self/final" --prompts 8 \
-    --update "$runs/draft_self/final/eval.json"
+# Stage 4: a head distilled for sampled drafting. The loss is forward KL to the target's *full* T=1
+# distribution (--target-dist full keeps its last hidden state; the exact distribution is recomputed
+# each step), on its own continuations of train-split prompts (a third greedy, so that greedy drafting
+# keeps its kind of text; never a held-out file's).
+python -m eval.prompts --split train --count "$kl_prompts" --per-file 100 --out "$runs/draft_kl_prompts.jsonl"
+python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_self/final" --out "$runs/draft_kl" \
+    --data-jsonl "$runs/draft_kl_prompts.jsonl" --generate --gen-temperature 0 1 1 --gen-batch 64 --seq-len 256 \
+    --max-tokens $((kl_prompts * 256)) --target-dist full --target-dtype float32 --batch 8 --steps "$kl_steps" \
+    --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 10 --minutes "$kl_minutes" --wandb "${WANDB_MODE_DRAFT:-offline}"
+if ! python -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(s["step"] < s["schedule_steps"])' \
+        "$runs/draft_kl/final/training_summary.json"; then
+    echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun this script to continue" >&2
+    exit 0
+fi
 
-python -m eagle.train.export --target "$runs/target/final" --draft "$runs/draft_self/final" --out "$export_dir"
+final="$runs/draft_kl/final"
+# the benchmark's held-out prompts (stage 6 writes the same file again): the evaluation below continues them
+python -m eval.prompts --out "$prompts_out"
+python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
+    --cache-dir "$runs/draft/data" --dtype float32 --out "$final/eval.json"
+# sum min(p, q) per draft step on the target's own T=1 continuations of the held-out prompts (full vocabularies)
+python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" --prompts "$prompts_out" \
+    --sequences 64 --gen-temperature 1 --seq-len 256 --dtype float32 --out "$final/eval_own_t1.json"
+for tree in "20 4 5" "8 4 2"; do
+    set -- $tree
+    python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts-jsonl "$prompts_out" --prompts 64 \
+        --new-tokens 128 --total-tokens "$1" --depth "$2" --branching "$3" --dtype float32 --no-timing \
+        --update "$final/eval.json"
+done
+
+python -m eagle.train.export --target "$runs/target/final" --draft "$final" --out "$export_dir"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"
 python -m eval.prompts --split train --count 8 --per-file 1 --out "$calibration_out"

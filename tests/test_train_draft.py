@@ -20,7 +20,8 @@ from eagle.train.data import (
     token_counts,
 )
 from eagle.train.draft import batch_indices, build_head, lr_factor, train
-from eagle.train.ttt import target_to_draft, ttt_attention_mask, ttt_loss, ttt_unroll
+from eagle.train.evaluate import continuation_data, evaluate_head
+from eagle.train.ttt import head_vocab_ids, target_to_draft, ttt_attention_mask, ttt_loss, ttt_unroll
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256)
@@ -165,6 +166,92 @@ def test_loss_decreases_on_a_fixed_batch(kind):
     if kind == "eagle3":
         assert head.embed_tokens.weight.grad is None  # frozen copy of the target's embedding
         torch.testing.assert_close(head.embed_tokens.weight, model.get_input_embeddings().weight)
+
+
+# --- the full target distribution: forward KL and sum min(p, q) ---------------------------------
+
+def test_full_distribution_kl_and_acceptance_equal_their_definitions():
+    """With the target's last hidden state, the loss is KL(p_V || q) against the target's own full softmax
+    (p_V: restricted to the draft vocabulary, renormalised) and sample_accept is sum_x min(p, q) over the
+    whole vocabulary, q zero outside the draft's; the top-k form overstates that acceptance."""
+    model = tiny_target(vocab=64, sharpen=4.0)  # flat enough that the top 4 hold well under the whole mass
+    head = Eagle3Head.for_target(model.config, 16)
+    head.set_draft_vocab(torch.arange(0, 64, 4))
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(3))
+    seqs = full_sequences(ids)
+    seqs.loss_mask[1, :3] = False
+    full = collect_features(model, seqs, head.config.feature_layers, target_dist="full")
+    assert full.topk_ids is None and full.target_dist == "full"
+    with torch.no_grad():
+        logits = model(ids).logits
+    lm_head = model.get_output_embeddings()
+    torch.testing.assert_close(lm_head(full.last_hidden), logits)  # the stored state gives the target's logits
+
+    result = ttt_loss(head, full, steps=2, decay=0.5, target_lm_head=lm_head)
+    outputs = ttt_unroll(head, full.features, ids, 2)
+    p = torch.softmax(logits.float(), -1)
+    vocab = head_vocab_ids(head)
+    assert vocab.tolist() == list(range(0, 64, 4))
+    expected_loss = 0.0
+    for j in range(2):
+        q = torch.softmax(head.logits(outputs[j]).float(), -1).detach()  # [B, L, 16]
+        kl, accept, mass, count = 0.0, 0.0, 0.0, 0
+        for b in range(2):
+            for i in range(ids.shape[1] - 1):
+                pos = i + j + 1  # step j at position i predicts the target's distribution at i + j + 1
+                if pos >= ids.shape[1] or not seqs.loss_mask[b, pos]:
+                    continue
+                pv = p[b, pos, vocab] / p[b, pos, vocab].sum()
+                kl += float((pv * (pv.log() - q[b, i].log())).sum())
+                q_full = torch.zeros(64).index_put((vocab,), q[b, i])
+                accept += float(torch.minimum(p[b, pos], q_full).sum())
+                mass += float(p[b, pos, vocab].sum())
+                count += 1
+        stats = result.steps[j].means()
+        assert stats["positions"] == count
+        assert stats["loss"] == pytest.approx(kl / count, rel=1e-4)
+        assert stats["sample_accept"] == pytest.approx(accept / count, rel=1e-4)
+        assert stats["draft_vocab_mass"] == pytest.approx(mass / count, rel=1e-4)
+        assert stats["draft_vocab_mass"] > stats["sample_accept"]  # its ceiling
+        expected_loss += 0.5**j * kl / count
+    assert result.loss.item() == pytest.approx(expected_loss, rel=1e-4)
+
+    # The top-k figure is named apart; with k = the whole vocabulary it is the same number.
+    for k, same in ((4, False), (64, True)):
+        topk = collect_features(model, seqs, head.config.feature_layers, top_k=k)
+        stats = ttt_loss(head, topk, steps=1).steps[0].means()
+        assert "sample_accept" not in stats
+        true_accept = result.steps[0].means()["sample_accept"]
+        assert (stats["sample_accept_topk"] == pytest.approx(true_accept, rel=1e-4)) == same
+
+    with pytest.raises(ValueError, match="needs target_lm_head"):
+        ttt_loss(head, full, steps=1)
+    with pytest.raises(ValueError, match="target_dist must be one of"):
+        collect_features(model, seqs, head.config.feature_layers, target_dist="all")
+    with pytest.raises(ValueError, match="carries the target's distribution once"):
+        FeatureBatch(ids, seqs.loss_mask, full.features, topk.topk_ids, topk.topk_probs, full.last_hidden)
+
+
+def test_forward_kl_training_raises_the_acceptance_of_sampled_drafts():
+    """A few steps of the full-distribution loss move q towards p: the KL falls and sum min(p, q) rises."""
+    model = tiny_target(vocab=64, sharpen=6.0)
+    ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(4))
+    head = build_head("eagle3", model, 32, {})
+    head.set_draft_vocab(most_frequent_ids(token_counts(full_sequences(ids), 64), 32))
+    batch = collect_features(model, full_sequences(ids), head.config.feature_layers, target_dist="full")
+    lm_head = model.get_output_embeddings()
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    history = []
+    for _ in range(15):
+        result = ttt_loss(head, batch, steps=2, target_lm_head=lm_head)
+        optimizer.zero_grad()
+        result.loss.backward()
+        optimizer.step()
+        history.append((result.loss.item(), result.steps[0].means()["sample_accept"]))
+    (first_loss, first_accept), (last_loss, last_accept) = history[0], history[-1]
+    # sum min(p, q) is capped by p's mass on the draft vocabulary (32 of 64 ids here): 0.46 on these positions
+    assert last_loss < 0.6 * first_loss and last_accept > first_accept + 0.05, history
+    assert lm_head.weight.grad is None  # the target is not trained
 
 
 # --- draft vocabulary ---------------------------------------------------------------------------
@@ -338,3 +425,48 @@ def test_training_data_from_a_hub_dataset_of_conversations(tmp_path):
         training_records(both)
     with pytest.raises(FileNotFoundError, match="could not load the dataset"):
         list(hub_records(str(tmp_path / "missing"), "train"))
+
+
+def test_cli_full_distribution_stores_the_last_hidden_state_and_keeps_data_apart(target_dir, tmp_path):
+    """--target-dist full: shards hold the target's final hidden state (its lm_head gives the target's own
+    logits), training runs on the forward KL, and a data directory built one way refuses the other."""
+    out = tmp_path / "full"
+    train(cli(target_dir, out, "--steps", "3", "--target-dist", "full"))
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert summary["target_dist"] == "full" and summary["loss"].startswith("forward KL")
+    seqs = Sequences.load(out / "data" / "sequences.pt")
+    shard = torch.load(out / "data" / "shard_00000.pt", weights_only=True)
+    assert set(shard) == {"features", "last_hidden"}
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.float32)
+    with torch.no_grad():
+        logits = target(seqs.input_ids[:2], attention_mask=(torch.arange(seqs.seq_len) < seqs.lengths[:2, None]).long()
+                        ).logits
+        torch.testing.assert_close(target.get_output_embeddings()(shard["last_hidden"][:2]), logits)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 3 and log[-1]["loss"] > 0
+    with pytest.raises(ValueError, match="target_dist"):
+        train(cli(target_dir, tmp_path / "other", "--steps", "3", "--data-dir", str(out / "data")))
+
+
+def test_evaluation_on_the_targets_own_sampled_continuations(target_dir, tmp_path):
+    """eagle.train.evaluate --prompts: the target continues the prompts (seeded, sampled at T = 1), and the
+    report gives sum min(p, q) against the full distribution per draft step, over the continuations only."""
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model", dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return"}) + "\n" for i in range(3)))
+    seqs = continuation_data(target, tokenizer, prompts, seq_len=20, count=None, temperature=1.0, seed=5)
+    again = continuation_data(target, tokenizer, prompts, seq_len=20, count=None, temperature=1.0, seed=5)
+    assert len(seqs) == 3 and torch.equal(seqs.input_ids, again.input_ids)  # seeded
+    prompt_len = len(tokenizer("def f0(x):\n    return")["input_ids"])
+    assert not seqs.loss_mask[0, : prompt_len - 1].any()
+    head = build_head("eagle3", target, 128, {})
+    report = evaluate_head(head, target, seqs, steps=2)
+    assert report["steps"][0]["positions"] == int(seqs.loss_mask[:, 1:].sum())
+    assert 0.0 < report["first_token_sample_accept"] == report["steps"][0]["sample_accept"] < 1.0
+    with pytest.raises(ValueError, match="must be >= 0"):
+        continuation_data(target, tokenizer, prompts, 20, None, -1.0)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        continuation_data(target, tokenizer, empty, 20, None, 1.0)

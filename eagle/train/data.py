@@ -13,8 +13,16 @@ of every epoch after the first. The price is disk: per token F bf16 values plus 
 much, or for a single epoch on a GPU where the target forward is cheap next to the data volume,
 `online=True` computes the same `FeatureBatch` each step instead; the training code is the same.
 
-The target's distribution is kept as its top-k ids and probabilities renormalised over those k
-(= the softmax of the k largest logits). Index 0 of the top-k is the target's argmax.
+The target's distribution is kept in one of two forms (`target_dist`):
+  - "topk": its top-k ids and probabilities renormalised over those k (= the softmax of the k
+    largest logits; index 0 is the target's argmax). Cheap, but it drops the tail: on the embedded
+    target's own T=1 text the top 32 hold well under the whole mass, and a head trained towards the
+    renormalised top-k learns a distribution sharper than p.
+  - "full": the target's final (post-norm) hidden state, from which its lm_head gives the exact
+    logits, hence the full temperature-1 distribution, at training time. One hidden-size vector per
+    token (1.5 KB for the embedded target in float32, 16 KB for an 8B Llama in bf16) instead of
+    vocabulary-sized rows (16 KB per token for 4,096 fp16 probabilities, 0.5 MB for a 128k vocabulary),
+    for one hidden x vocab matrix product per trained token, small next to the TTT unroll.
 """
 
 from __future__ import annotations
@@ -296,30 +304,60 @@ class FeatureBatch:
     input_ids: torch.Tensor  # [B, T] long
     loss_mask: torch.Tensor  # [B, T] bool
     features: torch.Tensor  # [B, T, F] (bf16 when stored)
-    topk_ids: torch.Tensor  # [B, T, k] long, by decreasing probability
-    topk_probs: torch.Tensor  # [B, T, k] float32, renormalised over the k
+    topk_ids: torch.Tensor | None = None  # "topk": [B, T, k] long, by decreasing probability
+    topk_probs: torch.Tensor | None = None  # "topk": [B, T, k] float32, renormalised over the k
+    last_hidden: torch.Tensor | None = None  # "full": [B, T, H] the target's final post-norm state (its precision)
+
+    def __post_init__(self) -> None:
+        has_topk, has_full = self.topk_ids is not None, self.last_hidden is not None
+        if has_topk != (self.topk_probs is not None) or has_topk == has_full:
+            raise ValueError("a FeatureBatch carries the target's distribution once: topk_ids and topk_probs, "
+                             "or last_hidden")
+
+    @property
+    def target_dist(self) -> str:
+        return "full" if self.last_hidden is not None else "topk"
 
     def to(self, device: torch.device | str) -> FeatureBatch:
-        return FeatureBatch(*(getattr(self, n).to(device) for n in FIELDS))
+        return FeatureBatch(*(None if getattr(self, n) is None else getattr(self, n).to(device) for n in FIELDS))
 
 
-FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs")
+FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs", "last_hidden")
+TARGET_DISTS = ("topk", "full")
 
 
 @torch.no_grad()  # not inference_mode: the draft's backward must be able to save these tensors
-def collect_features(model, seqs: Sequences, feature_layers: list[int], top_k: int = 32) -> FeatureBatch:
-    """Run the target once over `seqs` (in its own precision) and keep the feature taps and the top-k distribution.
+def collect_features(model, seqs: Sequences, feature_layers: list[int], top_k: int = 32,
+                     target_dist: str = "topk") -> FeatureBatch:
+    """Run the target once over `seqs` (in its own precision) and keep the feature taps and its
+    next-token distribution: the top-k (`target_dist="topk"`) or, for the full distribution, the
+    final hidden state its lm_head turns into logits (`"full"`, see the module doc).
 
     `hidden_states[i]` is the input of decoder layer i; the last one is the final post-norm state.
     """
+    if target_dist not in TARGET_DISTS:
+        raise ValueError(f"target_dist must be one of {TARGET_DISTS}, not {target_dist!r}")
     device = next(model.parameters()).device
     ids = seqs.input_ids.to(device)
     attention = (torch.arange(seqs.seq_len) < seqs.lengths[:, None]).long().to(device)
     with _autocast(model):
         out = model(input_ids=ids, attention_mask=attention, output_hidden_states=True, use_cache=False)
     features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).to(torch.bfloat16)
+    mask = seqs.loss_mask.to(device)
+    if target_dist == "full":
+        return FeatureBatch(ids, mask, features, last_hidden=out.hidden_states[-1])
     values, topk_ids = out.logits.topk(top_k, dim=-1)
-    return FeatureBatch(ids, seqs.loss_mask.to(device), features, topk_ids, torch.softmax(values.float(), dim=-1))
+    return FeatureBatch(ids, mask, features, topk_ids, torch.softmax(values.float(), dim=-1))
+
+
+@torch.no_grad()
+def target_logprobs(lm_head: torch.nn.Module, last_hidden: torch.Tensor) -> torch.Tensor:
+    """The target's full next-token log-distribution at temperature 1 [..., V] (float32) from its final
+    hidden state: its own lm_head in its own precision (so these are its logits), outside any autocast."""
+    weight = lm_head.weight
+    with torch.autocast(weight.device.type, enabled=False):
+        logits = lm_head(last_hidden.to(device=weight.device, dtype=weight.dtype))
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 class FeatureStore:
@@ -350,7 +388,7 @@ class FeatureStore:
         return [i for i in range(self.num_shards) if not self.shard_path(i).exists()]
 
     def build(self, model, feature_layers: list[int], top_k: int, batch_size: int, rank: int = 0, world: int = 1,
-              log: Callable[[str], None] = print) -> None:
+              log: Callable[[str], None] = print, target_dist: str = "topk") -> None:
         """Compute and write the missing shards assigned to this process."""
         import time
 
@@ -360,13 +398,16 @@ class FeatureStore:
         t0, done_tokens = time.time(), 0
         for n, i in enumerate(todo):
             rows = torch.arange(i * self.shard_size, min((i + 1) * self.shard_size, len(self.sequences)))
-            parts = [collect_features(model, self.sequences.select(rows[b : b + batch_size]), feature_layers, top_k)
+            parts = [collect_features(model, self.sequences.select(rows[b : b + batch_size]), feature_layers, top_k,
+                                      target_dist)
                      for b in range(0, len(rows), batch_size)]
-            atomic_save({
-                "features": torch.cat([p.features for p in parts]).cpu(),
-                "topk_ids": torch.cat([p.topk_ids for p in parts]).to(id_dtype).cpu(),
-                "topk_probs": torch.cat([p.topk_probs for p in parts]).half().cpu(),
-            }, self.shard_path(i))
+            shard = {"features": torch.cat([p.features for p in parts]).cpu()}
+            if target_dist == "full":  # kept in the target's precision: its lm_head then gives its own logits
+                shard["last_hidden"] = torch.cat([p.last_hidden for p in parts]).cpu()
+            else:
+                shard["topk_ids"] = torch.cat([p.topk_ids for p in parts]).to(id_dtype).cpu()
+                shard["topk_probs"] = torch.cat([p.topk_probs for p in parts]).half().cpu()
+            atomic_save(shard, self.shard_path(i))
             done_tokens += int(self.sequences.lengths[rows].sum())
             log(f"features: shard {n + 1}/{len(todo)}  {done_tokens / (time.time() - t0):.0f} target tokens/s")
 
@@ -377,11 +418,16 @@ class FeatureStore:
 
     def batch(self, indices: torch.Tensor) -> FeatureBatch:
         """The stored features of sequences `indices`, in that order."""
-        parts = {name: [] for name in ("features", "topk_ids", "topk_probs")}
+        full = "last_hidden" in self._shard(0)
+        names = ("features", "last_hidden") if full else ("features", "topk_ids", "topk_probs")
+        parts = {name: [] for name in names}
         for index in indices.tolist():
             shard = self._shard(index // self.shard_size)
             for name in parts:
                 parts[name].append(shard[name][index % self.shard_size])
         seqs = self.sequences.select(indices)
-        return FeatureBatch(seqs.input_ids, seqs.loss_mask, torch.stack(parts["features"]),
-                            torch.stack(parts["topk_ids"]).long(), torch.stack(parts["topk_probs"]).float())
+        stacked = {name: torch.stack(values) for name, values in parts.items()}
+        if "last_hidden" in stacked:
+            return FeatureBatch(seqs.input_ids, seqs.loss_mask, stacked["features"], last_hidden=stacked["last_hidden"])
+        return FeatureBatch(seqs.input_ids, seqs.loss_mask, stacked["features"], stacked["topk_ids"].long(),
+                            stacked["topk_probs"].float())

@@ -10,8 +10,12 @@ Pipeline (each stage is kept in --out and skipped when rerun, so an interrupted 
      --generate, the target's own continuations of prompts taken from them (EAGLE-3's recipe),
      greedy and/or sampled (--gen-temperature 0 1: the prompts split between the temperatures).
   2. draft vocabulary: the --draft-vocab-size most frequent next tokens of those sequences.
-  3. target features, precomputed to <data-dir>/shard_*.pt (bf16 features, top-k distribution);
-     --online computes them every step instead (see eagle.train.data for the trade-off).
+  3. target features, precomputed to <data-dir>/shard_*.pt (bf16 features, and the target's
+     distribution: its top-k, or with --target-dist full its last hidden state, from which the exact
+     full temperature-1 distribution is recomputed each step); --online computes them every step
+     instead (see eagle.train.data for the trade-offs).
+     The loss follows the distribution (eagle.train.ttt): soft cross-entropy against the renormalised
+     top-k, or forward KL against the full distribution (a head distilled for sampled drafting).
   4. training-time-test training (eagle.train.ttt), AdamW + warmup/cosine, from a fresh head or from
      an existing draft (--init: fine-tune, e.g. a head trained on human text, on the target's own
      outputs); bf16 autocast where the hardware has native bf16 (--precision auto), else float32;
@@ -43,6 +47,7 @@ from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
 from eagle.precision import resolve_dtype
 from eagle.train.data import (
     FIELDS,
+    TARGET_DISTS,
     FeatureBatch,
     FeatureStore,
     Sequences,
@@ -61,7 +66,9 @@ from eagle.train.data import (
 from eagle.train.ttt import ttt_loss
 
 DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "data_hub", "data_split", "seq_len", "max_tokens", "generate",
-                  "prompt_len", "gen_temperature", "top_k", "seed")
+                  "prompt_len", "gen_temperature", "top_k", "target_dist", "seed")
+# Data directories written before a key existed were built with its then only value.
+DATA_SPEC_DEFAULTS = {"target_dist": "topk"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="--generate: 0 = greedy; several values split the prompts between them")
     data.add_argument("--gen-batch", type=int, default=16)
     data.add_argument("--top-k", type=int, default=32, help="target distribution kept as its top-k")
+    data.add_argument("--target-dist", choices=TARGET_DISTS, default="topk",
+                      help="topk: train on the renormalised top-k (soft cross-entropy); full: on the target's whole "
+                      "temperature-1 distribution (forward KL), stored as its last hidden state")
     data.add_argument("--online", action="store_true", help="compute target features every step, store nothing")
     data.add_argument("--collect-batch", type=int, default=8, help="sequences per target forward")
     data.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
@@ -160,17 +170,21 @@ def build_head(kind: str, target, draft_vocab_size: int, shape: dict, init: str 
 class TTTObjective(nn.Module):
     """The head plus its TTT loss as one module, so that data-parallel wrappers see one forward."""
 
-    def __init__(self, head: DraftHead, steps: int, decay: float, bf16: bool):
+    def __init__(self, head: DraftHead, steps: int, decay: float, bf16: bool, target_lm_head: nn.Module | None = None):
         super().__init__()
         self.head = head
         self.steps, self.decay = steps, decay
         self.autocast = bf16
+        # The target's lm_head, frozen, for batches that carry its last hidden state (--target-dist full).
+        # A plain attribute, not a submodule: it is not trained and must not be wrapped by data parallelism.
+        self.__dict__["target_lm_head"] = target_lm_head
 
-    def forward(self, input_ids, loss_mask, features, topk_ids, topk_probs):
-        batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs)
+    def forward(self, input_ids, loss_mask, features, topk_ids=None, topk_probs=None, last_hidden=None):
+        batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs, last_hidden)
         dtype = torch.bfloat16 if self.autocast else None
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            result = ttt_loss(self.head, batch, self.steps, self.decay, compute_dtype=dtype)
+            result = ttt_loss(self.head, batch, self.steps, self.decay, compute_dtype=dtype,
+                              target_lm_head=self.target_lm_head)
         return result.loss, result.steps
 
 
@@ -184,7 +198,7 @@ def check_data_dir(data_dir: Path, spec: dict) -> None:
     """Refuse to mix data built with other settings into this run."""
     meta = data_dir / "meta.json"
     if meta.exists():
-        old = json.loads(meta.read_text())
+        old = {**DATA_SPEC_DEFAULTS, **json.loads(meta.read_text())}
         diff = {k: (old.get(k), v) for k, v in spec.items() if old.get(k) != v}
         if diff:
             raise ValueError(f"{data_dir} holds data built with other settings {diff} (old, new): "
@@ -344,10 +358,11 @@ def train(argv: list[str] | None = None) -> DraftHead:
 
     store = FeatureStore(data_dir, seqs, args.shard_size)
     if not args.online and store.missing():
-        per_token = 2 * head.config.feature_size + 4 * args.top_k
+        hidden_bytes = target.get_output_embeddings().weight.shape[1] * next(target.parameters()).element_size()
+        per_token = 2 * head.config.feature_size + (hidden_bytes if args.target_dist == "full" else 4 * args.top_k)
         log(f"collecting target features: ~{per_token * seqs.lengths.sum() / 1e9:.2f} GB in {data_dir}")
         store.build(target, head.config.feature_layers, args.top_k, args.collect_batch,
-                    accelerator.process_index, accelerator.num_processes, log)
+                    accelerator.process_index, accelerator.num_processes, log, args.target_dist)
     accelerator.wait_for_everyone()
 
     global_batch = args.batch * accelerator.num_processes
@@ -363,7 +378,11 @@ def train(argv: list[str] | None = None) -> DraftHead:
     bf16 = args.precision == "bf16" or (args.precision == "auto" and
                                         resolve_dtype("auto", accelerator.device).dtype == torch.bfloat16)
     log(f"draft compute: {'bf16 autocast' if bf16 else 'float32'}")
-    model, optimizer = accelerator.prepare(TTTObjective(head, args.ttt_steps, args.decay, bf16), optimizer)
+    log(f"loss: {'forward KL to the full' if args.target_dist == 'full' else 'soft cross-entropy to the top-k'} "
+        "target distribution")
+    objective = TTTObjective(head, args.ttt_steps, args.decay, bf16,
+                             target.get_output_embeddings() if args.target_dist == "full" else None)
+    model, optimizer = accelerator.prepare(objective, optimizer)
     run = init_wandb(args, out, accelerator.is_main_process)
     history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
     rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
@@ -374,7 +393,7 @@ def train(argv: list[str] | None = None) -> DraftHead:
     while step < total and step != args.stop_at:
         indices = batch_indices(step, len(seqs), global_batch, args.seed)[rank_slice]
         batch = store.batch(indices) if not args.online else \
-            collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k)
+            collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k, args.target_dist)
         loss, stats = model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS})
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(params, args.grad_clip)
@@ -430,7 +449,8 @@ def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, 
     summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
                "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
                "lr": args.lr, "target": args.target, "init": args.init, "generate": args.generate,
-               "gen_temperature": args.gen_temperature if args.generate else None}
+               "gen_temperature": args.gen_temperature if args.generate else None, "target_dist": args.target_dist,
+               "loss": "forward KL, full distribution" if args.target_dist == "full" else "soft CE, top-k"}
     (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
     if args.eval_sequences and (args.eval_jsonl or not (args.data_jsonl or args.data_hub)):
         report = run_evaluation(target, load_draft(final, target), tokenizer, args.eval_jsonl, args.seq_len,

@@ -21,7 +21,7 @@ import torch
 SIZE_BUDGET_MB = 60.0
 TARGET_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "training_summary.json")
-DRAFT_FILES = ("config.json", "eval.json", "training_summary.json")
+DRAFT_FILES = ("config.json", "eval.json", "eval_own_t1.json", "training_summary.json")
 
 
 def _copy(src: Path, dst: Path, names: tuple[str, ...], required: tuple[str, ...]) -> None:
