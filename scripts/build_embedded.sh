@@ -4,13 +4,15 @@
 #   2. EAGLE-3 draft head trained against it with training-time test            (~30 min)
 #   3. the head fine-tuned on the target's own continuations, greedy and sampled,
 #      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
-#   4. the head distilled for sampling: forward KL to the target's full T=1 distribution on
-#      its own continuations (1/3 greedy, 2/3 sampled) of other train-split prompts  (~60 min)
+#   4. (SAMPLING_HEAD=1 only) a head distilled for sampling: forward KL to the target's full T=1
+#      distribution on its own continuations (1/3 greedy, 2/3 sampled) of train-split prompts, scored
+#      in runs/draft_kl/final (sum min(p, q) per draft step, greedy tau); not the shipped head, whose
+#      greedy tau it lowers (data/models/README.md), unless EXPORT_HEAD=kl    (~60-90 min)
 #   5. export both to data/models/{target,draft} and check the pair loads        (seconds)
 #   6. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
 # Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little. Stage 4
 # runs in chunks of KL_MINUTES (default 60, one chunk fits a 3-hour session with room to spare): while
-# its schedule is unfinished the script stops after it and says so; rerun it to continue.
+# its schedule is unfinished the script says so and skips its scoring; rerun it to continue.
 #
 #   scripts/build_embedded.sh [RUNS_DIR]        (default: runs/)
 # Smoke test of the whole chain in ~10 minutes, without touching the shipped pair:
@@ -30,6 +32,8 @@ self_minutes="${SELF_MINUTES:-45}"
 kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a third greedy, two thirds T=1)
 kl_steps="${KL_STEPS:-120}"             # 1,200 sequences x 8 per step: 0.8 epoch
 kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
+sampling_head="${SAMPLING_HEAD:-0}"
+export_head="${EXPORT_HEAD:-self}"       # self: the stage-3 head (shipped); kl: stage 4's
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
@@ -55,6 +59,8 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft/fi
 # distribution (--target-dist full keeps its last hidden state; the exact distribution is recomputed
 # each step), on its own continuations of train-split prompts (a third greedy, so that greedy drafting
 # keeps its kind of text; never a held-out file's).
+final="$runs/draft_self/final"
+if [ "$sampling_head" = 1 ] || [ "$export_head" = kl ]; then
 python -m eval.prompts --split train --count "$kl_prompts" --per-file 100 --out "$runs/draft_kl_prompts.jsonl"
 python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_self/final" --out "$runs/draft_kl" \
     --data-jsonl "$runs/draft_kl_prompts.jsonl" --generate --gen-temperature 0 1 1 --gen-batch 64 --seq-len 256 \
@@ -63,23 +69,30 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_se
 if ! python -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(s["step"] < s["schedule_steps"])' \
         "$runs/draft_kl/final/training_summary.json"; then
     echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun this script to continue" >&2
-    exit 0
+    if [ "$export_head" = kl ]; then exit 0; fi
+else
+    kl="$runs/draft_kl/final"
+    # the benchmark's held-out prompts (stage 6 writes the same file again): the evaluation below continues them
+    python -m eval.prompts --out "$prompts_out"
+    python -m eagle.train.evaluate --target "$runs/target/final" --draft "$kl" \
+        --cache-dir "$runs/draft/data" --dtype float32 --out "$kl/eval.json"
+    # sum min(p, q) per draft step on the target's own T=1 continuations of the held-out prompts (full vocabularies)
+    python -m eagle.train.evaluate --target "$runs/target/final" --draft "$kl" --prompts "$prompts_out" \
+        --sequences 64 --gen-temperature 1 --seq-len 256 --dtype float32 --out "$kl/eval_own_t1.json"
+    for tree in "20 4 5" "8 4 2"; do
+        set -- $tree
+        python -m eval.tau --target "$runs/target/final" --draft "$kl" --prompts-jsonl "$prompts_out" --prompts 64 \
+            --new-tokens 128 --total-tokens "$1" --depth "$2" --branching "$3" --dtype float32 --no-timing \
+            --update "$kl/eval.json"
+    done
+    if [ "$export_head" = kl ]; then final="$kl"; fi
 fi
-
-final="$runs/draft_kl/final"
-# the benchmark's held-out prompts (stage 6 writes the same file again): the evaluation below continues them
-python -m eval.prompts --out "$prompts_out"
-python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
-    --cache-dir "$runs/draft/data" --dtype float32 --out "$final/eval.json"
-# sum min(p, q) per draft step on the target's own T=1 continuations of the held-out prompts (full vocabularies)
-python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" --prompts "$prompts_out" \
-    --sequences 64 --gen-temperature 1 --seq-len 256 --dtype float32 --out "$final/eval_own_t1.json"
-for tree in "20 4 5" "8 4 2"; do
-    set -- $tree
-    python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts-jsonl "$prompts_out" --prompts 64 \
-        --new-tokens 128 --total-tokens "$1" --depth "$2" --branching "$3" --dtype float32 --no-timing \
-        --update "$final/eval.json"
-done
+fi
+if [ "$final" = "$runs/draft_self/final" ]; then
+    python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
+        --cache-dir "$runs/draft/data" --out "$final/eval.json"
+    python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --update "$final/eval.json"
+fi
 
 python -m eagle.train.export --target "$runs/target/final" --draft "$final" --out "$export_dir"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"
