@@ -78,8 +78,17 @@ def fixed_candidates(tree: TreeShape, sampled: bool, drafting: str = "auto") -> 
 
 
 # Stage 1 times kernels at a small and a mid-size tree: which kernels win can depend on how many rows
-# a verification multiplies (a few on a weak draft, ~20 on a good one).
+# a verification multiplies (a few on a weak draft, ~20 on a good one). When sampling, at the shapes
+# sampled drafting uses (chains of 5-9 rows), where a precision slow on wide trees can win.
 PROBES = (TreeShape(8, 4, 2), TreeShape(20, 4, 5))
+SAMPLED_PROBES = (TreeShape(8, 4, 2), TreeShape(6, 6, 1, drafting="sample"), TreeShape(12, 8, 3, drafting="sample"))
+
+
+def probe_trees(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
+    """The trees stage 1 times the kernels at: those of the drafting modes the run may use."""
+    if not sampled or drafting == "topk":
+        return PROBES
+    return SAMPLED_PROBES if drafting == "auto" else SAMPLED_PROBES[1:]
 
 
 def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_attention: bool | None = None,
@@ -232,7 +241,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
     weights = sum(p.numel() for model in first for p in model.parameters())
     hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in _dtypes(kernels)))
-    probes = tuple(dict.fromkeys(PROBES if trees else fixed_candidates(fixed_tree, sampled, drafting)))
+    probes = tuple(dict.fromkeys(probe_trees(sampled, drafting) if trees
+                                 else fixed_candidates(fixed_tree, sampled, drafting)))
     log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
         f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
         f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "

@@ -16,7 +16,15 @@ from eagle import precision as P
 from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.calibrate import CANDIDATES as CALIBRATED
-from mars.calibrate import SAMPLED_CANDIDATES, Kernels, TreeShape, calibrate, kernel_candidates, tree_candidates
+from mars.calibrate import (
+    SAMPLED_CANDIDATES,
+    Kernels,
+    TreeShape,
+    calibrate,
+    kernel_candidates,
+    probe_trees,
+    tree_candidates,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -195,6 +203,11 @@ def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_
     assert only["tree"]["drafting"] == "sample" and set(only["kernel_candidates"]["float32"]["trees"]) == {
         "8/4/2 sampled"}
     assert tree_candidates(True, "auto") == CALIBRATED + SAMPLED_CANDIDATES
+    # stage 1 times the kernels at the shapes the run may draft: sampled chains too when sampling
+    assert {t.drafting for t in probe_trees(True, "auto")} == {"topk", "sample"}
+    assert {t.drafting for t in probe_trees(True, "sample")} == {"sample"}
+    greedy_probes, topk_probes = probe_trees(False, "auto"), probe_trees(True, "topk")
+    assert {t.drafting for t in greedy_probes} == {t.drafting for t in topk_probes} == {"topk"}
     assert tree_candidates(False, "sample") == CALIBRATED and tree_candidates(True, "topk") == CALIBRATED
     with pytest.raises(ValueError, match="a sampled tree's shape must not depend on its draws"):
         TreeShape(20, 6, 5, adaptive=True, drafting="sample")
