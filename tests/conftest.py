@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -46,3 +48,29 @@ def calibration_cache(tmp_path_factory) -> Iterator[None]:
         os.environ.pop("MARS_CACHE_DIR", None)
     else:
         os.environ["MARS_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list]]:
+    """A TCP server on the host's 127.0.0.1: (port, connections it accepted). The sandbox tests point
+    sandboxed code at it: an accepted connection is a route out of the sandbox's network namespace."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    accepted: list = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, addr = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(addr)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()

@@ -13,11 +13,9 @@ import ast
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,31 +105,6 @@ def run_hostile(source: str, timeout: float = 5.0, exclude: frozenset[int] = fro
     assert leftover_processes(exclude) == []
     assert sandbox_dirs() <= dirs_before, "the sandbox directory was not removed"
     return result
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[int, list]]:
-    """A TCP server on 127.0.0.1 of this process: (port, connections it accepted)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
-    accepted: list = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, addr = server.accept()
-            except TimeoutError:
-                continue
-            accepted.append(addr)
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    server.close()
 
 
 @pytest.fixture

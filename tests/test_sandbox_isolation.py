@@ -11,12 +11,10 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,31 +27,6 @@ from eval.scoring.sandbox import TEMP_PREFIX
 
 TEST_UID = 54321  # the non-root harness's uid (no passwd entry needed: setpriv sets it numerically)
 ATTACKS = REPO_ROOT / "tests" / "sandbox_attacks.py"
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[int, list]]:
-    """A TCP server on the host's 127.0.0.1: (port, connections it accepted)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
-    accepted: list = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, addr = server.accept()
-            except TimeoutError:
-                continue
-            accepted.append(addr)
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    server.close()
 
 
 def _blocking_dir(path: Path, uid: int) -> Path | None:
