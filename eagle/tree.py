@@ -23,7 +23,7 @@ acceptance is likely: deep along first children, wide near the root.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -43,6 +43,14 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     for _ in range(max(n - 1, 1).bit_length()):
         reach = ((reach @ reach) > 0).float()
     return reach > 0
+
+
+def depths_of(parents: Sequence[int]) -> list[int]:
+    """Each node's depth from host parent indices (parents[0] = -1, parents before children)."""
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    return depths
 
 
 @dataclass
@@ -97,9 +105,7 @@ class DraftTree:
         """A tree from host lists, validated (parents[0] = -1, every parent before its child)."""
         if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
             raise ValueError("tree nodes must come after their parents (node 0 is the root)")
-        depths = [0]
-        for p in parents[1:]:
-            depths.append(depths[p] + 1)
+        depths = depths_of(parents)
         return cls(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),
                    torch.tensor(scores) if scores is not None else torch.zeros(len(tokens)), max(depths))
 
@@ -260,10 +266,7 @@ class Topology:
 
     @property
     def depths(self) -> tuple[int, ...]:
-        depths = [0]
-        for p in self.parents[1:]:
-            depths.append(depths[p] + 1)
-        return tuple(depths)
+        return tuple(depths_of(self.parents))
 
     @property
     def levels(self) -> int:
