@@ -62,6 +62,14 @@ class GenerationOutput:
 
 
 DRAFTING = ("auto", "topk", "sample")
+
+
+def drafting_mode(drafting: str, sampled: bool, adaptive: bool) -> str:
+    """What `drafting` ("auto", "topk", "sample") drafts: "sample" only when sampling, and for "auto"
+    only without an adaptive tree (which sizes top-k trees from their draft scores)."""
+    if not sampled:
+        return "topk"
+    return drafting if drafting != "auto" else "topk" if adaptive else "sample"
 PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_up", "decode")
 
 
@@ -185,7 +193,7 @@ class SpeculativeGenerator:
 
     def samples_drafts(self, cfg: SamplingConfig) -> bool:
         """Whether a call with these sampling settings drafts sampled children (see `drafting`)."""
-        return not cfg.greedy and (self.drafting == "sample" or (self.drafting == "auto" and not self.adaptive))
+        return drafting_mode(self.drafting, not cfg.greedy, self.adaptive) == "sample"
 
     def topology(self, depth: int) -> Topology:
         """The sampled tree's shape for a cycle drafting `depth` levels (follows changes to the tree's sizes)."""

@@ -23,6 +23,7 @@ from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner.models import load_head, load_target, load_tokenizer, model_source
 from eval.runner.placement import parameter_count
 from mars.calibrate import calibrate, kernel_candidates, tree_candidates
+from mars.generate import drafting_mode
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
 
@@ -38,8 +39,8 @@ def run_device(run: RunConfig) -> str:
 def fixed_tree(tree: TreeConfig, sampled: bool) -> TreeShape:
     """The configured tree; drafted as `tree.drafting` says, "auto" resolving by rule (sampled children
     when sampling and the tree is not adaptive) where nothing is measured."""
-    drafting = tree.drafting if tree.drafting != "auto" else "sample" if sampled and not tree.adaptive else "topk"
-    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, drafting if sampled else "topk")
+    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive,
+                     drafting_mode(tree.drafting, sampled, tree.adaptive))
 
 
 def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: dict | None) -> str:
