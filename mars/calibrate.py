@@ -55,7 +55,8 @@ def default_cache() -> Path:
 # beats any tree there (embedded pair, bf16, AVX-512: 6/6/1 383 tok/s, 8/4/2 332, 20/4/5 258);
 # wider trees pay where extra rows are nearly free (a GPU, a larger model).
 CANDIDATES = (
-    TreeShape(4, 4, 1), TreeShape(6, 6, 1), TreeShape(8, 8, 1), TreeShape(8, 4, 2), TreeShape(12, 4, 3), TreeShape(16, 4, 4), TreeShape(20, 4, 5), TreeShape(24, 5, 5),
+    TreeShape(4, 4, 1), TreeShape(6, 6, 1), TreeShape(8, 8, 1), TreeShape(8, 4, 2), TreeShape(12, 4, 3),
+    TreeShape(16, 4, 4), TreeShape(20, 4, 5), TreeShape(24, 5, 5),
     TreeShape(32, 5, 6), TreeShape(32, 6, 6), TreeShape(48, 6, 8), TreeShape(60, 6, 10), TreeShape(20, 6, 5, True),
 )
 # At temperature > 0, sampled children (eagle.tree.sample_tree): a first draw is accepted far more

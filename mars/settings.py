@@ -91,6 +91,7 @@ class DecodeSettings:
     tree: Setting  # TreeShape
     drafting: Setting  # str: the tree's `drafting` ("topk" / "sample"), with why
     placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
+    head: Setting  # str: the draft head's directory or hub id (at temperature > 0 the model's sampling head, if any)
     calibration: dict | None = None
 
     def __post_init__(self):
@@ -119,7 +120,8 @@ class DecodeSettings:
                 f"{on[self.exact_attention.value]} ({self.exact_attention.reason}); prepacked linears "
                 f"{on[self.prepack.value]} ({self.prepack.reason})",
                 f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.drafting.value} "
-                f"({self.drafting.reason}); placement: {self.placement.value} ({self.placement.reason})"]
+                f"({self.drafting.reason}); placement: {self.placement.value} ({self.placement.reason})",
+                f"draft head: {self.head.value} ({self.head.reason})"]
 
     def record(self) -> dict:
         """The summary's (and W&B's) record of the settings: each value with its reason."""
@@ -129,4 +131,4 @@ class DecodeSettings:
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
                 "drafting": self.drafting.value, "drafting_reason": self.drafting.reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
-                "calibration": self.calibration}
+                "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration}

@@ -6,9 +6,10 @@
 #      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
 #   4. (SAMPLING_HEAD=1 only) a head distilled for sampling: forward KL to the target's full T=1
 #      distribution on its own continuations (1/3 greedy, 2/3 sampled) of train-split prompts, scored
-#      in runs/draft_kl/final (sum min(p, q) per draft step, greedy tau); not the shipped head, whose
-#      greedy tau it lowers (data/models/README.md), unless EXPORT_HEAD=kl    (~60-90 min)
-#   5. export both to data/models/{target,draft} and check the pair loads        (seconds)
+#      in runs/draft_kl/final (sum min(p, q) per draft step, greedy tau). It drafts samples better and
+#      the argmax worse (data/models/README.md), so it ships beside the greedy head, as
+#      data/models/draft_sampling (model.sampling_draft: used at temperature > 0)  (~60-90 min)
+#   5. export to data/models/{target,draft[,draft_sampling]} and check each loads (seconds)
 #   6. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
 # Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little. Stage 4
 # runs in chunks of KL_MINUTES (default 60, one chunk fits a 3-hour session with room to spare): while
@@ -30,10 +31,9 @@ calibration_out="${CALIBRATION_OUT:-data/prompts/stdlib_calibration.jsonl}"
 self_prompts="${SELF_PROMPTS:-3600}"     # train-split function prompts the target continues (half greedy, half T=1)
 self_minutes="${SELF_MINUTES:-45}"
 kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a third greedy, two thirds T=1)
-kl_steps="${KL_STEPS:-120}"             # 1,200 sequences x 8 per step: 0.8 epoch
+kl_steps="${KL_STEPS:-600}"             # 1,200 sequences x 8 per step: 4 epochs (~8 min on 2 idle cores)
 kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
 sampling_head="${SAMPLING_HEAD:-0}"
-export_head="${EXPORT_HEAD:-self}"       # self: the stage-3 head (shipped); kl: stage 4's
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
@@ -60,7 +60,8 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft/fi
 # each step), on its own continuations of train-split prompts (a third greedy, so that greedy drafting
 # keeps its kind of text; never a held-out file's).
 final="$runs/draft_self/final"
-if [ "$sampling_head" = 1 ] || [ "$export_head" = kl ]; then
+sampling_export=()                       # --sampling-draft DIR once stage 4 has finished
+if [ "$sampling_head" = 1 ]; then
 python -m eval.prompts --split train --count "$kl_prompts" --per-file 100 --out "$runs/draft_kl_prompts.jsonl"
 python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_self/final" --out "$runs/draft_kl" \
     --data-jsonl "$runs/draft_kl_prompts.jsonl" --generate --gen-temperature 0 1 1 --gen-batch 64 --seq-len 256 \
@@ -69,7 +70,7 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_se
 if ! python -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(s["step"] < s["schedule_steps"])' \
         "$runs/draft_kl/final/training_summary.json"; then
     echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun this script to continue" >&2
-    if [ "$export_head" = kl ]; then exit 0; fi
+    exit 0  # nothing exported: the shipped models stay as they are until the sampling head is finished
 else
     kl="$runs/draft_kl/final"
     # the benchmark's held-out prompts (stage 6 writes the same file again): the evaluation below continues them
@@ -85,15 +86,13 @@ else
             --new-tokens 128 --total-tokens "$1" --depth "$2" --branching "$3" --dtype float32 --no-timing \
             --update "$kl/eval.json"
     done
-    if [ "$export_head" = kl ]; then final="$kl"; fi
+    sampling_export=(--sampling-draft "$kl")
 fi
 fi
-if [ "$final" = "$runs/draft_self/final" ]; then
-    python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
-        --cache-dir "$runs/draft/data" --out "$final/eval.json"
-    python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --update "$final/eval.json"
-fi
+python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
+    --cache-dir "$runs/draft/data" --out "$final/eval.json"
+python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --update "$final/eval.json"
 
-python -m eagle.train.export --target "$runs/target/final" --draft "$final" --out "$export_dir"
+python -m eagle.train.export --target "$runs/target/final" --draft "$final" --out "$export_dir" "${sampling_export[@]}"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"
 python -m eval.prompts --split train --count 8 --per-file 1 --out "$calibration_out"

@@ -77,7 +77,7 @@ def test_model_config_composes_with_every_field(name):
     # (mars.settings.DecodeSettings.generator_kwargs)
     shape = fixed_tree(OmegaConf.to_object(cfg.tree), sampled=False)
     resolved = DecodeSettings(Setting("float32", ""), Setting(False, ""), Setting(False, ""), Setting(shape, ""),
-                              Setting(shape.drafting, ""), Setting("cpu", ""))
+                              Setting(shape.drafting, ""), Setting("cpu", ""), Setting(model.draft, ""))
     tree = resolved.generator_kwargs()
     accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
     assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)

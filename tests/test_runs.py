@@ -27,7 +27,7 @@ from eval.config.schema import validate
 from eval.reporting.summaries import load_runs, merge_runs
 from eval.runner.directories import job_methods, run_directory
 from eval.runner.job import run
-from eval.runner.models import check_offload, claim_gpus
+from eval.runner.models import check_offload, claim_gpus, load_head
 from eval.runner.settings import resolve_settings
 from eval.runs.layout import AnswerFile, read_answers
 from mars.calibrate import CANDIDATES, TreeShape
@@ -221,6 +221,38 @@ def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing created
     with pytest.raises(FileNotFoundError, match="target model not found"):
         run(config(standin, tmp_path, missing))
+
+
+def test_a_sampling_head_drafts_when_sampling_and_names_the_directories_it_drafts_for(standin, tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    import eval.runner.job as job
+
+    sampling = tmp_path / "draft_sampling"  # another head: the stand-in's, its weights perturbed
+    sampling.mkdir()
+    for f in (standin / "draft").iterdir():
+        (sampling / f.name).write_bytes(f.read_bytes())
+    state = load_file(str(sampling / "model.safetensors"))
+    state = {k: v * 1.01 if v.is_floating_point() else v for k, v in state.items()}
+    save_file(state, str(sampling / "model.safetensors"))
+    loaded = []
+    monkeypatch.setattr(job, "load_head", lambda head, target: loaded.append(head) or load_head(head, target))
+    out = tmp_path / "out"
+    more = ("baselines=[vanilla]", "num_prompts=1", "max_new_tokens=4", f"model.sampling_draft={sampling}")
+
+    greedy = run(config(standin, out, *more))
+    hot = run(config(standin, out, *more, "sampling=t1"))
+    assert loaded == [str(standin / "draft"), str(sampling)]  # the head each job decoded with
+    assert greedy["settings"]["draft"] == str(standin / "draft") and "greedy" in greedy["settings"]["draft_reason"]
+    assert hot["settings"]["draft"] == str(sampling) and "temperature > 0" in hot["settings"]["draft_reason"]
+    identity = json.loads((Path(hot["methods"]["mars@0.9"]["run_dir"]) / "identity.json").read_text())
+    assert identity["draft"] == str(sampling)
+    # without model.sampling_draft the T = 1 run drafts with model.draft, in a directory of its own
+    plain_hot = run(config(standin, out, *more[:-1], "sampling=t1"))
+    assert plain_hot["settings"]["draft"] == str(standin / "draft")
+    assert plain_hot["methods"]["mars@0.9"]["run_dir"] != hot["methods"]["mars@0.9"]["run_dir"]
+    with pytest.raises(FileNotFoundError, match="sampling draft model"):
+        run(config(standin, out, *more[:-1], f"model.sampling_draft={tmp_path / 'missing'}"))
 
 
 def test_long_prompts_get_the_budget_that_fits_or_are_skipped_with_the_reason(standin, tmp_path):

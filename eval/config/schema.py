@@ -79,6 +79,9 @@ class ModelConfig:
     name: str = MISSING
     target: str = MISSING  # a directory (absolute or relative to the repository) or a hub id
     draft: str = MISSING
+    # A head for temperature > 0, used instead of `draft` when sampling (eval.runner.settings.head_setting);
+    # null: `draft` at every temperature.
+    sampling_draft: str | None = None
     tokenizer: str | None = None  # default: the target's
     dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.calibrate); bf16 on GPUs (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)

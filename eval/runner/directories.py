@@ -73,7 +73,7 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
         tree = asdict(settings.tree.value)  # the tree used, however it was chosen
         if tree["drafting"] == "topk":  # what every tree was before sampled drafting: earlier runs keep their names
             del tree["drafting"]
-        identity.update(draft=m.draft, tree=tree)
+        identity.update(draft=settings.head.value, tree=tree)  # the head used
         rule = method.rule()  # its main parameter is in the name; the others here, as values
         identity.update({k: v for k, v in rule.params().items() if k != rule.label})
     return identity

@@ -140,7 +140,7 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
 
     m = run.model
     return {
-        "model": m.name, "target": m.target, "draft": m.draft, **resolved.record(), "dtype_requested": m.dtype.value,
+        "model": m.name, "target": m.target, **resolved.record(), "dtype_requested": m.dtype.value,
         "tree_requested": plain(run.tree), "device": m.device_map or m.device, "bench": run.bench.name,
         "questions": questions, "max_new_tokens": run.max_new_tokens, **plain(run.sampling),
         "static": m.static, "compile": m.compile, "max_cache_len": m.max_cache_len,
@@ -188,6 +188,8 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
         questions = questions[shard[0]::shard[1]]
     model_source(run.model.target, "target model")  # a missing local path or malformed hub id, before any load
     model_source(run.model.draft, "draft model")
+    if run.model.sampling_draft:
+        model_source(run.model.sampling_draft, "sampling draft model (model.sampling_draft)")
     return fmt, questions
 
 
@@ -276,7 +278,7 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
         tokenizer = load_tokenizer(config)
         rows = resolved.tree.value.total_tokens + 1
         target = load_target(config, resolved.torch_dtype, gpus, rows)
-        head = load_head(config, target)
+        head = load_head(resolved.head.value, target)
         gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
         plain_models = {}
         for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process

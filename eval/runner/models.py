@@ -27,8 +27,8 @@ def model_source(spec: str, what: str) -> str:
         return spec
     raise FileNotFoundError(
         f"{what} not found at {local} (and {spec!r} is not a hub id 'owner/name'). The embedded pair lives in "
-        "data/models/{target,draft} once built (data/models/README.md); otherwise set model.target / model.draft to a "
-        "directory or hub id."
+        "data/models/{target,draft} once built (data/models/README.md); otherwise set model.target / model.draft "
+        "/ model.sampling_draft to a directory or hub id."
     )
 
 
@@ -125,11 +125,12 @@ def make_generator(target, head, settings: DecodeSettings, run: RunConfig,
                                 compile=m.compile, max_cache_len=m.max_cache_len)
 
 
-def load_head(run: RunConfig, target):
-    """The draft head: a local EAGLE checkpoint directory, or a hub repository downloaded first."""
+def load_head(head: str, target):
+    """The draft head `head` (the run's resolved `DecodeSettings.head`): a local EAGLE checkpoint
+    directory, or a hub repository downloaded first."""
     from eagle.checkpoint import load_draft
 
-    source = model_source(run.model.draft, "draft model")
+    source = model_source(head, "draft model")
     if not Path(source).exists():
         from huggingface_hub import snapshot_download
 

@@ -5,7 +5,8 @@ is left free is measured on this machine when there is a choice to make (`mars.c
 the precision and prepacking with `model.dtype=auto`, the tree with `tree=calibrated`), cached per
 machine and model; on a GPU the precision follows the hardware (`eagle.precision.resolve_dtype`).
 Exact attention follows the precision: on where it is needed for strict greedy output to equal plain
-decoding (bf16/fp16), off in float32 and with static shapes. Each value carries its reason.
+decoding (bf16/fp16), off in float32 and with static shapes. The draft head follows the temperature
+(`head_setting`). Each value carries its reason.
 """
 
 from __future__ import annotations
@@ -131,10 +132,22 @@ def calibration_prompts(run: RunConfig, fmt: PromptFormat) -> list[torch.Tensor]
     return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in load_questions(run.tree.calibration_prompts)]
 
 
-def load_pair(run: RunConfig, dtype: str) -> tuple:
-    """The run's target and draft head in `dtype` (what `mars.calibrate.calibrate` times)."""
+def head_setting(run: RunConfig, sampled: bool) -> Setting:
+    """The draft head the run uses: `model.sampling_draft` when sampling and the model has one (a head
+    distilled on the target's full temperature-1 distributions drafts samples the target accepts more
+    often, but drafts the argmax worse: data/models/README.md), else `model.draft`."""
+    m = run.model
+    if sampled and m.sampling_draft:
+        return Setting(m.sampling_draft, "model.sampling_draft: a head distilled for sampling, temperature > 0")
+    if m.sampling_draft:
+        return Setting(m.draft, "model.draft: greedy decoding (model.sampling_draft is for temperature > 0)")
+    return Setting(m.draft, "model.draft")
+
+
+def load_pair(run: RunConfig, head: str, dtype: str) -> tuple:
+    """The run's target and the draft head `head` in `dtype` (what `mars.calibrate.calibrate` times)."""
     target = load_target(run, getattr(torch, dtype))
-    return target, load_head(run, target)
+    return target, load_head(head, target)
 
 
 def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], None] = print) -> DecodeSettings:
@@ -143,12 +156,13 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     sampling = sampling_of(method_spec(STRICT), run.sampling)
     sampled = not sampling.greedy
     tree, record = fixed_tree(run.tree, sampled), None
+    head = head_setting(run, sampled)
     trees = tree_candidates(sampled, run.tree.drafting) if run.tree.calibrate else None
     measure = run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     if len(options) > 1 or run.tree.calibrate:
-        record = calibrate(partial(load_pair, run), options, calibration_prompts(run, fmt), sampling,
+        record = calibrate(partial(load_pair, run, head.value), options, calibration_prompts(run, fmt), sampling,
                            trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
@@ -164,4 +178,4 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
         prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
         tree=tree_setting, drafting=Setting(tree.drafting, drafting_reason(run, tree, sampled, record)),
-        placement=placement_of(run), calibration=record)
+        placement=placement_of(run), head=head, calibration=record)
