@@ -1,8 +1,8 @@
 """The exact distribution a rule emits at a verified position, and what it costs against the target.
 
 At node i with target distribution p and children c_1..c_k tried in draft order (a rule's
-`Relaxation`): the first child accepted outright is emitted with certainty; otherwise child j is
-accepted with probability a_j = min(1, ratio_j + tolerance), ratio_j being strict's trial of it
+`Relaxation`): child j is accepted with probability a_j = 1 if the rule accepts it outright, else
+a_j = min(1, ratio_j + tolerance), ratio_j being strict's trial of it
 (`mars.rejection`: r_j(c_j) / q_j(c_j); for deterministic drafts q_j(c_j) = 1 and r_j is p with the
 earlier children zeroed, renormalised), and after every rejection the rule's fallback distribution f
 is drawn (strict's: the last residual). So, given the drafted children, the emitted token's distribution is
@@ -38,7 +38,8 @@ def fallback_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tens
 
 def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.Tensor | None = None) -> torch.Tensor:
     """a [L, n] at `nodes` (default all): child j's acceptance probability when it is tried (0 for
-    non-children and untested nodes): min(1, the strict trial's ratio + the rule's tolerance)."""
+    non-children and untested nodes): 1 where the rule accepts it outright, else min(1, the strict
+    trial's ratio + the rule's tolerance)."""
     nodes = nodes if nodes is not None else torch.arange(view.tokens.shape[0], device=view.tokens.device)
     trial = view.trial
     tested = trial.testable[nodes]
@@ -47,7 +48,8 @@ def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.T
     ratio = trial.ratio[nodes]
     if relax.tolerance is not None:
         ratio = ratio + relax.tolerance[nodes][:, None]
-    return torch.where(tested, ratio.clamp(max=1.0), 0.0)
+    a = torch.where(tested, ratio.clamp(max=1.0), 0.0)
+    return torch.where(relax.outright[nodes] & view.kids[nodes], 1.0, a)
 
 
 def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
@@ -56,13 +58,7 @@ def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tenso
     survive = (1.0 - a).cumprod(dim=1)  # [L, n] no child up to j accepted
     reach = torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], dim=1)
     pi = fallback_distribution(view, relax, nodes) * survive[:, -1:]
-    pi = pi.scatter_add(1, view.tokens[None].expand_as(a), reach * a)
-    n = view.tokens.shape[0]
-    columns = torch.arange(n, device=nodes.device)
-    outright = relax.outright[nodes] & view.kids[nodes]
-    first = torch.where(outright, columns[None, :], n).min(dim=1).values
-    certain = torch.zeros_like(pi).scatter_(1, view.tokens[first.clamp(max=n - 1)][:, None], 1.0)
-    return torch.where((first < n)[:, None], certain, pi)
+    return pi.scatter_add(1, view.tokens[None].expand_as(a), reach * a)
 
 
 @dataclass

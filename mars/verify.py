@@ -176,10 +176,10 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
         return torch.where(ok, nodes[None, :], n).min(dim=1).values
 
-    first_outright, first_tested = first(relax.outright & kids), first(loose_ok)
-    chosen = torch.where(first_outright < n, first_outright, first_tested)
-    by_test_only = strict_ok.gather(1, first_tested.clamp(max=n - 1)[:, None])[:, 0]
-    relaxed = (first_outright < n) | ((first_tested < n) & ~by_test_only)
+    # Children are tried in draft order; one the relaxation accepts outright is accepted when its turn
+    # comes, so strict's choice of an earlier child (and the deeper subtree behind it) stands.
+    chosen = first((relax.outright & kids) | loose_ok)
+    relaxed = (chosen < n) & ~strict_ok.gather(1, chosen.clamp(max=n - 1)[:, None])[:, 0]
     walk = [nodes[0]]
     for _ in range(tree.levels):
         step = chosen[walk[-1]]

@@ -61,21 +61,19 @@ def test_every_rule_file_registers_its_rule_and_unknown_names_are_refused():
 
 
 def outcome_distribution(view: TargetView, relax: Relaxation, tree) -> dict[tuple[int, ...], float]:
-    """P(a verdict emits these tokens) under the rule's description: the first child accepted
-    outright wins, else children are tried with `acceptance_probabilities`, else `fallback_distribution`."""
+    """P(a verdict emits these tokens) under the rule's description: children are tried in draft
+    order, one accepted outright with certainty, the others with the strict trial loosened by the
+    rule's tolerance, and after every rejection `fallback_distribution` is drawn."""
     a = acceptance_probabilities(view, relax)
     fallback = fallback_distribution(view, relax, torch.arange(tree.size))
     tokens, kids = tree.tokens.tolist(), tree.children
     out: Counter = Counter()
 
     def walk(node: int, prefix: tuple[int, ...], prob: float) -> None:
-        outright = [c for c in kids[node] if relax.outright[node, c]]
-        if outright:
-            walk(outright[0], prefix + (tokens[outright[0]],), prob)
-            return
         for c in kids[node]:
-            walk(c, prefix + (tokens[c],), prob * a[node, c].item())
-            prob *= 1.0 - a[node, c].item()
+            accepted = 1.0 if relax.outright[node, c] else a[node, c].item()
+            walk(c, prefix + (tokens[c],), prob * accepted)
+            prob *= 1.0 - accepted
         for x, fx in enumerate(fallback[node].tolist()):
             if fx > 0 and prob > 0:
                 out[prefix + (x,)] += prob * fx

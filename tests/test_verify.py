@@ -217,15 +217,23 @@ def test_sampling_strict_on_a_filtered_distribution_only_emits_kept_tokens():
 # --- sampling, MARS ---------------------------------------------------------------------------
 
 
-def test_sampling_mars_accepts_the_first_top2_child_outright_where_the_margin_passes():
+def test_sampling_mars_accepts_a_top2_child_outright_when_its_turn_comes_where_the_margin_passes():
     tree = make_tree([-1, 0, 0, 0], [5, 2, 1, 0])  # draft order: top-3, top-2, top-1
-    processed = process_logits(rows(UNDECIDED, one_hot(4), one_hot(4), one_hot(4)), SAMPLE_MARS)
-    for seed in range(30):
-        v = accept(processed, tree, SAMPLE_MARS, gen(seed))
-        assert v.path == [0, 2] and v.next_token == 4 and v.relaxed == 1
-        assert v.steps[0].relaxed and v.steps[0].relax_allowed
-    strict_paths = {tuple(accept(processed, tree, SAMPLE, gen(seed)).path) for seed in range(30)}
-    assert len(strict_paths) > 1  # strict, by contrast, is random here
+    root = [3.0, 2.9, 2.5, 0.4, 0.3, 0.2]  # undecided; the top-3 token holds 22% of the mass
+    processed = process_logits(rows(root, one_hot(4), one_hot(4), one_hot(4)), SAMPLE_MARS)
+    paths = set()
+    for seed in range(60):
+        g_mars, g_strict = gen(seed), gen(seed)
+        v, s = accept(processed, tree, SAMPLE_MARS, g_mars), accept(processed, tree, SAMPLE, g_strict)
+        if s.path[:2] == [0, 1]:  # strict accepts the first child (top-3): MARS makes the same choice
+            assert v.path == [0, 1] and not v.steps[0].relaxed
+        else:  # never past the top-2 child, which is accepted with certainty
+            assert v.path == [0, 2] and v.next_token == 4 and v.steps[0].relax_allowed
+            assert v.steps[0].relaxed == (s.path[:2] != [0, 2])
+        paths.add(tuple(v.path))
+    assert paths == {(0, 1), (0, 2)}
+    strict_paths = {tuple(accept(processed, tree, SAMPLE, gen(seed)).path) for seed in range(60)}
+    assert len(strict_paths) > 2  # strict, by contrast, may also take the third child or none
 
 
 def test_sampling_mars_accepts_a_top1_child_outright_in_draft_order():
@@ -290,13 +298,14 @@ def test_sampling_mars_relaxes_at_one_depth_and_is_strict_at_the_next():
     tree = make_tree([-1, 0, 1, 1], [5, 1, 3, 4])
     child_row = [1.0, 0.0, 0.0, 0.8, 0.7, 0.0]  # decided at node 1: ratio 0.8 < 0.9
     processed = process_logits(rows(UNDECIDED, child_row, one_hot(0), one_hot(0)), SAMPLE_MARS)
-    depths = set()
+    depths, relaxed = set(), set()
     for seed in range(60):
         v = accept(processed, tree, SAMPLE_MARS, gen(seed))
-        assert v.path[:2] == [0, 1] and v.steps[0].relaxed
+        assert v.path[:2] == [0, 1] and v.steps[0].relax_allowed  # the top-2 child, always
         assert not v.steps[1].relaxed and not v.steps[1].relax_allowed
         depths.add(len(v.path))
-    assert depths == {2, 3}
+        relaxed.add(v.steps[0].relaxed)  # counted as relaxed only where strict's test rejects it
+    assert depths == {2, 3} and relaxed == {True, False}
 
 
 def test_sampling_mars_never_relaxes_where_the_filter_leaves_one_token():

@@ -97,12 +97,13 @@ class TargetView:
 class Relaxation:
     """Where and how a rule departs from strict verification, for every node of a tree at once.
 
-    outright [n, n] bool: child j of node i is accepted with certainty; at each node the first such
-    child in draft order wins, before any other child is tried.
+    outright [n, n] bool: child j of node i is accepted with certainty when it is tried. Children are
+    tried in draft order, so an earlier child that strict's test accepts still wins (and keeps the
+    deeper subtree a sampled tree grows behind its first draws).
     gate [n] float, open [n] bool: the rule's gate metric (recorded per verified position, e.g. for
     histograms) and whether it let the rule relax there.
-    Where no child is accepted outright:
-    tolerance [n] float >= 0: children are tried in draft order with the strict test loosened by it,
+    The other children:
+    tolerance [n] float >= 0: tried with the strict test loosened by it,
         accepting c with probability min(1, r(c) / sum(r) + tolerance) under the residual r (greedy
         ignores it). None: 0 everywhere (strict).
     tested [n] bool: whether children are tried at all (None: everywhere). An untested node rejects

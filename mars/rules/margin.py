@@ -62,9 +62,10 @@ class Mars(Rule):
     """Where the target is undecided (the margin test passes), a drafted token equal to the target's
     top-1 or top-2 is accepted; elsewhere the strict rule applies, with the same random draws.
 
-    Sampling: where the test passes, the first child (draft order) that is the target's top-1 or
-    top-2 is accepted outright. If none is, fallback "strict" lets the strict rule try the children;
-    "reference" rejects them all and samples from p unadjusted (the MARS code's behaviour).
+    Sampling: where the test passes, a child that is the target's top-1 or top-2 is accepted outright
+    when its turn comes (children are tried in draft order, the others by the strict test). If no
+    child is, fallback "strict" lets the strict rule try them all; "reference" rejects them all and
+    samples from p unadjusted (the MARS code's behaviour).
     """
 
     name: ClassVar[str] = "mars"
