@@ -72,7 +72,7 @@ def main() -> None:
     prompts = [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in
                load_questions(bench.questions, bench.data_dir, args.prompts, bench.source)]
     models = {dtype: load_target(configs["default"], getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
-    heads = {dtype: load_head(resolved["default"].head.value, model) for dtype, model in models.items()}
+    heads = {dtype: load_head(resolved["default"].head, model) for dtype, model in models.items()}
     gens = {name: make_generator(models[s.dtype.value], heads[s.dtype.value], s, configs[name])
             for name, s in resolved.items()}
     plain_decoders = dict(models)  # model.generate here, and under the AVX2 limits in a worker process

@@ -50,7 +50,7 @@ def overrides(standin: Path, out: Path, *more: str) -> list[str]:
     the embedded default, tree=calibrated, times candidates)."""
     base = [f"model.target={standin / 'target'}", f"model.draft={standin / 'draft'}", "model.dtype=float32",
             "model.exact_attention=false", "num_prompts=2", "max_new_tokens=8", "threads=1", "warmup=false",
-            f"out_dir={out}", "tree=cpu"]
+            f"out_dir={out}", "tree=cpu", "model.sampling_draft=null"]  # the embedded sampling head fits no stand-in
     given = {m.split("=", 1)[0] for m in more}
     return [b for b in base if b.split("=", 1)[0] not in given] + list(more)
 
@@ -236,7 +236,7 @@ def test_a_sampling_head_drafts_when_sampling_and_names_the_directories_it_draft
     state = {k: v * 1.01 if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(sampling / "model.safetensors"))
     loaded = []
-    monkeypatch.setattr(job, "load_head", lambda head, target: loaded.append(head) or load_head(head, target))
+    monkeypatch.setattr(job, "load_head", lambda head, target: loaded.append(head.value) or load_head(head, target))
     out = tmp_path / "out"
     more = ("baselines=[vanilla]", "num_prompts=1", "max_new_tokens=4", f"model.sampling_draft={sampling}")
 
@@ -253,6 +253,9 @@ def test_a_sampling_head_drafts_when_sampling_and_names_the_directories_it_draft
     assert plain_hot["methods"]["mars@0.9"]["run_dir"] != hot["methods"]["mars@0.9"]["run_dir"]
     with pytest.raises(FileNotFoundError, match="sampling draft model"):
         run(config(standin, out, *more[:-1], f"model.sampling_draft={tmp_path / 'missing'}"))
+    # another target's sampling head (the embedded one): refused, naming the setting and the fix
+    with pytest.raises(ValueError, match="model.sampling_draft to this target's sampling head, or to null"):
+        run(config(standin, out, *more[:-1], "model.sampling_draft=data/models/draft_sampling", "sampling=t1"))
 
 
 def test_long_prompts_get_the_budget_that_fits_or_are_skipped_with_the_reason(standin, tmp_path):

@@ -278,7 +278,7 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
         tokenizer = load_tokenizer(config)
         rows = resolved.tree.value.total_tokens + 1
         target = load_target(config, resolved.torch_dtype, gpus, rows)
-        head = load_head(resolved.head.value, target)
+        head = load_head(resolved.head, target)
         gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
         plain_models = {}
         for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process

@@ -13,7 +13,7 @@ import torch
 from eval.config.paths import resolve
 from eval.config.schema import HUB_ID, RunConfig
 from mars.generate import SpeculativeGenerator
-from mars.settings import DecodeSettings
+from mars.settings import DecodeSettings, Setting
 
 GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
@@ -125,14 +125,21 @@ def make_generator(target, head, settings: DecodeSettings, run: RunConfig,
                                 compile=m.compile, max_cache_len=m.max_cache_len)
 
 
-def load_head(head: str, target):
+def load_head(head: Setting, target):
     """The draft head `head` (the run's resolved `DecodeSettings.head`): a local EAGLE checkpoint
     directory, or a hub repository downloaded first."""
     from eagle.checkpoint import load_draft
 
-    source = model_source(head, "draft model")
+    source = model_source(head.value, "draft model")
     if not Path(source).exists():
         from huggingface_hub import snapshot_download
 
         source = snapshot_download(repo_id=source)
-    return load_draft(source, target)
+    try:
+        return load_draft(source, target)
+    except ValueError as err:
+        if not head.reason.startswith("model.sampling_draft"):
+            raise
+        raise ValueError(f"the sampling head {head.value} (model.sampling_draft, used at temperature > 0) does not "
+                         f"fit this target: {err} Set model.sampling_draft to this target's sampling head, or to null "
+                         "to draft with model.draft at every temperature.") from err

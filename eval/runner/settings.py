@@ -144,7 +144,7 @@ def head_setting(run: RunConfig, sampled: bool) -> Setting:
     return Setting(m.draft, "model.draft")
 
 
-def load_pair(run: RunConfig, head: str, dtype: str) -> tuple:
+def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
     """The run's target and the draft head `head` in `dtype` (what `mars.calibrate.calibrate` times)."""
     target = load_target(run, getattr(torch, dtype))
     return target, load_head(head, target)
@@ -162,7 +162,7 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     if len(options) > 1 or run.tree.calibrate:
-        record = calibrate(partial(load_pair, run, head.value), options, calibration_prompts(run, fmt), sampling,
+        record = calibrate(partial(load_pair, run, head), options, calibration_prompts(run, fmt), sampling,
                            trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
