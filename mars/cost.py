@@ -69,7 +69,27 @@ class Cost:
     kl: torch.Tensor  # [L] KL(pi || p) (sampling; inf where pi puts mass on a token p excludes)
     mismatch: torch.Tensor  # [L] 1.0 where a greedy token is not the argmax
     regret: torch.Tensor  # [L] log p_1 - log p(x), temperature 1 (greedy)
-    bound: bool = False  # tv and kl bound the cost from above (sampled drafts; see `sampling_cost`)
+    bound: bool = False  # tv and kl may bound the cost from above (sampled drafts; see `sampling_cost`)
+
+
+def one_child_marginal(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
+    """[L, V]: the emitted distribution at `nodes` [L], each with one child sampled from q, averaged
+    over that draw: sum_x q(x) pi_x = q * a + (1 - sum_x q(x) a(x)) f, where a(x) is the chance a
+    drafted x is accepted (1 where the rule accepts x outright, else min(1, p(x) / q(x) + tolerance)
+    where tested) and f the fallback, the same for every x (strict's residual norm(max(0, p - q))).
+    Needs `relax.accepts`."""
+    p, q = view.probs[nodes], view.draft[nodes]
+    ratio = torch.where(q > 0, p / q, 0.0)  # a token q never draws carries no weight
+    if relax.tolerance is not None:
+        ratio = ratio + relax.tolerance[nodes][:, None]
+    a = ratio.clamp(max=1.0)
+    if relax.tested is not None:
+        a = torch.where(relax.tested[nodes][:, None], a, 0.0)
+    a = torch.where(relax.accepts(nodes), 1.0, a)
+    accepted = q * a
+    rest = (1.0 - accepted.sum(dim=-1, keepdim=True)).clamp(min=0.0)
+    fallback = fallback_distribution(view, relax, nodes).nan_to_num(0.0)  # p == q: no residual, rest = 0
+    return accepted + rest * fallback
 
 
 def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
@@ -77,20 +97,38 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
     and without computing anything for an exact rule (strict).
 
     Deterministic drafts: exact, TV(pi, p) and KL(pi || p). Sampled drafts (`view.draft`): what the
-    output pays is the distance of pi's *average over the draws* from p, which has no closed form
-    with several children per node (it sums over every ordered draw). Strict's pi_strict, for the
-    same draws, averages to p exactly; TV and KL are jointly convex, so
-    TV(E[pi], p) = TV(E[pi], E[pi_strict]) <= E[TV(pi, pi_strict)], and likewise for KL. Each position
-    therefore reports TV(pi, pi_strict) and KL(pi || pi_strict) for its own draws: an unbiased
-    estimate of an upper bound on the cost (`Cost.bound`), 0 wherever the rule acts as strict.
+    output pays is the distance of pi's *average over the draws* from p.
+    - One child per node: the average has a closed form (`one_child_marginal`), and each position
+      reports its exact TV and KL from p, wherever the rule could relax whatever was drawn.
+    - Several children: it sums over every ordered draw and has no closed form. Strict's pi_strict,
+      for the same draws, averages to p exactly; TV and KL are jointly convex, so
+      TV(E[pi], p) = TV(E[pi], E[pi_strict]) <= E[TV(pi, pi_strict)], and likewise for KL. Such a
+      position reports TV(pi, pi_strict) and KL(pi || pi_strict) for its own draws: an unbiased
+      estimate of an upper bound on the cost, 0 wherever the rule acts as strict.
+    `Cost.bound` (known on the host, no sync): the tree has a node with several children, or the rule
+    gives no `accepts` (then every sampled position reports the bound).
     """
     zero = torch.zeros(nodes.shape[0], device=nodes.device)
-    bound = view.draft is not None
+    sampled = view.draft is not None
     if lossless:
-        return Cost(zero, zero, zero, zero, bound)
+        return Cost(zero, zero, zero, zero)
+    exact_one = sampled and relax.accepts is not None
+    bound = sampled and (not exact_one or (view.width or 1) > 1)
     active = relax.active()[nodes]
     pi = emitted_distribution(view, relax, nodes)
-    reference = view.probs[nodes] if not bound else emitted_distribution(view, Relaxation.none(view), nodes)
+    reference = view.probs[nodes] if not sampled else emitted_distribution(view, Relaxation.none(view), nodes)
+    if exact_one:
+        one = view.kids[nodes].sum(dim=1) == 1
+        could = relax.accepts(nodes).any(dim=-1)  # where the rule relaxes for some draw
+        if relax.tolerance is not None:
+            could |= relax.tolerance[nodes] > 0
+        if relax.tested is not None:
+            could |= ~relax.tested[nodes]
+        if relax.fallback is not None:
+            could |= relax.fallback[nodes] != RESIDUAL
+        pi = torch.where(one[:, None], one_child_marginal(view, relax, nodes), pi)
+        reference = torch.where(one[:, None], view.probs[nodes], reference)
+        active = torch.where(one, could, active)
     tv = 0.5 * (pi - reference).abs().sum(dim=-1)
     kl = torch.where(pi > 0, pi * (pi.log() - reference.log()), 0.0).sum(dim=-1)
     return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero, bound)

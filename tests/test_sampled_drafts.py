@@ -202,11 +202,51 @@ def test_the_reported_cost_on_sampled_drafts_bounds_the_exact_cost(name, params)
     assert kl <= kl_bound + 1e-6
 
 
+@pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
+def test_the_cost_of_a_sampled_node_with_one_child_is_exact(name, params):
+    """One child x ~ q: every draw reports the TV and KL of the emitted distribution averaged over
+    every draw, exactly, and not as a bound."""
+    rule = make_rule(name, **params)
+    p_logits = torch.tensor([1.0, 0.9, 0.2, 0.8, -0.3, 0.1]) + 2.0
+    q = torch.tensor([0.3, 0.1, 0.05, 0.25, 0.2, 0.1])
+    p = p_logits.softmax(-1)
+    marginal, reported = torch.zeros(V), []
+    for draws, prob in every_draw(q, 1):
+        view, relax = star(draws, p_logits, q, rule)
+        marginal += prob * emitted_distribution(view, relax, torch.tensor([0]))[0]
+        cost = sampling_cost(view, relax, torch.tensor([0]))
+        assert not cost.bound
+        reported.append((cost.tv.item(), cost.kl.item()))
+    tv = 0.5 * (marginal - p).abs().sum().item()
+    kl = torch.where(marginal > 0, marginal * (marginal / p).log(), 0.0).sum().item()
+    assert tv > 1e-3  # the rule does move the output here
+    for reported_tv, reported_kl in reported:
+        assert reported_tv == pytest.approx(tv, abs=1e-6) and reported_kl == pytest.approx(kl, abs=1e-6)
+
+
+@pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
+def test_a_rule_accepts_outright_over_the_vocabulary_what_it_accepts_among_the_children(name, params):
+    """`Relaxation.accepts` restricted to the drafted children is `outright` (the exact cost relies on it)."""
+    rule = make_rule(name, **params)
+    generator = torch.Generator().manual_seed(0)
+    tree = DraftTree.checked([0, 1, 0, 3, 4, 5, 2], [-1, 0, 0, 0, 1, 1, 2])
+    for _ in range(20):
+        logits = torch.randn(tree.size, V, generator=generator) * 2
+        view = TargetView(logits, tree.tokens, children(tree), False)
+        relax = rule.relax(view)
+        assert relax.accepts is not None, f"{name} gives no accepts: its sampled costs stay bounds"
+        nodes = torch.arange(tree.size)
+        assert torch.equal(relax.outright, view.kids & relax.accepts(nodes)[:, view.tokens])
+
+
 def test_generate_drafts_sampled_children_when_sampling_and_top_k_when_greedy():
     gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=12, total_tokens=6, depth=3, branching=3)
     prompt = torch.tensor([[3, 7, 1]])
     sampled = gen.generate(prompt, max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    assert sampled.stats.cost()["cost_bound_tokens"] == sampled.stats.sampled > 0
+    assert sampled.stats.cost()["cost_bound_tokens"] == 0 and sampled.stats.sampled > 0  # strict: exactly 0
+    relaxed = gen.generate(prompt, max_new_tokens=12, temperature=1.0, rule="mars",
+                           generator=torch.Generator().manual_seed(0))
+    assert relaxed.stats.cost()["cost_bound_tokens"] == relaxed.stats.sampled > 0  # several children: bounds
     topk = SpeculativeGenerator(gen.target.model, gen.head, total_tokens=6, depth=3, branching=3, drafting="topk")
     fixed = topk.generate(prompt, max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert fixed.stats.cost()["cost_bound_tokens"] == 0 and fixed.stats.sampled > 0

@@ -16,6 +16,7 @@ rule that relaxes nowhere gives strict's verdict, draw for draw.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
@@ -92,6 +93,12 @@ class TargetView:
         """[n, n] bool: j is a child of i whose token is in row i of `chosen` [n, m] (token ids)."""
         return self.kids & (self.tokens[None, :, None] == chosen[:, None, :]).any(dim=-1)
 
+    def vocab_among(self, chosen: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        """[L, V] bool: the tokens in rows `nodes` [L] of `chosen` [n, m] (what `children_among` is
+        for the drafted children, over the whole vocabulary)."""
+        mask = torch.zeros(nodes.shape[0], self.logits.shape[-1], dtype=torch.bool, device=self.logits.device)
+        return mask.scatter_(1, chosen[nodes], True)
+
 
 @dataclass
 class Relaxation:
@@ -111,6 +118,10 @@ class Relaxation:
     fallback [n] long: what is drawn after every child is rejected: RESIDUAL, TARGET or ARGMAX
         (None: RESIDUAL everywhere, strict's). Sampling only; greedy always emits the argmax.
     counters: per-node facts the rule counts in `VerifyStats.counters` (name -> [n] bool).
+    accepts: nodes [L] -> [L, V] bool, the tokens the rule accepts outright at each of `nodes`
+        whichever were drafted (`outright` is its restriction to the drafted children). A rule with
+        outright acceptances gives it, so that the cost of a sampled node with one child is exact
+        (`mars.cost.sampling_cost`); None: no token is accepted outright anywhere.
     """
 
     outright: torch.Tensor
@@ -120,6 +131,7 @@ class Relaxation:
     tested: torch.Tensor | None = None
     fallback: torch.Tensor | None = None
     counters: dict[str, torch.Tensor] = field(default_factory=dict)
+    accepts: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
     def none(cls, view: TargetView) -> Relaxation:

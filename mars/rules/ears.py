@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from mars.rules import register
 from mars.rules.base import Relaxation, Rule, TargetView, check_range
 
@@ -36,4 +38,6 @@ class Ears(Rule):
         none = Relaxation.none(view)
         uncertainty = 1.0 - view.pmax
         tolerance = self.beta * uncertainty
-        return Relaxation(none.outright, uncertainty, tolerance > 0, tolerance=tolerance)
+        nothing = torch.zeros(view.logits.shape[-1], dtype=torch.bool, device=view.logits.device)
+        return Relaxation(none.outright, uncertainty, tolerance > 0, tolerance=tolerance,
+                          accepts=lambda nodes: nothing.expand(nodes.shape[0], -1))  # no token outright

@@ -34,5 +34,7 @@ class EntropyGate(Rule):
 
     def relax(self, view: TargetView) -> Relaxation:
         gate = view.entropy >= self.h
-        outright = view.children_among(torch.stack([view.top1, view.top2], dim=1)) & gate[:, None]
-        return Relaxation(outright, view.entropy, gate)
+        top2 = torch.stack([view.top1, view.top2], dim=1)
+        outright = view.children_among(top2) & gate[:, None]
+        return Relaxation(outright, view.entropy, gate,
+                          accepts=lambda nodes: view.vocab_among(top2, nodes) & gate[nodes, None])

@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from mars.rules import register
-from mars.rules.base import TARGET, Relaxation, Rule, TargetView, check_choice, check_range
+from mars.rules.base import RESIDUAL, TARGET, Relaxation, Rule, TargetView, check_choice, check_range
 
 MARGINS = ("logit_ratio", "prob_ratio", "logprob_gap")
 FALLBACKS = ("strict", "reference")
@@ -63,9 +63,9 @@ class Mars(Rule):
     top-1 or top-2 is accepted; elsewhere the strict rule applies, with the same random draws.
 
     Sampling: where the test passes, a child that is the target's top-1 or top-2 is accepted outright
-    when its turn comes (children are tried in draft order, the others by the strict test). If no
-    child is, fallback "strict" lets the strict rule try them all; "reference" rejects them all and
-    samples from p unadjusted (the MARS code's behaviour).
+    when its turn comes (children are tried in draft order). With fallback "strict" the other
+    children go through the strict test; with "reference" they are rejected and, if no child is
+    top-1/2, the token is drawn from p unadjusted (the MARS code's behaviour on one path).
     """
 
     name: ClassVar[str] = "mars"
@@ -88,11 +88,12 @@ class Mars(Rule):
 
     def relax(self, view: TargetView) -> Relaxation:
         m = margin_test(view.logits, self.theta, self.margin)
-        outright = view.children_among(torch.stack([view.top1, view.top2], dim=1)) & m.passes[:, None]
-        if self.fallback == "reference":  # the test passed but no child is top-1/2: reject all, draw from p
-            stuck = m.passes & ~outright.any(dim=1)
-            tested, fallback = ~stuck, torch.where(stuck, TARGET, 0)
+        top2 = torch.stack([view.top1, view.top2], dim=1)
+        outright = view.children_among(top2) & m.passes[:, None]
+        if self.fallback == "reference":  # where the test passes only a top-1/2 child is accepted; else draw from p
+            tested, fallback = ~m.passes, torch.where(m.passes, TARGET, RESIDUAL)
         else:
             tested = fallback = None
         return Relaxation(outright, m.value, m.passes, tested=tested, fallback=fallback,
-                          counters={"nonfinite": m.nonfinite, "negative_logit": m.negative})
+                          counters={"nonfinite": m.nonfinite, "negative_logit": m.negative},
+                          accepts=lambda nodes: view.vocab_among(top2, nodes) & m.passes[nodes, None])

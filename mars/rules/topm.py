@@ -45,4 +45,5 @@ class TopM(Rule):
         runner_up = view.probs.gather(1, view.top2[:, None])[:, 0] / view.pmax.clamp(min=1e-30)
         # Open where a token other than the argmax qualifies (greedy), or anywhere (sampling).
         open_ = (view.pmax > 0) if not view.greedy else (runner_up >= self.alpha) & (m >= 2)
-        return Relaxation(outright, runner_up, open_)
+        return Relaxation(outright, runner_up, open_, accepts=lambda nodes: view.vocab_among(top.indices, nodes)
+                          & (view.probs[nodes] >= floor[nodes, None]))

@@ -50,4 +50,5 @@ class Typical(Rule):
             fallback = torch.full_like(bar, ARGMAX, dtype=torch.long)
         else:
             tested = fallback = None
-        return Relaxation(outright, bar, view.pmax > bar, tested=tested, fallback=fallback)
+        return Relaxation(outright, bar, view.pmax > bar, tested=tested, fallback=fallback,
+                          accepts=lambda nodes: view.probs[nodes] > bar[nodes, None])
