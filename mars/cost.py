@@ -30,7 +30,9 @@ def fallback_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tens
     """[L, V]: what is drawn at `nodes` [L] once every child was rejected (p at a node without children)."""
     probs = view.probs[nodes]
     has_kids = view.kids[nodes].any(dim=1, keepdim=True)
-    kind = relax.fallback[nodes] if relax.fallback is not None else torch.full_like(nodes, RESIDUAL)
+    if relax.fallback is None:  # strict's everywhere (the common case: one table op instead of three)
+        return torch.where(has_kids, view.trial.residual[nodes], probs)
+    kind = relax.fallback[nodes]
     dist = torch.where(has_kids & (kind[:, None] == RESIDUAL), view.trial.residual[nodes], probs)
     argmax = torch.zeros_like(probs).scatter_(1, view.top1[nodes][:, None], 1.0)
     return torch.where(has_kids & (kind[:, None] == ARGMAX), argmax, dist)
@@ -52,12 +54,16 @@ def acceptance_probabilities(view: TargetView, relax: Relaxation, nodes: torch.T
     return torch.where(relax.outright[nodes] & view.kids[nodes], 1.0, a)
 
 
-def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
-    """pi [L, V]: the exact distribution of the token emitted at each of `nodes` [L] (sampling)."""
+def emitted_distribution(view: TargetView, relax: Relaxation, nodes: torch.Tensor,
+                         fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """pi [L, V]: the exact distribution of the token emitted at each of `nodes` [L] (sampling), given
+    the drafted children. `fallback` [L, V]: `fallback_distribution(view, relax, nodes)` if the caller has it."""
     a = acceptance_probabilities(view, relax, nodes)
     survive = (1.0 - a).cumprod(dim=1)  # [L, n] no child up to j accepted
     reach = torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], dim=1)
-    pi = fallback_distribution(view, relax, nodes) * survive[:, -1:]
+    if fallback is None:
+        fallback = fallback_distribution(view, relax, nodes)
+    pi = fallback * survive[:, -1:]
     return pi.scatter_add(1, view.tokens[None].expand_as(a), reach * a)
 
 
@@ -72,24 +78,40 @@ class Cost:
     bound: bool = False  # tv and kl may bound the cost from above (sampled drafts; see `sampling_cost`)
 
 
-def one_child_marginal(view: TargetView, relax: Relaxation, nodes: torch.Tensor) -> torch.Tensor:
+def one_child_marginal(view: TargetView, relax: Relaxation, nodes: torch.Tensor,
+                       accepts: torch.Tensor | None = None, fallback: torch.Tensor | None = None) -> torch.Tensor:
     """[L, V]: the emitted distribution at `nodes` [L], each with one child sampled from q, averaged
     over that draw: sum_x q(x) pi_x = q * a + (1 - sum_x q(x) a(x)) f, where a(x) is the chance a
     drafted x is accepted (1 where the rule accepts x outright, else min(1, p(x) / q(x) + tolerance)
     where tested) and f the fallback, the same for every x (strict's residual norm(max(0, p - q))).
-    Needs `relax.accepts`."""
+    Needs `relax.accepts`; `accepts` [L, V] = `relax.accepts(nodes)` and `fallback` [L, V] =
+    `fallback_distribution(view, relax, nodes)` if the caller has them."""
     p, q = view.probs[nodes], view.draft[nodes]
-    ratio = torch.where(q > 0, p / q, 0.0)  # a token q never draws carries no weight
+    ratio = p / q.clamp(min=torch.finfo(q.dtype).tiny)  # finite; where q = 0 the product q * a below is 0
     if relax.tolerance is not None:
         ratio = ratio + relax.tolerance[nodes][:, None]
     a = ratio.clamp(max=1.0)
     if relax.tested is not None:
         a = torch.where(relax.tested[nodes][:, None], a, 0.0)
-    a = torch.where(relax.accepts(nodes), 1.0, a)
+    a = torch.where(relax.accepts(nodes) if accepts is None else accepts, 1.0, a)
     accepted = q * a
     rest = (1.0 - accepted.sum(dim=-1, keepdim=True)).clamp(min=0.0)
-    fallback = fallback_distribution(view, relax, nodes).nan_to_num(0.0)  # p == q: no residual, rest = 0
-    return accepted + rest * fallback
+    if fallback is None:
+        fallback = fallback_distribution(view, relax, nodes)
+    return accepted + rest * fallback.nan_to_num(0.0)  # p == q: no residual, rest = 0
+
+
+def _could_relax(relax: Relaxation, nodes: torch.Tensor, accepts: torch.Tensor) -> torch.Tensor:
+    """[L] bool: the rule can change what is emitted at `nodes` for *some* draw of their child
+    (`Relaxation.active` asks about the children actually drawn)."""
+    could = accepts.any(dim=-1)
+    if relax.tolerance is not None:
+        could |= relax.tolerance[nodes] > 0
+    if relax.tested is not None:
+        could |= ~relax.tested[nodes]
+    if relax.fallback is not None:
+        could |= relax.fallback[nodes] != RESIDUAL
+    return could
 
 
 def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
@@ -107,30 +129,45 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
       estimate of an upper bound on the cost, 0 wherever the rule acts as strict.
     `Cost.bound` (known on the host, no sync): the tree has a node with several children, or the rule
     gives no `accepts` (then every sampled position reports the bound).
+
+    Every verified cycle of a relaxing rule pays for this (strict pays nothing), so it computes each
+    [L, V] table once: the fallback is shared with strict's where the rule keeps strict's, and a
+    chain (width 1, known on the host) needs neither given-the-draw distribution.
     """
     zero = torch.zeros(nodes.shape[0], device=nodes.device)
-    sampled = view.draft is not None
     if lossless:
         return Cost(zero, zero, zero, zero)
+    sampled = view.draft is not None
+    fallback = fallback_distribution(view, relax, nodes)
     exact_one = sampled and relax.accepts is not None
-    bound = sampled and (not exact_one or (view.width or 1) > 1)
-    active = relax.active()[nodes]
-    pi = emitted_distribution(view, relax, nodes)
-    reference = view.probs[nodes] if not sampled else emitted_distribution(view, Relaxation.none(view), nodes)
+    chain = exact_one and (view.width or 1) == 1
+    bound = sampled and not chain  # a chain of a rule with `accepts` is exact
     if exact_one:
-        one = view.kids[nodes].sum(dim=1) == 1
-        could = relax.accepts(nodes).any(dim=-1)  # where the rule relaxes for some draw
-        if relax.tolerance is not None:
-            could |= relax.tolerance[nodes] > 0
-        if relax.tested is not None:
-            could |= ~relax.tested[nodes]
-        if relax.fallback is not None:
-            could |= relax.fallback[nodes] != RESIDUAL
-        pi = torch.where(one[:, None], one_child_marginal(view, relax, nodes), pi)
-        reference = torch.where(one[:, None], view.probs[nodes], reference)
-        active = torch.where(one, could, active)
+        accepts = relax.accepts(nodes)
+        marginal = one_child_marginal(view, relax, nodes, accepts, fallback)
+        could = _could_relax(relax, nodes, accepts)
+    if chain:  # every node has one child or none; a node without children emits p (fallback there is p)
+        pi, reference = marginal, view.probs[nodes]
+        active = could & view.kids[nodes].any(dim=1)
+        log_reference = view.logprobs[nodes]
+    else:
+        pi = emitted_distribution(view, relax, nodes, fallback)
+        if not sampled:
+            reference = view.probs[nodes]
+        else:
+            strict = Relaxation.none(view)
+            same_fallback = relax.fallback is None  # strict's residual, the same table
+            reference = emitted_distribution(view, strict, nodes,
+                                             fallback if same_fallback else fallback_distribution(view, strict, nodes))
+        active = relax.active()[nodes]
+        if exact_one:
+            one = view.kids[nodes].sum(dim=1) == 1
+            pi = torch.where(one[:, None], marginal, pi)
+            reference = torch.where(one[:, None], view.probs[nodes], reference)
+            active = torch.where(one, could, active)
+        log_reference = reference.log()
     tv = 0.5 * (pi - reference).abs().sum(dim=-1)
-    kl = torch.where(pi > 0, pi * (pi.log() - reference.log()), 0.0).sum(dim=-1)
+    kl = torch.where(pi > 0, pi * (pi.log() - log_reference), 0.0).sum(dim=-1)
     return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero, bound)
 
 

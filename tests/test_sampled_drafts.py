@@ -225,6 +225,31 @@ def test_the_cost_of_a_sampled_node_with_one_child_is_exact(name, params):
 
 
 @pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
+def test_a_chain_costs_the_same_by_its_shortcut_as_node_by_node(name, params):
+    """A chain (width 1) skips the given-the-draw distributions; the same chain read as part of a
+    wider tree (width 2: every node judged by its own child count) reports the same cost at every
+    node, the leaf (which emits p) included."""
+    rule = make_rule(name, **params)
+    moved = 0.0
+    for seed in range(6):
+        tree, logits = sampled_tree(seed, Topology((-1, 0, 1, 2), (0, 0, 0, 0)))
+        for settings in (dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)):
+            cfg = resolve_sampling(rule=rule, **settings)
+            costs = []
+            for width in (1, 2):
+                view = TargetView(process_logits(logits, cfg), tree.tokens, children(tree), False,
+                                  tree.draft_probs, width)
+                costs.append(sampling_cost(view, rule.relax(view), torch.arange(tree.size)))
+            chain, general = costs
+            assert not chain.bound and general.bound
+            assert chain.tv[-1] == 0 and chain.kl[-1] == 0  # the leaf emits p
+            torch.testing.assert_close(chain.tv, general.tv, atol=1e-6, rtol=0)
+            torch.testing.assert_close(chain.kl, general.kl, atol=1e-5, rtol=0)
+            moved += chain.tv.sum().item()
+    assert moved > 1e-3  # the rule does relax on these chains
+
+
+@pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
 def test_a_rule_accepts_outright_over_the_vocabulary_what_it_accepts_among_the_children(name, params):
     """`Relaxation.accepts` restricted to the drafted children is `outright` (the exact cost relies on it)."""
     rule = make_rule(name, **params)

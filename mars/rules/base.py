@@ -55,14 +55,24 @@ class TargetView:
         return self.logits.softmax(dim=-1)
 
     @cached_property
+    def logprobs(self) -> torch.Tensor:
+        """[n, V] log p_i (-inf where a filter excludes a token)."""
+        return self.logits.log_softmax(dim=-1)
+
+    @cached_property
     def top1(self) -> torch.Tensor:
         """[n] the argmax (lowest id among ties): what plain greedy decoding emits."""
         return self.logits.argmax(dim=-1)
 
     @cached_property
+    def top_two(self) -> torch.return_types.topk:
+        """values, indices [n, 2]: the two largest logits (their order among ties unspecified)."""
+        return self.logits.topk(2, dim=-1)
+
+    @cached_property
     def top2(self) -> torch.Tensor:
         """[n] the second most likely token (one with the second-largest logit)."""
-        top = self.logits.topk(2, dim=-1).indices
+        top = self.top_two.indices
         return torch.where(top[:, 0] == self.top1, top[:, 1], top[:, 0])
 
     @cached_property

@@ -29,8 +29,9 @@ class Margins:
     negative: torch.Tensor  # [n] bool: z1 <= 0, where the logit ratio's meaning inverts
 
 
-def margin_test(logits: torch.Tensor, theta: float, margin: str) -> Margins:
-    """The MARS test at every position of `logits` [n, V] (processed).
+def margin_test(logits: torch.Tensor, theta: float, margin: str, top: torch.Tensor | None = None) -> Margins:
+    """The MARS test at every position of `logits` [n, V] (processed); `top` [n, 2]: their two
+    largest values if the caller has them.
 
     - logit_ratio (the paper's): value z2 / (z1 + 1e-10), relax when value > theta. With z1 > 0 it
       is in [.., 1] and near 1 means undecided. When z1 <= 0 the ratio inverts (both negative:
@@ -41,7 +42,7 @@ def margin_test(logits: torch.Tensor, theta: float, margin: str) -> Margins:
     - logprob_gap: log p1 - log p2 = z1 - z2 >= 0, relax when below theta.
     A position whose z1 or z2 is not finite never passes (z2 = -inf means the filter left one token).
     """
-    top = logits.topk(2, dim=-1).values
+    top = logits.topk(2, dim=-1).values if top is None else top
     z1, z2 = top[..., 0], top[..., 1]
     nonfinite = ~(torch.isfinite(z1) & torch.isfinite(z2))
     if margin == "logit_ratio":
@@ -87,7 +88,7 @@ class Mars(Rule):
         return (self.margin, *PLOT_RANGES[self.margin], self.theta)
 
     def relax(self, view: TargetView) -> Relaxation:
-        m = margin_test(view.logits, self.theta, self.margin)
+        m = margin_test(view.logits, self.theta, self.margin, view.top_two.values)
         top2 = torch.stack([view.top1, view.top2], dim=1)
         outright = view.children_among(top2) & m.passes[:, None]
         if self.fallback == "reference":  # where the test passes only a top-1/2 child is accepted; else draw from p
