@@ -4,11 +4,12 @@
 #   2. EAGLE-3 draft head trained against it with training-time test            (~30 min)
 #   3. the head fine-tuned on the target's own continuations, greedy and sampled,
 #      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
-#   4. (SAMPLING_HEAD=1 only) a head distilled for sampling: forward KL to the target's full T=1
+#   4. a head distilled for sampling (SAMPLING_HEAD=0 skips it): forward KL to the target's full T=1
 #      distribution on its own continuations (1/3 greedy, 2/3 sampled) of train-split prompts, scored
 #      in runs/draft_kl/final (sum min(p, q) per draft step, greedy tau). It drafts samples better and
 #      the argmax worse (data/models/README.md), so it ships beside the greedy head, as
-#      data/models/draft_sampling (model.sampling_draft: used at temperature > 0)  (~60-90 min)
+#      data/models/draft_sampling (model.sampling_draft: used at temperature > 0)  (~60-90 min;
+#      without it, export leaves no draft_sampling: run with model.sampling_draft=null)
 #   5. export to data/models/{target,draft[,draft_sampling]} and check each loads (seconds)
 #   6. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
 # Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little. Stage 4
@@ -33,7 +34,7 @@ self_minutes="${SELF_MINUTES:-45}"
 kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a third greedy, two thirds T=1)
 kl_steps="${KL_STEPS:-600}"             # 1,200 sequences x 8 per step: 4 epochs (~8 min on 2 idle cores)
 kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
-sampling_head="${SAMPLING_HEAD:-0}"
+sampling_head="${SAMPLING_HEAD:-1}"   # 0: no stage 4 (the pair then has no sampling head)
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
