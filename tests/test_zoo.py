@@ -72,6 +72,9 @@ T1 = {"strict": (1.50, 0.0), "mars@0.98": (1.55, 0.002), "mars@0.9": (1.60, 0.01
       "typical@0.15[delta=100]": (1.70, 0.050), "typical@0.09": (1.80, 0.300), "topm@2": (1.65, 0.060),
       "entropy@1": (1.75, 0.200), "ears@0.1": (1.52, 0.001)}
 T1_FRONT = {"strict", "ears@0.1", "mars@0.98", "mars@0.9", "typical@0.09", "typical@0.15[delta=100]"}
+# Against TV per token (finite for every point; half the KL here) entropy@1 joins: faster than
+# typical@0.15[delta=100] and cheaper than typical@0.09.
+T1_TV_FRONT = T1_FRONT | {"entropy@1"}
 # T=0: (speed, argmax mismatch, parse rate). Cost front: strict, typical@0.09 (beats mars@0.9 on both), entropy@1.
 # Quality front (higher quality, higher speed): typical@0.09 (beats strict and mars@0.9 on both), entropy@1.
 T0 = {"strict": (1.45, 0.0, 0.50), "mars@0.9": (1.60, 0.05, 0.45), "typical@0.09": (1.62, 0.04, 0.55),
@@ -219,11 +222,12 @@ def test_t1_table_has_every_rule_its_kl_and_its_front(report):
     assert list(table) == ["generate", "generate@bfloat16", "vanilla", "strict", "mars@0.98", "mars@0.9", "mars@0.8",
                            "typical@0.15[delta=100]", "typical@0.09", "topm@2", "entropy@1", "ears@0.1"]
     assert table["mars@0.9"] == ["mars@0.9", "theta 0.9, margin logit_ratio, fallback strict", "1.60×", "2.00×", "3.20",
-                                 "1.0%", "0.005", "0.01", "50.0", "1.00", "0%", "KL"]
-    assert table["strict"][6:8] == ["0", "0"] and table["strict"][-1] == "KL"
-    assert table["entropy@1"][7] == "0.2 (+∞ on 2 tokens)" and table["entropy@1"][-1] == ""
+                                 "1.0%", "0.005", "0.01", "50.0", "1.00", "0%", "KL, TV"]
+    assert table["strict"][6:8] == ["0", "0"] and table["strict"][-1] == "KL, TV"
+    assert table["entropy@1"][7] == "0.2 (+∞ on 2 tokens)" and table["entropy@1"][-1] == "TV"
     assert table["generate@bfloat16"][:3] == ["generate@bfloat16", "plain decoding", "1.00×"]
-    assert {m for m, cells in table.items() if cells[-1] == "KL"} == T1_FRONT
+    assert {m for m, cells in table.items() if "KL" in cells[-1].split(", ")} == T1_FRONT
+    assert {m for m, cells in table.items() if "TV" in cells[-1].split(", ")} == T1_TV_FRONT
     assert "parse_rate (same for every rule)" in (report / "report.md").read_text()
 
 
@@ -273,10 +277,10 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_the_plot_has_a_cost_panel_per_temperature_and_a_quality_panel_where_quality_moves(report):
     groups = zoo.groups(zoo.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
-    assert [(g.temperature, panel) for g, panel in zoo_tables.panels(groups)] == [(1.0, "cost"), (0.0, "cost"),
-                                                                            (0.0, "quality")]
+    assert [(g.temperature, panel) for g, panel in zoo_tables.panels(groups)] == [
+        (1.0, "cost"), (1.0, "tv"), (0.0, "cost"), (0.0, "quality")]
     width, height = png_size(report / "pareto.png")
-    assert width > 2.5 * height  # three panels side by side
+    assert width > 3.5 * height  # four panels side by side
     assert "![Pareto plot](pareto.png)" in (report / "report.md").read_text()
 
 
@@ -337,8 +341,9 @@ def test_two_drafting_modes_give_a_table_and_a_front_each(drafting_report):
     topk, sample = (section_rows(text, f"Temperature 1, {d}") for d in ("top-k drafts", "sampled drafts"))
     assert list(topk) == list(sample) and len(topk) == len(PLAIN) + len(T1)
     assert topk["mars@0.9"][2] == "1.60×" and sample["mars@0.9"][2] == "2.05×"
-    assert {m for m, cells in topk.items() if cells[-1] == "KL"} == T1_FRONT
-    assert {m for m, cells in sample.items() if cells[-1] == "KL"} == T1S_FRONT
+    assert {m for m, cells in topk.items() if "KL" in cells[-1].split(", ")} == T1_FRONT
+    assert {m for m, cells in sample.items() if "KL" in cells[-1].split(", ")} == T1S_FRONT
+    assert {m for m, cells in sample.items() if "TV" in cells[-1].split(", ")} == T1S_FRONT  # TV = KL / 2 here
     assert ("Settings: tree 20 nodes / depth 6 / 5 children; drafting topk — set explicitly (tree.drafting)."
             in section(text, "Temperature 1, top-k drafts"))
     assert "drafting sample — set explicitly (tree.drafting)" in section(text, "Temperature 1, sampled drafts")
@@ -364,11 +369,13 @@ def test_one_t1_panel_draws_both_fronts_and_says_which_costs_are_bounds(drafting
     groups = zoo.groups(zoo.load(sorted(drafting_report.parent.glob("summary_t*.json"))))
     panels = zoo_tables.panels(groups)
     assert [(o.temperature, [g.drafting for g in o.groups], panel) for o, panel in panels] == [
-        (1.0, ["topk", "sample"], "cost"), (0.0, ["topk"], "cost"), (0.0, ["topk"], "quality")]
+        (1.0, ["topk", "sample"], "cost"), (1.0, ["topk", "sample"], "tv"), (0.0, ["topk"], "cost"),
+        (0.0, ["topk"], "quality")]
     width, height = png_size(drafting_report / "pareto.png")
-    assert 2.5 * height < width < 4 * height  # three panels, not four: the drafting modes share T=1's
+    assert 3.5 * height < width < 5 * height  # four panels, not six: the drafting modes share T=1's
     overlay = panels[0][0]
     assert zoo_tables.cost_label(overlay) == "KL(π‖p) per token (nats); sampled drafts: ≤ upper bound"
+    assert zoo_tables.cost_label(overlay, "tv") == "TV(π, p) per token; sampled drafts: ≤ upper bound"
     plt = pyplot()
     fig, ax = plt.subplots()
     zoo_tables._panel(ax, overlay, "cost", zoo_tables._style(zoo_tables._rules(groups)))

@@ -43,7 +43,8 @@ own Pareto front. Per model × bench:
   log-prob regret at T = 0, the bench's quality and its recovery vs strict, identical_to_vanilla, and
   whether the point is on the Pareto front);
 - pareto.png (pareto_<model>_<bench>.png when there are several model × bench groups): at T > 0,
-  speedup against KL per token; at T = 0, against argmax mismatch; and speedup against quality at a
+  speedup against KL per token and against TV per token (finite where a KL bound on sampled drafts is
+  not); at T = 0, against argmax mismatch; and speedup against quality at a
   temperature where the quality differs between the rules. One colour and marker per rule, each point
   labelled with its parameters, the Pareto front (faster and cheaper than every other point) drawn;
   both drafting modes of a temperature share its panel (top-k drafts filled, sampled drafts hollow),
@@ -132,6 +133,9 @@ def drafts_name(drafting: str) -> str:
 
 SPEED = ("speedup_vs_fastest", "speedup")  # the speed axis: over the fastest plain decoding, else over vanilla
 COST = {True: ("kl_per_token", "KL(π‖p) per token (nats)"), False: ("argmax_mismatch", "argmax mismatch per token")}
+# At T > 0 also speed against TV per token: always finite, where the KL bound on sampled drafts is infinite
+# at any position whose draw leaves strict's given-the-draw support (the bound, not the cost, is infinite).
+TV = ("tv_per_token", "TV(π, p) per token")
 
 
 @dataclass
@@ -140,7 +144,7 @@ class Point:
 
     entry: Entry
     order: tuple = ()
-    on_front: dict[str, bool] = field(default_factory=dict)  # panel ("cost", "quality") -> on its Pareto front
+    on_front: dict[str, bool] = field(default_factory=dict)  # panel ("cost", "tv", "quality") -> on its Pareto front
 
     @property
     def method(self) -> str:
@@ -173,6 +177,11 @@ class Point:
         if value is None and self.rule_name == STRICT:
             return 0.0
         return value
+
+    def tv(self) -> float | None:
+        """TV per token (T > 0); 0 for strict when the run did not record it (lossless)."""
+        value = self.value(TV[0])
+        return 0.0 if value is None and self.rule_name == STRICT else value
 
     @property
     def bounded(self) -> bool:
@@ -237,20 +246,21 @@ class Group:
         return len(values) > 1
 
     def panel_points(self, panel: str) -> list[tuple[Point, float, float]]:
-        """(point, x, y) of the rule points with both figures: x the cost ("cost") or quality ("quality")."""
+        """(point, x, y) of the rule points with both figures: x the cost ("cost": KL at T > 0, argmax
+        mismatch at T = 0), TV per token ("tv", T > 0) or quality ("quality")."""
         out = []
         for p in self.rules:
-            x = p.cost(self.sampled) if panel == "cost" else p.value("quality")
+            x = p.cost(self.sampled) if panel == "cost" else p.tv() if panel == "tv" else p.value("quality")
             y = p.value(self.speed)
             if x is not None and y is not None:
                 out.append((p, x, y))
         return out
 
     def mark_fronts(self) -> None:
-        panels = ["cost", *(["quality"] if self.quality_moves() else [])]
+        panels = ["cost", *(["tv"] if self.sampled else []), *(["quality"] if self.quality_moves() else [])]
         for panel in panels:
             xy = self.panel_points(panel)
-            front = pareto([(p.method, x, y) for p, x, y in xy], lower_x_is_better=panel == "cost")
+            front = pareto([(p.method, x, y) for p, x, y in xy], lower_x_is_better=panel != "quality")
             for p, _, _ in xy:
                 p.on_front[panel] = p.method in front
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from eval.config.methods import STRICT
 from eval.reporting.plots import pyplot
 from eval.reporting.tables import BOUND, DASH, drafting_of, format_quality, run_setting
-from eval.reporting.zoo import COST, SWEEP, Group, Point, _rounded, drafts_name
+from eval.reporting.zoo import COST, SWEEP, TV, Group, Point, _rounded, drafts_name
 from mars.rules import make_rule
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate
@@ -68,8 +68,8 @@ def table(group: Group) -> tuple[list[str], list[list[str]]]:
             row += [_num(p.value("argmax_mismatch"), "{:.1%}"), _sig(p.value("logprob_regret"))]
         if quality:
             row += [format_quality(p.value("quality"), quality), _num(p.value("quality_recovery"))]
-        fronts = [name if name == "quality" else ("KL" if group.sampled else "mismatch")
-                  for name, on in p.on_front.items() if on]
+        front_names = {"cost": "KL" if group.sampled else "mismatch", "tv": "TV", "quality": "quality"}
+        fronts = [front_names[name] for name, on in p.on_front.items() if on]
         row += [_num(p.value("identical_to_vanilla"), "{:.0%}"), ", ".join(fronts) or ("" if p.rule_name else DASH)]
         rows.append(row)
     if quality and not moves and len(group.rules) > 1:
@@ -217,9 +217,10 @@ def overlays(groups_: Sequence[Group]) -> list[Overlay]:
     return [Overlay(gs) for gs in by_t.values()]
 
 
-def cost_label(overlay: Overlay) -> str:
-    """The cost axis's label; it says which costs are upper bounds (sampled drafts), and that they are."""
-    name = COST[overlay.sampled][1]
+def cost_label(overlay: Overlay, panel: str = "cost") -> str:
+    """The cost axis's label ("cost": KL or argmax mismatch; "tv": TV); it says which costs are upper
+    bounds (sampled drafts), and that they are."""
+    name = TV[1] if panel == "tv" else COST[overlay.sampled][1]
     bounded = [g for g in overlay.groups if g.bounded]
     if not bounded:
         return name
@@ -256,7 +257,8 @@ def _panel(ax, overlay: Overlay, panel: str, style: dict) -> None:
                        facecolors=color if mode["filled"] else "none", edgecolors=color)
             for p, x, y in mine:
                 if rule != STRICT:
-                    text = p.label + (" (KL ∞)" if not math.isfinite(p.cost(group.sampled) or 0.0) else "")
+                    infinite = panel == "cost" and not math.isfinite(p.cost(group.sampled) or 0.0)
+                    text = p.label + (" (KL ∞)" if infinite else "")
                     ax.annotate(text, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6.5, color=color,
                                 fontstyle="italic" if mode["italic"] else "normal")
         front = sorted(((x, y) for p, x, y in plotted if p.on_front.get(panel)), key=lambda xy_: (xy_[0], -xy_[1]))
@@ -269,7 +271,7 @@ def _panel(ax, overlay: Overlay, panel: str, style: dict) -> None:
             ax.scatter(fx, fy, s=170, facecolors="none", edgecolors="black", lw=0.9, zorder=3,
                        linestyle="solid" if mode["filled"] else "dotted")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", zorder=1)
-    if panel == "cost" and len(positive := [x for x in finite if x > 0]) > 1 and max(positive) / min(positive) > 100:
+    if panel != "quality" and len(positive := [x for x in finite if x > 0]) > 1 and max(positive) / min(positive) > 100:
         ax.set_xscale("symlog", linthresh=min(positive))
     g0 = overlay.groups[0]
     speed = "the fastest plain decoding" if g0.speed == "speedup_vs_fastest" else "vanilla"
@@ -277,9 +279,10 @@ def _panel(ax, overlay: Overlay, panel: str, style: dict) -> None:
     fastest_text = f" ({', '.join(sorted(fastest))})" if g0.speed == "speedup_vs_fastest" and fastest else ""
     drafts = (" — " + " vs ".join(g.drafts for g in overlay.groups) if len(overlay.groups) > 1
               else f" ({g0.drafts})" if g0.drafting != "topk" else "")
-    if panel == "cost":
-        xlabel = cost_label(overlay) + " → costlier"
-        title = f"T={overlay.temperature:g}: speed vs {'KL' if overlay.sampled else 'argmax mismatch'}{drafts}"
+    if panel != "quality":
+        xlabel = cost_label(overlay, panel) + " → costlier"
+        measure = "TV" if panel == "tv" else "KL" if overlay.sampled else "argmax mismatch"
+        title = f"T={overlay.temperature:g}: speed vs {measure}{drafts}"
     else:
         xlabel = f"{g0.quality_metric} → better"
         title = f"T={overlay.temperature:g}: speed vs quality{drafts}"
@@ -288,10 +291,12 @@ def _panel(ax, overlay: Overlay, panel: str, style: dict) -> None:
 
 
 def panels(groups_: Sequence[Group]) -> list[tuple[Overlay, str]]:
-    """One model × bench's panels: a cost panel per temperature (highest first), then a quality panel per
-    temperature where quality differs between the rules; each panel holds every drafting mode run."""
+    """One model × bench's panels: a cost panel per temperature (highest first; at T > 0 KL, then TV),
+    then a quality panel per temperature where quality differs between the rules; each panel holds every
+    drafting mode run."""
     layers = overlays(groups_)
-    return [(o, "cost") for o in layers] + [(o, "quality") for o in layers if o.quality_moves()]
+    costs = [(o, panel) for o in layers for panel in ("cost", *(("tv",) if o.sampled else ()))]
+    return costs + [(o, "quality") for o in layers if o.quality_moves()]
 
 
 def _rules(groups_: Sequence[Group]) -> list[str]:
