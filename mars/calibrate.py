@@ -62,7 +62,7 @@ CANDIDATES = (
 # At temperature > 0, sampled children (eagle.tree.sample_tree): a first draw is accepted far more
 # often than any later sibling, so deep chains and narrow trees, deeper than top-k trees go.
 SAMPLED_CANDIDATES = tuple(TreeShape(*shape, drafting="sample") for shape in (
-    (4, 4, 1), (6, 6, 1), (8, 6, 2), (8, 8, 2), (12, 6, 3), (12, 8, 3), (16, 8, 4), (20, 6, 5)))
+    (4, 4, 1), (6, 6, 1), (8, 8, 1), (8, 6, 2), (8, 8, 2), (12, 6, 3), (12, 8, 3), (16, 8, 4), (20, 6, 5)))
 
 
 def tree_candidates(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
