@@ -101,19 +101,6 @@ def one_child_marginal(view: TargetView, relax: Relaxation, nodes: torch.Tensor,
     return accepted + rest * fallback.nan_to_num(0.0)  # p == q: no residual, rest = 0
 
 
-def _could_relax(relax: Relaxation, nodes: torch.Tensor, accepts: torch.Tensor) -> torch.Tensor:
-    """[L] bool: the rule can change what is emitted at `nodes` for *some* draw of their child
-    (`Relaxation.active` asks about the children actually drawn)."""
-    could = accepts.any(dim=-1)
-    if relax.tolerance is not None:
-        could |= relax.tolerance[nodes] > 0
-    if relax.tested is not None:
-        could |= ~relax.tested[nodes]
-    if relax.fallback is not None:
-        could |= relax.fallback[nodes] != RESIDUAL
-    return could
-
-
 def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
     """TV and KL of each of `nodes`' emitted distribution against p; 0 where the rule is inactive,
     and without computing anything for an exact rule (strict).
@@ -145,11 +132,11 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
     if exact_one:
         accepts = relax.accepts(nodes)
         marginal = one_child_marginal(view, relax, nodes, accepts, fallback)
-        could = _could_relax(relax, nodes, accepts)
+        could = relax.active(nodes, accepts.any(dim=-1))  # for some draw of the child
     if chain:  # every node has one child or none; a node without children emits p (fallback there is p)
         pi, reference = marginal, view.probs[nodes]
         active = could & view.kids[nodes].any(dim=1)
-        log_reference = view.logprobs[nodes]
+        log_reference = view.logits[nodes].log_softmax(dim=-1)
     else:
         pi = emitted_distribution(view, relax, nodes, fallback)
         if not sampled:
@@ -159,7 +146,7 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
             same_fallback = relax.fallback is None  # strict's residual, the same table
             reference = emitted_distribution(view, strict, nodes,
                                              fallback if same_fallback else fallback_distribution(view, strict, nodes))
-        active = relax.active()[nodes]
+        active = relax.active(nodes)
         if exact_one:
             one = view.kids[nodes].sum(dim=1) == 1
             pi = torch.where(one[:, None], marginal, pi)

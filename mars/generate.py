@@ -70,6 +70,8 @@ def drafting_mode(drafting: str, sampled: bool, adaptive: bool) -> str:
     if not sampled:
         return "topk"
     return drafting if drafting != "auto" else "topk" if adaptive else "sample"
+
+
 PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_up", "decode")
 
 

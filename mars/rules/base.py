@@ -55,11 +55,6 @@ class TargetView:
         return self.logits.softmax(dim=-1)
 
     @cached_property
-    def logprobs(self) -> torch.Tensor:
-        """[n, V] log p_i (-inf where a filter excludes a token)."""
-        return self.logits.log_softmax(dim=-1)
-
-    @cached_property
     def top1(self) -> torch.Tensor:
         """[n] the argmax (lowest id among ties): what plain greedy decoding emits."""
         return self.logits.argmax(dim=-1)
@@ -150,15 +145,18 @@ class Relaxation:
         zeros = torch.zeros(n, device=view.logits.device)
         return cls(torch.zeros_like(view.kids), zeros, zeros.bool())
 
-    def active(self) -> torch.Tensor:
-        """[n] bool: nodes where this relaxation can change what is emitted (elsewhere pi = p exactly)."""
-        active = self.outright.any(dim=1)
+    def active(self, nodes: torch.Tensor | None = None, accepting: torch.Tensor | None = None) -> torch.Tensor:
+        """[n] bool (or [L] at `nodes` [L]): where this relaxation can change what is emitted (elsewhere
+        pi = p exactly). accepting [L] bool: where it accepts some token outright; default: some
+        drafted child (`outright`); `mars.cost` asks about any token a draw could bring (`accepts`)."""
+        at = slice(None) if nodes is None else nodes
+        active = self.outright.any(dim=1)[at] if accepting is None else accepting
         if self.tolerance is not None:
-            active |= self.tolerance > 0
+            active = active | (self.tolerance[at] > 0)
         if self.tested is not None:
-            active |= ~self.tested
+            active = active | ~self.tested[at]
         if self.fallback is not None:
-            active |= self.fallback != RESIDUAL
+            active = active | (self.fallback[at] != RESIDUAL)
         return active
 
 
