@@ -21,6 +21,7 @@ from torch import nn
 
 from eagle.config import DraftConfig
 from eagle.modules import DraftAttention, DraftMLP, KVCache, RMSNorm, Rotary
+from eagle.rows import RowLengths, kept_columns
 
 
 class DraftHead(nn.Module):
@@ -73,7 +74,8 @@ class DraftHead(nn.Module):
         mask = None
         if start > 0:  # causal over the new block, full over the committed prefix
             mask = torch.ones(n, start + n, dtype=torch.bool, device=tokens.device).tril(start)[None, None]
-        hidden = self._run(self.project_features(features.to(self.dtype)), tokens, positions, mask, commit=True)
+        hidden = self._run(self.project_features(features.to(self.dtype))[None], tokens[None], positions[None], mask,
+                           commit=True)[0]
         return hidden[-1], self.logprobs(hidden[-1])
 
     @torch.inference_mode()
@@ -89,18 +91,64 @@ class DraftHead(nn.Module):
         """
         k = tokens.shape[0]
         committed = self.cache.length
-        positions = torch.full((k,), committed + depth - 1, device=tokens.device)
+        positions = torch.full((1, k), committed + depth - 1, device=tokens.device)
         mask = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=tokens.device), ancestor_mask], dim=1)
-        out = self._run(hidden.to(self.dtype), tokens, positions, mask[None, None], commit=False)
+        out = self._run(hidden.to(self.dtype)[None], tokens[None], positions, mask[None, None], commit=False)[0]
+        return out, self.logprobs(out)
+
+    # --- batched decoding: B sequences of different lengths (`eagle.rows`) --------------------
+    def reset_rows(self, batch: int, device: torch.device) -> None:
+        """Forget everything and start B empty sequences."""
+        self.cache.reset(RowLengths.of([0] * batch, device))
+
+    def select_rows(self, rows: list[int], rows_device: torch.Tensor) -> None:
+        """Keep only these sequences of the batch (finished ones leave)."""
+        self.cache.rollback()
+        self.cache.select_rows(rows, rows_device)
+
+    @torch.inference_mode()
+    def extend_rows(self, features: torch.Tensor, tokens: torch.Tensor, counts: list[int],
+                    counts_device: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extend` for every row at once: row b commits its first counts[b] positions of
+        features [B, m, F] and tokens [B, m] (the rest is padding). Returns each row's hidden [B, H]
+        and logprobs [B, V_d] at its last new position."""
+        self.cache.rollback()
+        rows, start = self.cache.rows, self.cache.length
+        b, m = tokens.shape
+        device = tokens.device
+        positions = rows.device[:, None] + torch.arange(m, device=device)
+        new = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        mask = torch.cat([rows.prefix_visible(start)[:, None, :].expand(b, m, start), new.expand(b, m, m)], dim=2)
+        hidden = self._run(self.project_features(features.to(self.dtype)), tokens, positions, mask[:, None],
+                           commit=True)
+        last = hidden.gather(1, (counts_device - 1)[:, None, None].expand(b, 1, hidden.shape[-1]))[:, 0]
+        put = kept_columns(rows.device, counts_device, m)
+        take = kept_columns(torch.full_like(rows.device, start), counts_device, m)
+        self.cache.keep_rows(put, take, counts, counts_device)
+        return last, self.logprobs(last)
+
+    @torch.inference_mode()
+    def propose_rows(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
+                     ancestor_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`propose` for every row at once: hidden [B, k, H], tokens [B, k], ancestor_mask [B, k, t + k]
+        (or [k, t + k], the same for every row). Returns (hidden [B, k, H], logprobs [B, k, V_d])."""
+        rows, committed = self.cache.rows, self.cache.length
+        b, k = tokens.shape
+        positions = (rows.device + depth - 1)[:, None].expand(b, k)
+        visible = rows.prefix_visible(committed)[:, None, :].expand(b, k, committed)
+        mask = torch.cat([visible, ancestor_mask.expand(b, k, -1)], dim=2)
+        out = self._run(hidden.to(self.dtype), tokens, positions, mask[:, None], commit=False)
         return out, self.logprobs(out)
 
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.logits(hidden).float(), dim=-1)
 
     def _run(self, features, tokens, positions, mask, commit) -> torch.Tensor:
-        cos, sin = self.rotary(positions, self.dtype)
-        out = self.layer_forward(self.embed(tokens)[None], features[None], cos, sin, mask, commit)
-        return out[0]
+        """features [B, q, F'], tokens [B, q], positions [B, q], mask [B or 1, 1, q, kv] or None -> [B, q, H]."""
+        b, q = tokens.shape
+        cos, sin = self.rotary(positions.reshape(-1), self.dtype)
+        cos, sin = cos.view(b, 1, q, -1), sin.view(b, 1, q, -1)
+        return self.layer_forward(self.embed(tokens), features, cos, sin, mask, commit)
 
 
 class Eagle3Layer(nn.Module):

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle.rows import RowLengths, move_rows
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -95,6 +97,8 @@ class KVCache:
 
     `length` counts committed positions; tentative entries live after them and are dropped by
     `rollback()`. The buffer grows by doubling, so appends never concatenate.
+    Batched decoding (`rows` set): row b's committed entries are its first `rows.host[b]`, and
+    `length` is where every row's next block goes, the longest row's end (`eagle.rows`).
     """
 
     def __init__(self):
@@ -102,6 +106,7 @@ class KVCache:
         self.values: torch.Tensor | None = None
         self.length = 0  # committed
         self.total = 0  # committed + tentative
+        self.rows: RowLengths | None = None  # batched decoding: committed entries per row
 
     def _ensure(self, like: torch.Tensor, needed: int) -> None:
         if self.keys is not None and self.keys.shape[2] >= needed:
@@ -130,8 +135,27 @@ class KVCache:
     def rollback(self) -> None:
         self.total = self.length
 
-    def reset(self) -> None:
+    def reset(self, rows: RowLengths | None = None) -> None:
+        """Forget everything; `rows` (empty lengths, [B]) starts a batch of B sequences."""
+        if rows is not None or self.rows is not None:  # the buffers' batch size changes: new ones
+            self.keys = self.values = None
         self.length = self.total = 0
+        self.rows = rows
+
+    def keep_rows(self, put: torch.Tensor, take: torch.Tensor, counts: list[int], counts_device: torch.Tensor) -> None:
+        """Batched: row b keeps entries take[b, :counts[b]] at put[b, :counts[b]] (padded by repeats,
+        `eagle.rows.kept_columns`) and commits them; tentative entries are dropped."""
+        move_rows(self.keys, put, take)
+        move_rows(self.values, put, take)
+        self.rows.advance(counts, counts_device)
+        self.length = self.total = self.rows.write_at
+
+    def select_rows(self, rows: list[int], rows_device: torch.Tensor) -> None:
+        """Batched: keep only `rows` of the batch, in that order (finished sequences leave)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys.index_select(0, rows_device), self.values.index_select(0, rows_device)
+        self.rows.select(rows, rows_device)
+        self.length = self.total = self.rows.write_at
 
 
 class DraftAttention(nn.Module):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -33,13 +33,13 @@ from eagle.heads import DraftHead
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """parents [n] (parents[0] = -1, parents before children) -> [n, n] bool, True where j is i or one
-    of its ancestors. Computed on the parents' device by squaring the one-step relation (no host read):
-    after m squarings every ancestor up to 2**m levels up is marked."""
-    n = parents.shape[0]
-    rows = torch.arange(n, device=parents.device)
-    reach = torch.eye(n, device=parents.device)
-    reach[rows[1:], parents[1:]] = 1.0
+    """parents [n] (-1 at a root, parents before children) -> [n, n] bool, True where j is i or one
+    of its ancestors; [B, n] -> [B, n, n], tree by tree. Computed on the parents' device by squaring
+    the one-step relation (no host read): after m squarings every ancestor up to 2**m levels up is marked."""
+    n = parents.shape[-1]
+    rows = torch.arange(n, device=parents.device).expand_as(parents)
+    reach = torch.eye(n, device=parents.device).expand(*parents.shape[:-1], n, n).clone()
+    reach.scatter_(-1, torch.where(parents < 0, rows, parents)[..., None], 1.0)  # a root's "parent" is itself
     for _ in range(max(n - 1, 1).bit_length()):
         reach = ((reach @ reach) > 0).float()
     return reach > 0
@@ -63,6 +63,10 @@ class DraftTree:
     `levels`: how many draft levels were grown for it (its depth is at most that).
     Sampled drafting (`sample_tree`) also keeps `draft_probs`, the distribution each node's children
     were drawn from, and `width`, the most children of any node (a host int, from the shape).
+
+    Batched decoding verifies B trees of one size at once as a *forest* (`batch` = B): the trees'
+    nodes one after another (row b's at b * size/B ..), each root's parent -1, parents indexing the
+    forest; `ancestors` is block-diagonal, so every node-wise computation judges each tree alone.
     """
 
     tokens: torch.Tensor  # [n] target token ids
@@ -72,16 +76,51 @@ class DraftTree:
     levels: int | None = None  # None: the deepest node's depth (read from `depths`)
     draft_probs: torch.Tensor | None = None  # [n, V] over target ids (sampled drafting; None: top-k children)
     width: int | None = None
-    ancestors: torch.Tensor = field(init=False)  # [n, n] bool
+    batch: int = 1  # trees in this forest (batched decoding), each of size // batch nodes
+    ancestors: torch.Tensor | None = None  # [n, n] bool (None: computed from `parents`)
 
     def __post_init__(self):
         if self.levels is None:
             self.levels = int(self.depths.max())
-        self.ancestors = ancestor_matrix(self.parents)
+        if self.ancestors is None:
+            self.ancestors = ancestor_matrix(self.parents)
 
     @property
     def size(self) -> int:
+        """Nodes (of every tree of a forest)."""
         return self.tokens.shape[0]
+
+    @property
+    def nodes_per_tree(self) -> int:
+        return self.size // self.batch
+
+    @property
+    def roots(self) -> torch.Tensor:
+        """[batch] the roots' node indices."""
+        return torch.arange(self.batch, device=self.tokens.device) * self.nodes_per_tree
+
+    def by_row(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-node values [size, ...] as [batch, nodes_per_tree, ...]."""
+        return values.view(self.batch, self.nodes_per_tree, *values.shape[1:])
+
+    @property
+    def row_ancestors(self) -> torch.Tensor:
+        """[batch, n, n] each tree's own ancestor matrix (the diagonal blocks of `ancestors`)."""
+        b, n = self.batch, self.nodes_per_tree
+        return self.ancestors.view(b, n, b, n).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+    @classmethod
+    def forest(cls, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor,
+               levels: int, draft_probs: torch.Tensor | None = None, width: int | None = None) -> DraftTree:
+        """B trees of n nodes each, given row by row (tokens, parents with -1 at the root, depths,
+        scores [B, n], draft_probs [B, n, V]), as one forest."""
+        b, n = tokens.shape
+        offset = torch.arange(b, device=parents.device)[:, None] * n
+        own = ancestor_matrix(parents)  # [B, n, n], tree by tree: (B n)^2 work, not (B n)^3
+        block = torch.eye(b, dtype=torch.bool, device=parents.device)[:, None, :, None] & own[:, :, None, :]
+        return cls(tokens.reshape(-1), torch.where(parents < 0, -1, parents + offset).reshape(-1), depths.reshape(-1),
+                   scores.reshape(-1), levels, None if draft_probs is None else draft_probs.reshape(b * n, -1),
+                   width, b, block.reshape(b * n, b * n))
 
     @property
     def children(self) -> list[list[int]]:
@@ -238,6 +277,70 @@ def grow_tree(head: DraftHead, root_token: int | torch.Tensor, hidden: torch.Ten
     if depth < 1 or total_tokens < 1:
         return DraftTree.root_only(root_token)
     return rerank(expand(head, hidden, logprobs, depth, branching, keep_growing), root_token, total_tokens)
+
+
+def _stable_order_rows(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
+    """[B, m] indices sorting each row by keys[0], then keys[1], ... ([B, m] each; lexicographic, stable)."""
+    order = torch.arange(keys[0].shape[1], device=keys[0].device).expand_as(keys[0])
+    for key, desc in reversed(list(zip(keys, descending, strict=True))):
+        order = order.gather(1, torch.sort(key.gather(1, order), dim=1, descending=desc, stable=True).indices)
+    return order
+
+
+@torch.inference_mode()
+def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int,
+               branching: int, total_tokens: int) -> DraftTree:
+    """`grow_tree` for B sequences at once (batched decoding): one EAGLE-2 tree per row, every row
+    drafted by the same head calls (`DraftHead.propose_rows`), returned as a forest of B trees of one
+    size (`DraftTree.forest`). roots [B] the root tokens; hidden [B, H], logprobs [B, V_d] each row's
+    head output at its last committed position. The same growth and reranking as `expand` / `rerank`,
+    row by row in the tensors' first dimension; reads nothing."""
+    b, device = roots.shape[0], roots.device
+    if depth < 1 or total_tokens < 1:
+        zero = torch.zeros(b, 1, dtype=torch.long, device=device)
+        return DraftTree.forest(roots[:, None], zero - 1, zero, zero.float(), 0)
+    k = min(branching, logprobs.shape[-1])
+    lp, ids = logprobs.topk(k, dim=-1)  # [B, k]
+    tokens, scores = [head.to_target_ids(ids)], [lp]
+    parents = [torch.full((b, k), -1, device=device)]
+    depths = [torch.ones(b, k, dtype=torch.long, device=device)]
+    frontier = torch.arange(k, device=device).expand(b, k)  # candidate indices to expand next, per row
+    frontier_hidden = hidden[:, None].expand(b, k, hidden.shape[-1])
+    fed = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)  # as in `expand`, per row
+    parent_slot: torch.Tensor | None = None
+    count, levels = k, 1
+    for level in range(2, depth + 1):
+        frontier_scores = torch.cat(scores, dim=1).gather(1, frontier)  # [B, kf]
+        t, kf = fed.shape[1], frontier.shape[1]
+        seen = fed.gather(1, parent_slot[:, :, None].expand(b, kf, t)) if parent_slot is not None \
+            else fed.new_zeros(b, kf, t)
+        mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device).expand(b, kf, kf)], dim=2)
+        fed = torch.cat([torch.cat([fed, fed.new_zeros(b, t, kf)], dim=2), mask], dim=1)
+        out_hidden, out_lp = head.propose_rows(frontier_hidden, torch.cat(tokens, dim=1).gather(1, frontier),
+                                               level - 1, mask)
+        child_lp, child_ids = out_lp.topk(k, dim=-1)  # [B, kf, k]
+        child_scores = (frontier_scores[:, :, None] + child_lp).flatten(1)
+        tokens.append(head.to_target_ids(child_ids).flatten(1))
+        scores.append(child_scores)
+        parents.append(frontier[:, :, None].expand(b, kf, k).flatten(1))
+        depths.append(torch.full((b, kf * k), level, device=device))
+        best = child_scores.topk(min(k, child_scores.shape[1]), dim=-1).indices  # [B, k]
+        frontier, parent_slot = count + best, t + best // k
+        frontier_hidden = out_hidden.gather(1, (best // k)[:, :, None].expand(-1, -1, out_hidden.shape[-1]))
+        count, levels = count + kf * k, level
+    head.rollback()
+    c_tokens, c_parents, c_depths, c_scores = (torch.cat(x, dim=1) for x in (tokens, parents, depths, scores))
+    # Rerank each row (as `rerank`): the best `total_tokens` by score, then breadth-first.
+    keep = _stable_order_rows([c_scores, c_depths], [True, False])[:, :total_tokens]
+    keep = keep.gather(1, _stable_order_rows([c_depths.gather(1, keep), c_scores.gather(1, keep)], [False, True]))
+    m = keep.shape[1]
+    new_index = torch.zeros_like(c_tokens).scatter_(1, keep, torch.arange(1, m + 1, device=device).expand(b, m))
+    kept_parents = c_parents.gather(1, keep)
+    local = torch.where(kept_parents < 0, 0, new_index.gather(1, kept_parents.clamp(min=0)))
+    zero = torch.zeros(b, 1, dtype=torch.long, device=device)
+    return DraftTree.forest(torch.cat([roots[:, None], c_tokens.gather(1, keep)], dim=1),
+                            torch.cat([zero - 1, local], dim=1), torch.cat([zero, c_depths.gather(1, keep)], dim=1),
+                            torch.cat([zero.float(), c_scores.gather(1, keep)], dim=1), levels)
 
 
 # P(the r-th drawn child is the one accepted | its parent has children), by rank, for sampled drafting

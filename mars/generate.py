@@ -22,9 +22,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections import Counter
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 
@@ -32,34 +30,12 @@ from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
 from eagle.kernels import PackedLinears, choose_packing
 from eagle.tree import RANK_ACCEPTANCE, Topology, best_topology, grow_tree, sample_tree, sampled_shape
-from mars.adapter import TargetModel, synchronize
+from mars import batch
+from mars.adapter import TargetModel
 from mars.adaptive import AdaptiveTree, measure_costs
+from mars.output import GenerationOutput, PhaseClock, frozen_heap
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
-from mars.stats import VerifyStats
 from mars.verify import accept
-
-
-@dataclass
-class GenerationOutput:
-    tokens: list[int] = field(default_factory=list)  # new tokens only
-    accept_lengths: list[int] = field(default_factory=list)  # drafted tokens emitted per cycle
-    draft_depths: list[int] = field(default_factory=list)  # draft levels grown per cycle (0: a plain decoding step)
-    num_cycles: int = 0
-    stats: VerifyStats = field(default_factory=VerifyStats)
-    seconds: float = 0.0  # wall time of the whole call
-    stopped_by: str = "length"  # "eos" or "length"
-    phase_seconds: Counter = field(default_factory=Counter)  # wall time by phase (`PHASES`), with profile=True
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens emitted per draft-verify cycle (the prefill's first token is in no cycle)."""
-        return (len(self.tokens) - 1) / self.num_cycles if self.num_cycles else 1.0
-
-    @property
-    def relaxed_tokens(self) -> int:
-        """Tokens accepted only because of the MARS relaxation."""
-        return self.stats.relaxed_tokens
-
 
 DRAFTING = ("auto", "topk", "sample")
 
@@ -72,35 +48,14 @@ def drafting_mode(drafting: str, sampled: bool, adaptive: bool) -> str:
     return drafting if drafting != "auto" else "topk" if adaptive else "sample"
 
 
-PHASES = ("prefill", "draft", "tree_forward", "accept", "cache_update", "catch_up", "decode")
-
-
-class PhaseClock:
-    """Adds the wall time since the previous lap to a phase (when `on`; otherwise it does nothing).
-
-    It synchronises every device in use first, so that each phase is charged with its own kernels
-    rather than with whatever the next read waits for; that costs the loop its asynchrony on a GPU,
-    so it is opt-in (`SpeculativeGenerator(profile=True)`, `eval.run profile=true`)."""
-
-    def __init__(self, seconds: Counter, devices: set[torch.device], on: bool):
-        self.seconds, self.devices, self.on = seconds, devices, on
-        self.last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        if not self.on:
-            return
-        synchronize(self.devices)
-        now = time.perf_counter()
-        self.seconds[phase] += now - self.last
-        self.last = now
-
-
 def _while_decoding(method):
     """Run a decoding method with the generator's packed kernels and feature hooks on the models,
-    taken off again after: between calls the models are as the caller gave them."""
+    taken off again after (between calls the models are as the caller gave them), and the heap that
+    exists at the call frozen out of garbage collections (`mars.output.frozen_heap`)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped():
+        with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped(), \
+                frozen_heap():
             return method(self, *args, **kwargs)
     return run
 
@@ -383,3 +338,69 @@ class SpeculativeGenerator:
         clock.lap("decode")
         out.seconds = time.perf_counter() - start
         return out
+
+    # --- batched decoding (`mars.batch`) --------------------------------------------------------
+
+    def _batched(self, loop, input_ids, sampling, max_new_tokens, eos_token_id, generator,
+                 overrides) -> list[GenerationOutput]:
+        cfg = resolve_sampling(sampling, **overrides)
+        self._check_generator(generator)
+        if self.adaptive:
+            raise ValueError("batched decoding drafts fixed-size trees: create the generator with adaptive=False")
+        if loop is batch.generate_batch and self.drafting == "sample" and not cfg.greedy:
+            raise ValueError("batched decoding drafts top-k trees (sampled drafting is batch-1 for now): "
+                             "pass drafting='topk' or 'auto', or decode one prompt at a time")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        self.target.check_batching()
+        outputs = [GenerationOutput() for _ in input_ids]
+        start = time.perf_counter()
+        try:
+            loop(self, input_ids, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator, outputs)
+        finally:
+            self.target.rows = None
+        for out in outputs:
+            out.seconds = out.seconds or time.perf_counter() - start
+        return outputs
+
+    @_while_decoding
+    @torch.inference_mode()
+    def generate_batch(
+        self,
+        input_ids: list[torch.Tensor],
+        sampling: SamplingConfig | None = None,
+        *,
+        max_new_tokens: int = 128,
+        eos_token_id: int | list[int] | None = None,
+        generator: torch.Generator | None = None,
+        **overrides,
+    ) -> list[GenerationOutput]:
+        """Speculative decoding of several prompts together (`mars.batch`): one tree per prompt per
+        cycle, all verified in one target forward, each prompt accepting its own number of tokens.
+
+        input_ids: the prompts, LongTensors [T] or [1, T] of any lengths. Takes the other arguments of
+        `generate`. Returns one `GenerationOutput` per prompt, in order; its `seconds` is the time from
+        the batch's start to that prompt's last token. Finished prompts leave the batch (their slots are
+        not refilled). Drafts are top-k trees (drafting "auto" at temperature > 0 included); strict
+        greedy output of every prompt equals its plain greedy decoding alone (float32; tested).
+        """
+        return self._batched(batch.generate_batch, input_ids, sampling, max_new_tokens, eos_token_id, generator,
+                             overrides)
+
+    @_while_decoding
+    @torch.inference_mode()
+    def vanilla_batch(
+        self,
+        input_ids: list[torch.Tensor],
+        sampling: SamplingConfig | None = None,
+        *,
+        max_new_tokens: int = 128,
+        eos_token_id: int | list[int] | None = None,
+        generator: torch.Generator | None = None,
+        **overrides,
+    ) -> list[GenerationOutput]:
+        """Plain decoding of several prompts together (one token per prompt per forward) with the same
+        adapter, ragged cache and logits processing: `generate_batch`'s own baseline. Arguments and
+        outputs as `generate_batch`."""
+        return self._batched(batch.vanilla_batch, input_ids, sampling, max_new_tokens, eos_token_id, generator,
+                             overrides)

@@ -102,7 +102,7 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token [1] from a probability vector [V], left on its device."""
+    """One token [1] from a probability vector [V] (or [B, 1] from each row of [B, V]), left on its device."""
     return torch.multinomial(probs, 1, generator=generator)
 
 

@@ -75,25 +75,32 @@ def children(tree: DraftTree) -> torch.Tensor:
 
 
 def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torch.Tensor, cost: Cost,
-          scalars: list[torch.Tensor]) -> tuple[list[int], list[int], list[dict], list[float]]:
-    """The one device-to-host transfer of a verdict: chain [L] node ids, their tokens, the Step facts
-    of each (relaxed [L]: the chain node's accepted child was accepted by the relaxation), and `scalars`."""
+          scalars: list[torch.Tensor]) -> list[tuple[list[int], list[int], list[dict], list[float]]]:
+    """The one device-to-host transfer of a verdict, for every tree of a forest at once: chain [B, L]
+    node ids per tree, their tokens, the Step facts of each (relaxed [B, L]: the chain node's accepted
+    child was accepted by the relaxation; `cost` per chain node, flattened) and `scalars` ([B] each).
+    Per tree: (ids, tokens, facts, scalars)."""
     kids = children(tree)
     has_children = kids.any(dim=1)
     nodes = torch.arange(tree.size, device=chain.device)
     sibling_rank = (kids.long().cumsum(dim=1) - 1)[tree.parents.clamp(min=0), nodes]  # [n] place among siblings
-    rank = sibling_rank[torch.cat([chain[1:], chain[-1:]])]  # of the chain node's accepted child
-    columns = [tree.depths[chain], relax.gate[chain], relax.open[chain], has_children[chain], relaxed, rank,
-               cost.tv, cost.kl, cost.mismatch, cost.regret, *(relax.counters[k][chain] for k in relax.counters)]
-    facts = torch.stack([c.double() for c in columns], dim=1)
-    packed = torch.cat([chain.double(), tree.tokens[chain].double(), facts.flatten(),
-                        torch.stack(scalars).double().flatten()]).tolist()
-    length, width = chain.shape[0], len(columns)
+    rank = sibling_rank[torch.cat([chain[:, 1:], chain[:, -1:]], dim=1)]  # of the chain node's accepted child
+    flat = chain.flatten()
+    columns = [tree.depths[flat], relax.gate[flat], relax.open[flat], has_children[flat], relaxed.flatten(),
+               rank.flatten(), cost.tv, cost.kl, cost.mismatch, cost.regret,
+               *(relax.counters[k][flat] for k in relax.counters)]
+    facts = torch.stack([c.double() for c in columns], dim=1)  # [B L, width]
+    batch, length, width = chain.shape[0], chain.shape[1], len(columns)
+    per_row = torch.cat([chain.double(), tree.tokens[chain].double(), facts.view(batch, length * width),
+                         torch.stack(scalars, dim=1).double()], dim=1)
     names = [*_FIELDS, *relax.counters]
-    rows = [dict(zip(names, packed[2 * length + i * width: 2 * length + (i + 1) * width], strict=True))
-            for i in range(length)]
-    ids, tokens = [int(x) for x in packed[:length]], [int(x) for x in packed[length: 2 * length]]
-    return ids, tokens, rows, packed[2 * length + length * width:]
+    out = []
+    for packed in per_row.tolist():
+        rows = [dict(zip(names, packed[2 * length + i * width: 2 * length + (i + 1) * width], strict=True))
+                for i in range(length)]
+        out.append(([int(x) for x in packed[:length]], [int(x) for x in packed[length: 2 * length]], rows,
+                    packed[2 * length + length * width:]))
+    return out
 
 
 def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]:
@@ -107,8 +114,8 @@ def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]
     return steps
 
 
-def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False) -> Verdict:
-    """Greedy verification under a relaxation.
+def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False) -> list[Verdict]:
+    """Greedy verification under a relaxation, of each tree of `tree` (a forest of `tree.batch`).
 
     A node is valid when its token is the target's top-1 at its parent, or the rule accepts it
     outright there (`relax.outright`). The accepted path is the deepest root-to-node path of valid
@@ -118,31 +125,36 @@ def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless
     """
     n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
-    parent = tree.parents.clamp(min=0)
+    root = tree.parents < 0
+    parent = torch.where(root, nodes, tree.parents)  # a root is its own parent
     exact = tree.tokens == view.top1[parent]
-    relaxed_edge = ~exact & relax.outright[parent, nodes] & (nodes > 0)
-    valid = exact | relaxed_edge | (nodes == 0)
+    relaxed_edge = ~exact & relax.outright[parent, nodes] & ~root
+    valid = exact | relaxed_edge | root
     reachable = ~(tree.ancestors & ~valid[None, :]).any(dim=1)  # every node on its path is valid
     relaxed_count = (tree.ancestors & relaxed_edge[None, :]).sum(dim=1)
-    key = tree.depths * (n + 1) ** 2 - relaxed_count * (n + 1) - nodes  # deeper, fewer relaxed, earlier
-    best = torch.where(reachable, key, key.min() - 1).argmax()
+    m = tree.nodes_per_tree
+    key = tree.depths * (m + 1) ** 2 - relaxed_count * (m + 1) - nodes % m  # deeper, fewer relaxed, earlier
+    best = tree.by_row(torch.where(reachable, key, key.min() - 1)).argmax(dim=1) + tree.roots  # [B]
     up = [best]  # best, its parent, ... padded with the root
     for _ in range(tree.levels):
         up.append(parent[up[-1]])
-    chain = torch.stack(up[::-1])  # [levels + 1]: the root (repeated), ..., best
-    relaxed = torch.cat([relaxed_edge[chain[1:]], relaxed_edge[:1]])  # the next chain node's edge (root's: False)
-    emitted = torch.cat([tree.tokens[chain[1:]], view.top1[best][None]])
-    cost = greedy_cost(view, chain, emitted, lossless)
-    ids, tokens, rows, (depth, next_token) = _read(tree, relax, chain, relaxed, cost,
-                                                   [tree.depths[best], view.top1[best]])
-    first = len(ids) - int(depth) - 1
-    return Verdict(ids[first:], int(next_token), _steps(ids[first:], rows[first:], list(relax.counters)),
-                   tokens[first + 1:])
+    chain = torch.stack(up[::-1], dim=1)  # [B, levels + 1]: the root (repeated), ..., best
+    relaxed = torch.cat([relaxed_edge[chain[:, 1:]], torch.zeros_like(chain[:, :1], dtype=torch.bool)], dim=1)
+    emitted = torch.cat([tree.tokens[chain[:, 1:]], view.top1[best][:, None]], dim=1)
+    cost = greedy_cost(view, chain.flatten(), emitted.flatten(), lossless)
+    verdicts = []
+    for ids, tokens, rows, (depth, next_token) in _read(tree, relax, chain, relaxed, cost,
+                                                        [tree.depths[best], view.top1[best]]):
+        first = len(ids) - int(depth) - 1
+        verdicts.append(Verdict([i % m for i in ids[first:]], int(next_token),
+                                _steps(ids[first:], rows[first:], list(relax.counters)), tokens[first + 1:]))
+    return verdicts
 
 
 def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, generator: torch.Generator | None,
-                    lossless: bool = False) -> Verdict:
-    """Tree speculative sampling under a relaxation, for deterministic (top-k) or sampled children.
+                    lossless: bool = False) -> list[Verdict]:
+    """Tree speculative sampling under a relaxation, for deterministic (top-k) or sampled children, of
+    each tree of `tree` (a forest of `tree.batch`).
 
     Strict (lossless): at the current node with target distribution p, try its children in draft
     order, child x accepted when u < its trial ratio (`view.trial`, `mars.rejection`): r(x) for
@@ -157,19 +169,20 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     False, and the token after rejections drawn from `relax.fallback` (`mars.cost` gives the result).
     `lossless`: the rule never relaxes (skip its cost).
 
-    Random draws, the same for every rule: `u = rand(n, n)` first, the j-th child (draft order) of
-    node i uses u[i, j]; then one `multinomial` for the bonus or correction token. Every node's
-    decision is computed at once, then the path is followed from the root.
+    Random draws, the same for every rule: `u = rand(N, m)` first (N nodes of the forest, m per tree),
+    the j-th child (draft order) of node i uses u[i, j]; then one `multinomial` over the trees for
+    each one's bonus or correction token. Every node's decision is computed at once, then the paths
+    are followed from the roots.
     """
     n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
     kids, trial = view.kids, view.trial  # [n, n]
-    u = torch.rand(n, n, generator=generator, device=device)
+    u = torch.rand(n, tree.nodes_per_tree, generator=generator, device=device)
     rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
     tested = trial.testable
     if relax.tested is not None:
         tested = tested & relax.tested[:, None]
-    draws = u.gather(1, rank)
+    draws = u.gather(1, rank.clamp(max=tree.nodes_per_tree - 1))
     strict_ok = tested & (draws < trial.ratio)
     loose_ok = strict_ok if relax.tolerance is None else tested & (draws < trial.ratio + relax.tolerance[:, None])
 
@@ -180,19 +193,37 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     # comes, so strict's choice of an earlier child (and the deeper subtree behind it) stands.
     chosen = first((relax.outright & kids) | loose_ok)
     relaxed = (chosen < n) & ~strict_ok.gather(1, chosen.clamp(max=n - 1)[:, None])[:, 0]
-    walk = [nodes[0]]
+    walk = [tree.roots]
     for _ in range(tree.levels):
         step = chosen[walk[-1]]
         walk.append(torch.where(step < n, step, walk[-1]))
-    chain = torch.stack(walk)
-    last = chain[-1]
-    token = draw(fallback_distribution(view, relax, last[None])[0], generator)[0]
-    cost = sampling_cost(view, relax, chain, lossless)
-    ids, tokens, rows, (depth, next_token) = _read(tree, relax, chain, relaxed[chain], cost,
-                                                   [tree.depths[last], token])
-    length = int(depth) + 1
-    return Verdict(ids[:length], int(next_token), _steps(ids[:length], rows[:length], list(relax.counters)),
-                   tokens[1:length], cost_bound=cost.bound)
+    chain = torch.stack(walk, dim=1)  # [B, levels + 1]
+    last = chain[:, -1]
+    token = draw(fallback_distribution(view, relax, last), generator)[:, 0]  # [B]
+    cost = sampling_cost(view, relax, chain.flatten(), lossless)
+    m = tree.nodes_per_tree
+    verdicts = []
+    for ids, tokens, rows, (depth, next_token) in _read(tree, relax, chain, relaxed[chain], cost,
+                                                        [tree.depths[last], token]):
+        length = int(depth) + 1
+        verdicts.append(Verdict([i % m for i in ids[:length]], int(next_token),
+                                _steps(ids[:length], rows[:length], list(relax.counters)), tokens[1:length],
+                                cost_bound=cost.bound))
+    return verdicts
+
+
+def accept_rows(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
+                generator: torch.Generator | None = None) -> list[Verdict]:
+    """Verify every tree of a forest (`tree.batch` trees) under `cfg.rule`, one verdict per tree
+    (paths in tree-local node indices); the same rule, draws and one device-to-host read for all.
+
+    processed [N, V] = `process_logits(target logits over the forest's N nodes, cfg)`.
+    """
+    view = TargetView(processed, tree.tokens, children(tree), cfg.greedy, tree.draft_probs, tree.width)
+    relax = cfg.rule.relax(view)
+    if cfg.greedy:
+        return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless)
+    return accept_sampling(view, relax, tree, generator, lossless=cfg.rule.lossless)
 
 
 def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
@@ -201,8 +232,4 @@ def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
 
     processed [n, V] = `process_logits(target logits over the tree, cfg)`.
     """
-    view = TargetView(processed, tree.tokens, children(tree), cfg.greedy, tree.draft_probs, tree.width)
-    relax = cfg.rule.relax(view)
-    if cfg.greedy:
-        return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless)
-    return accept_sampling(view, relax, tree, generator, lossless=cfg.rule.lossless)
+    return accept_rows(processed, tree, cfg, generator)[0]

@@ -18,7 +18,7 @@ Definitions (all pooled over the questions every method answered):
   parse_rate, loglik       see `eval.scoring.quality`; token_prob = exp(loglik)
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
   margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
-  phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.generate.PHASES`: prefill,
+  phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.output.PHASES`: prefill,
                            draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
                            and each phase's share of the total
 Task quality and its recovery (method / strict) are added by `eval.runner.job.score_quality`.

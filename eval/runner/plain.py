@@ -22,6 +22,7 @@ import torch
 from eval.config.methods import ISA_LIMITS
 from eval.config.schema import RunConfig
 from mars.generate import GenerationOutput
+from mars.output import frozen_heap
 from mars.sampling import SamplingConfig
 
 
@@ -42,7 +43,7 @@ def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens:
     input_ids = torch.tensor([ids], device=device)
     torch.manual_seed(seed)  # generate samples from torch's global generator
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), frozen_heap():  # as our own decoding runs (`mars.generate`)
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     seconds = time.perf_counter() - start
     tokens = out[0, len(ids):].tolist()

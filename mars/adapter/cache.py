@@ -18,6 +18,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from eagle.config import text_config
+from eagle.rows import move_rows
 
 
 def cache_keyword(model) -> str:
@@ -45,6 +46,20 @@ class PathCache:
     def truncate(self, length: int) -> None:
         for layer in self.layers:
             layer.truncate(length)
+
+    def keep_rows(self, put: torch.Tensor, take: torch.Tensor) -> None:
+        """Batched decoding: in every row b, entries take[b] move to put[b] ([B, m] each; `eagle.rows`)."""
+        on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer in self.layers:
+            where = layer.keys.device
+            if where not in on_device:
+                on_device[where] = put.to(where), take.to(where)
+            layer.keep_rows(*on_device[where])
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Batched decoding: keep only these rows of the batch (finished sequences leave)."""
+        for layer in self.layers:
+            layer.select_rows(rows.to(layer.keys.device))
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -109,6 +124,14 @@ class PreallocatedLayer(DynamicLayer):
         self.length = start + len(indices)
         if self.is_initialized:
             self._views()
+
+    def keep_rows(self, put: torch.Tensor, take: torch.Tensor) -> None:
+        move_rows(self._k, put, take)
+        move_rows(self._v, put, take)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self._k, self._v = self._k.index_select(0, rows), self._v.index_select(0, rows)
+        self._views()
 
     def reset(self) -> None:
         self.length = 0

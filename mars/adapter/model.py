@@ -13,9 +13,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
+from eagle.rows import RowLengths, kept_columns
 from eagle.tree import DraftTree
 from mars.adapter.cache import StaticTreeCache, TreeCache, cache_keyword
 from mars.adapter.devices import route_devices
@@ -85,6 +87,7 @@ class TargetModel:
         self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
         self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
         self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
+        self.rows: RowLengths | None = None  # batched decoding: tokens of each sequence in the cache
         self.max_length = context_length(model.config)
         if exact_attention == "auto":
             exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None and not static
@@ -195,9 +198,11 @@ class TargetModel:
             return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
         return additive(windowed)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, all_logits: bool,
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask, logits_to_keep: int | torch.Tensor,
                  plan: ExactPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """mask: an additive 4D mask (or one per layer type), or None for the model's own causal mask."""
+        """tokens, positions [B, q] -> (logits [B, kept, V] float32, features [B, q, F]).
+        mask: an additive 4D mask (or one per layer type), or None for the model's own causal mask.
+        logits_to_keep: 0 for every position, 1 for the last, or a tensor of positions (transformers')."""
         extra = {ROUTE_KWARG: self.maskless} if self.maskless else {}
         if plan is not None:
             if self.model.config._attn_implementation != EXACT_ATTENTION:
@@ -205,21 +210,21 @@ class TargetModel:
                                    "SpeculativeGenerator sharing this model closed?): create a new generator")
             extra[PLAN_KWARG] = plan
         out = self.model(
-            input_ids=tokens[None].to(self.devices.inputs),
-            position_ids=positions[None].to(self.devices.inputs),
+            input_ids=tokens.to(self.devices.inputs),
+            position_ids=positions.to(self.devices.inputs),
             attention_mask=mask,
             use_cache=True,
             output_hidden_states=self.taps is None,
-            logits_to_keep=0 if all_logits else 1,
+            logits_to_keep=logits_to_keep,
             **{self.cache_keyword: self.cache},
             **extra,
         )
         # Taps of a sharded model come from several devices: gathered to the draft head's.
         taps = self.taps.captured if self.taps is not None else dict(enumerate(out.hidden_states))
-        features = torch.cat([taps[i][0].to(self.feature_device) for i in self.feature_layers], dim=-1)
+        features = torch.cat([taps[i].to(self.feature_device) for i in self.feature_layers], dim=-1)
         if self.taps is not None:
             self.taps.captured.clear()
-        return out.logits[0].float(), features
+        return out.logits.float(), features
 
     def end_sequence(self) -> None:
         """Forget the sequence: a dynamic cache is freed, the static one kept (empty) for the next."""
@@ -245,9 +250,9 @@ class TargetModel:
         self.cache = TreeCache(self.model.config, capacity)
         self._mask_buffer = None  # sized for this sequence at the first tree
         # No explicit mask: the model's own causal masking (flash/SDPA's causal kernels where it has them).
-        logits, features = self._forward(tokens, torch.arange(n, device=device), None, False)
+        logits, features = self._forward(tokens[None], torch.arange(n, device=device)[None], None, 1)
         self.committed = n
-        return logits[-1], features
+        return logits[0, -1], features[0]
 
     @torch.inference_mode()
     def score_tree(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +271,8 @@ class TargetModel:
             plan = exact_plan(self.committed, depths, tree.ancestors.to(self.devices.inputs), tree.levels)
         positions = self.committed + depths
         mask = None if plan is not None else self._mask(positions, tree.ancestors)
-        return self._forward(tree.tokens, positions, mask, True, plan)
+        logits, features = self._forward(tree.tokens[None], positions[None], mask, 0, plan)
+        return logits[0], features[0]
 
     def keep_path(self, path: list[int], index: torch.Tensor | None = None) -> None:
         """After `score_tree`: commit the nodes of `path` (tree indices, root first) to the sequence.
@@ -276,6 +282,81 @@ class TargetModel:
         else:
             self.cache.keep(self.committed, index if index is not None else torch.tensor(path, dtype=torch.long))
         self.committed += len(path)
+
+    # --- batched decoding: B sequences of different lengths in one cache (`eagle.rows`) ---------------
+
+    def check_batching(self) -> None:
+        """Raise a ValueError naming the setting if this adapter cannot decode a batch."""
+        if self.static:
+            raise ValueError("batched decoding runs on the dynamic cache: create the generator with static=False "
+                             "(static shapes and compile are batch-1 only for now)")
+        if self.exact_attention:
+            raise ValueError("batched decoding does not run exact attention yet: pass exact_attention=False "
+                             "(model.exact_attention=false) or decode in float32, where verification reproduces "
+                             "plain decoding without it")
+
+    @torch.inference_mode()
+    def prefill_rows(self, prompts: list[torch.Tensor], capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start B sequences, one per prompt [T_b], in one forward (right-padded: under the causal mask
+        padding after a prompt changes nothing of it). capacity: cache entries per row.
+        Returns (logits at each prompt's last token [B, V], features [B, max T_b, F])."""
+        self.check_batching()
+        device, lengths = self.devices.inputs, [len(p) for p in prompts]
+        tokens = pad_sequence([p.to(device) for p in prompts], batch_first=True)
+        self.cache = TreeCache(self.model.config, capacity)
+        self.rows = RowLengths.of(lengths, device)
+        last = self.rows.device - 1
+        keep = torch.tensor(sorted(set(lengths)), device=device) - 1  # the last positions, each logits row once
+        positions = torch.arange(max(lengths), device=device).expand_as(tokens)
+        logits, features = self._forward(tokens, positions, None, keep)
+        which = torch.searchsorted(keep, last)  # each row's last position among `keep`
+        return logits[torch.arange(len(prompts), device=device), which.to(logits.device)], features
+
+    def _row_mask(self, positions: torch.Tensor, ancestors: torch.Tensor, start: int):
+        """Additive mask [B, 1, q, start + q] of each row's queries at `positions` [B, q] over the cache's
+        first `start` columns (row b sees its first rows[b]) and the new block (ancestors [B, q, q])."""
+        b, q = positions.shape
+        device = self.devices.inputs
+        allowed = torch.cat([self.rows.prefix_visible(start)[:, None, :].expand(b, q, start), ancestors.to(device)], 2)
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros(ok.shape, dtype=self.dtype, device=device)
+            return mask.masked_fill_(~ok, torch.finfo(self.dtype).min)[:, None]
+
+        if self.sliding_window is None:
+            return additive(allowed)
+        key_positions = torch.cat([torch.arange(start, device=device).expand(b, start), positions], dim=1)
+        windowed = allowed & (positions[:, :, None] - key_positions[:, None, :] < self.sliding_window)
+        if self.mask_by_type:
+            return {"full_attention": additive(allowed), "sliding_attention": additive(windowed)}
+        return additive(windowed)
+
+    @torch.inference_mode()
+    def score_rows(self, forest: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """`score_tree` for a forest of B trees (`DraftTree.forest`), row b's tree after row b's sequence,
+        in one forward. Returns (logits [B n, V] float32, features [B n, F]), nodes in forest order."""
+        start = self.rows.write_at
+        self.cache.truncate(start)
+        device = self.devices.inputs
+        positions = self.rows.device[:, None] + forest.by_row(forest.depths).to(device)
+        mask = self._row_mask(positions, forest.row_ancestors, start)
+        logits, features = self._forward(forest.by_row(forest.tokens), positions, mask, 0)
+        return logits.flatten(0, 1), features.flatten(0, 1)
+
+    def keep_rows(self, paths: torch.Tensor, counts: list[int], counts_device: torch.Tensor) -> None:
+        """After `score_rows`: row b commits its tree's nodes paths[b, :counts[b]] (tree-local indices, root
+        first; [B, m] on the device, padded by repeating the last)."""
+        start = self.rows.write_at
+        put = kept_columns(self.rows.device, counts_device.to(self.rows.device.device), paths.shape[1])
+        self.cache.keep_rows(put, start + paths.to(put.device))
+        self.rows.advance(counts, counts_device)
+        self.cache.truncate(self.rows.write_at)
+
+    def select_rows(self, rows: list[int], rows_device: torch.Tensor) -> None:
+        """Keep only these sequences of the batch (finished ones leave)."""
+        self.cache.select_rows(rows_device)
+        self.rows.select(rows, rows_device)
+        self.cache.truncate(self.rows.write_at)
 
     @torch.inference_mode()
     def decode(self, token: int) -> torch.Tensor:
