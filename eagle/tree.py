@@ -503,27 +503,62 @@ def sample_tree(head: DraftHead, root_token: torch.Tensor, hidden: torch.Tensor,
     The tree keeps q of every node with children, over target ids (`DraftTree.draft_probs`), for the
     strict trial (`mars.rejection`). Leaves the head's tentative cache rolled back; reads nothing.
     """
-    topology, device = shape.topology, logprobs.device
-    if topology.size == 1:
+    if shape.topology.size == 1:
         return DraftTree.root_only(root_token)
-    n, vocab = topology.size, head.config.vocab_size
+
+    def propose(node_hidden, tokens, depth, mask):  # one tree: the head's own calls, a batch of one around them
+        out, lp = head.propose(node_hidden[0], tokens[0], depth, mask)
+        return out[None], lp[None]
+
+    tokens, scores, draft = _draw(head, propose, root_token.reshape(1), hidden[None], logprobs[None], shape, process,
+                                  generator)
+    topology = shape.topology
+    return DraftTree(tokens[0], shape.parents, shape.depths, scores[0], topology.levels, draft[0], topology.width)
+
+
+@torch.inference_mode()
+def sample_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+                 shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
+                 generator: torch.Generator | None = None) -> DraftTree:
+    """`sample_tree` for B sequences at once (batched decoding): one tree of `shape` per row below
+    roots [B], every row drafted by the same head calls (`DraftHead.propose_rows`), as a forest
+    (`DraftTree.forest`). hidden [B, H], logprobs [B, V_d]: each row's head output at its last
+    committed position. Each row's children are drawn from its own q, independently of the other rows."""
+    b, topology = roots.shape[0], shape.topology
+    if topology.size == 1:
+        zero = torch.zeros(b, 1, dtype=torch.long, device=roots.device)
+        return DraftTree.forest(roots[:, None], zero - 1, zero, zero.float(), 0)
+    tokens, scores, draft = _draw(head, head.propose_rows, roots, hidden, logprobs, shape, process, generator)
+    return DraftTree.forest(tokens, shape.parents.expand(b, -1), shape.depths.expand(b, -1), scores,
+                            topology.levels, draft, topology.width)
+
+
+def _draw(head: DraftHead, propose: Callable, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+          shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
+          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draws of `sample_tree` / `sample_trees` for rows [B]: (tokens [B, n], scores [B, n], q over target
+    ids [B, n, V]). propose(hidden [B, kf, H], tokens [B, kf], depth, mask [kf, t + kf]) -> ([B, kf, H],
+    [B, kf, V_d]): the head's tentative level for every row."""
+    topology, device = shape.topology, logprobs.device
+    b, n, vocab = roots.shape[0], topology.size, head.config.vocab_size
     to_target = head.to_target_ids(torch.arange(logprobs.shape[-1], device=device))
-    tokens = torch.cat([root_token.reshape(1), root_token.new_zeros(n - 1)])
-    scores = torch.zeros(n, device=device)
-    draft = torch.zeros(n, vocab, device=device)
-    node_hidden = hidden[None].expand(n, -1).clone()  # the head output that predicted each node's children
+    tokens = torch.cat([roots[:, None], roots.new_zeros(b, n - 1)], dim=1)
+    scores = torch.zeros(b, n, device=device)
+    draft = torch.zeros(b, n, vocab, device=device)
+    node_hidden = hidden[:, None].expand(b, n, -1).clone()  # the head output that predicted each node's children
     for d, level in enumerate(shape.levels, start=1):
         if level.feed is None:  # the root's children: the head's prediction at the committed position
-            parent_nodes, out_hidden, parents_lp = shape.parents[:1].clamp(min=0), hidden[None], logprobs[None]
+            parent_nodes, out_hidden, parents_lp = shape.parents[:1].clamp(min=0), hidden[:, None], logprobs[:, None]
         else:
             parent_nodes = level.feed
-            out_hidden, parents_lp = head.propose(node_hidden[parent_nodes], tokens[parent_nodes], d - 1, level.mask)
-        q = process(parents_lp.float()).softmax(dim=-1)  # [kf, V_d]
-        drawn = gumbel_top(q, level.draws, generator)  # [kf, draws], in draw order
-        ids = drawn[level.row, level.rank]  # [m] draft ids of this level's nodes
-        draft[parent_nodes] = q.new_zeros(q.shape[0], vocab).index_copy_(1, to_target, q)
-        tokens[level.nodes] = to_target[ids]
-        scores[level.nodes] = scores[parent_nodes[level.row]] + q[level.row, ids].log()
-        node_hidden[level.nodes] = out_hidden[level.row]
+            out_hidden, parents_lp = propose(node_hidden[:, parent_nodes], tokens[:, parent_nodes], d - 1, level.mask)
+        q = process(parents_lp.float()).softmax(dim=-1)  # [B, kf, V_d]
+        drawn = gumbel_top(q.flatten(0, 1), level.draws, generator).view(b, -1, level.draws)  # in draw order
+        ids = drawn[:, level.row, level.rank]  # [B, m] draft ids of this level's nodes
+        draft[:, parent_nodes] = q.new_zeros(b, q.shape[1], vocab).index_copy_(2, to_target, q)
+        tokens[:, level.nodes] = to_target[ids]
+        chosen = q[:, level.row].gather(2, ids[..., None])[..., 0]  # [B, m] q of each drawn child
+        scores[:, level.nodes] = scores[:, parent_nodes[level.row]] + chosen.log()
+        node_hidden[:, level.nodes] = out_hidden[:, level.row]
     head.rollback()
-    return DraftTree(tokens, shape.parents, shape.depths, scores, topology.levels, draft, topology.width)
+    return tokens, scores, draft

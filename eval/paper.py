@@ -126,10 +126,11 @@ def _print_plan(exp: Experiment, cmds: Sequence[Command], jobs: Sequence[Job], r
         print(f"# command {n}/{len(cmds)} ({where}; baselines {', '.join(cmd.baselines)}):")
         print(shlex.join(cmd.argv()))
     print(f"# {len(jobs)} jobs (each also answers its command's baselines, shared between jobs):")
-    print(f"#   {'job':>4}  {'model':<13} {'bench':<10} {'method':<10} {'param':<6} {'depth':<6} sampling")
+    print(f"#   {'job':>4}  {'model':<13} {'bench':<10} {'method':<10} {'param':<6} {'depth':<6} {'batch':<6} "
+          "sampling")
     for n, job in enumerate(jobs, 1):
         print(f"#   {n:>4}  {job.model:<13} {job.bench:<10} {job.method:<10} {job.value:<6} {job.depth:<6} "
-              f"{job.sampling}")
+              f"{job.batch:<6} {job.sampling}")
     print("# report:")
     print(shlex.join(report))
 

@@ -4,7 +4,8 @@ Modules: `mars.adapter` (the target model adapter, by role: its forward, static 
 graphs and torch.compile, caches, attention routing, exact attention), `mars.sampling` (settings,
 logits processing), `mars.rules` (verification rules: strict, MARS and the relaxed-acceptance zoo,
 one file each), `mars.verify` (acceptance under any rule), `mars.cost` (the exact distribution a
-rule emits), `mars.stats` (verification statistics), `mars.generate` (the decoding loop).
+rule emits), `mars.stats` (verification statistics), `mars.generate` (the decoding loop), `mars.batch`
+(its batched form: many prompts at once), `mars.output` (what a call returns, phase timing).
 """
 
 from mars.generate import GenerationOutput, SpeculativeGenerator

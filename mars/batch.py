@@ -1,7 +1,8 @@
 """Batched speculative decoding: B prompts decoded together, each accepting a different number of tokens.
 
     prefill B prompts (one forward, right-padded) -> each row's first token
-    repeat:  forest  = grow_trees(head, roots)            # one EAGLE-2 tree per row, same size (eagle.tree)
+    repeat:  forest  = grow_trees(head, roots)            # one EAGLE-2 tree per row, same size (eagle.tree),
+                       or sample_trees(head, roots)       #   or sampled children in one fixed shape (T > 0)
              logits  = target.score_rows(forest)          # one forward: row b's tree after row b's prefix
              verdicts = accept_rows(process(logits), ...)  # per row, any rule, one read for the batch
              row b emits its accepted tokens + its next token; target.keep_rows(paths)
@@ -19,13 +20,14 @@ Latency: each row's `GenerationOutput.seconds` is the time from the batch's star
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from eagle.tree import DraftTree, grow_trees
+from eagle.tree import DraftTree, grow_trees, sample_trees, sampled_shape
 from mars.output import PhaseClock
 from mars.sampling import SamplingConfig, process_logits
 from mars.verify import accept_rows
@@ -78,6 +80,13 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
     if max_new_tokens == 0:
         return
     clock = PhaseClock(outputs[0].phase_seconds, target.all_devices | {head.device}, gen.profile)  # the batch's
+    sampled = gen.samples_drafts(cfg)
+    # As `SpeculativeGenerator.generate`: each depth's sampled shape laid out once, the caller's RNG drafts
+    # where it lives on the head's device.
+    shapes = {d: sampled_shape(gen.topology(d), head.device) for d in range(gen.depth + 1)} if sampled else {}
+    process = functools.partial(process_logits, cfg=cfg)
+    draft_rng = generator if generator is not None and torch.device(generator.device).type == head.device.type \
+        else None
     logits, features = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + gen.total_tokens + 1)
     roots = next_tokens(process_logits(logits, cfg), cfg, generator).to(head.device)
     for row, token in enumerate(roots.tolist()):
@@ -101,7 +110,10 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
         if depth > 0:
             hidden, logprobs = head.extend_rows(*pending)
             clock.lap("catch_up")
-        forest = grow_trees(head, roots, hidden, logprobs, depth, gen.branching, gen.total_tokens)
+        if sampled:
+            forest = sample_trees(head, roots, hidden, logprobs, shapes[depth], process, draft_rng)
+        else:
+            forest = grow_trees(head, roots, hidden, logprobs, depth, gen.branching, gen.total_tokens)
         clock.lap("draft")
         logits, features = target.score_rows(forest)
         clock.lap("tree_forward")

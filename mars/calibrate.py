@@ -73,6 +73,11 @@ def tree_candidates(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, .
     return SAMPLED_CANDIDATES if drafting == "sample" else CANDIDATES + SAMPLED_CANDIDATES
 
 
+def batchable(tree: TreeShape) -> bool:
+    """Whether batched decoding can draft this tree: fixed trees (no adaptive tree, for now)."""
+    return not tree.adaptive
+
+
 def fixed_candidates(tree: TreeShape, sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
     """A configured tree's shape in the drafting modes a run may use (both, for "auto" when sampling)."""
     topk = replace(tree, drafting="topk")
@@ -157,40 +162,64 @@ def use_tree(gen: SpeculativeGenerator, tree: TreeShape) -> None:
     gen.adaptive, gen.drafting = tree.adaptive, tree.drafting
 
 
+def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tensor]]:
+    """The prompts in groups of `batch` (1: one each); too few prompts for a whole group are cycled."""
+    if batch == 1:
+        return [[p] for p in prompts]
+    count = max(len(prompts), batch)
+    cycled = [prompts[i % len(prompts)] for i in range(count - count % batch)]
+    return [cycled[i: i + batch] for i in range(0, len(cycled), batch)]
+
+
+def decode(gen: SpeculativeGenerator, plain: bool, group: list[torch.Tensor], sampling: SamplingConfig,
+           max_new_tokens: int, rng: torch.Generator | None) -> tuple[list[list[int]], float]:
+    """Each prompt's tokens and the call's seconds: plain decoding or strict speculation of one prompt
+    (`vanilla` / `generate`), or of a batch of them at once (`vanilla_batch` / `generate_batch`)."""
+    if len(group) == 1:
+        out = (gen.vanilla if plain else gen.generate)(group[0], sampling, max_new_tokens=max_new_tokens,
+                                                       generator=rng)
+        return [out.tokens], out.seconds
+    outs = (gen.vanilla_batch if plain else gen.generate_batch)(group, sampling, max_new_tokens=max_new_tokens,
+                                                                generator=rng)
+    return [o.tokens for o in outs], max(o.seconds for o in outs)
+
+
 @torch.inference_mode()
 def time_runs(gens: dict[str, SpeculativeGenerator], prompts: list[torch.Tensor], sampling: SamplingConfig,
               trees: tuple[TreeShape, ...], max_new_tokens: int, rounds: int = 1,
-              check: bool = False) -> dict[str, dict]:
+              check: bool = False, batch: int = 1) -> dict[str, dict]:
     """Tokens/s of plain decoding and of strict speculation at each tree, for each generator,
-    interleaved prompt by prompt. check: also whether strict greedy output (at the first tree) equals
-    plain greedy output on every prompt (checked greedily when `sampling` samples).
+    interleaved prompt by prompt (`batch` > 1: batch by batch, the throughput of the whole batch).
+    check: also whether strict greedy output (at the first tree) equals plain greedy output on every
+    prompt (checked greedily when `sampling` samples).
     Returns {name: {"plain": tok/s, "trees": {label: tok/s}, "identical": bool (with check)}}."""
     runs = ("plain", *(t.label for t in trees))
     tokens = {(name, run): 0 for name in gens for run in runs}
     seconds = dict.fromkeys(tokens, 0.0)
     identical = dict.fromkeys(gens, True)
+    greedy = SamplingConfig()
     for r in range(rounds):
-        for i, prompt in enumerate(prompts):
+        for i, group in enumerate(batches_of(prompts, batch)):
             for name, gen in gens.items():
                 seed = r * 997 + i
                 rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-                out = gen.vanilla(prompt, sampling, max_new_tokens=max_new_tokens, generator=rng)
-                tokens[name, "plain"] += len(out.tokens)
-                seconds[name, "plain"] += out.seconds
-                plain, first = out.tokens, None
+                plain, took = decode(gen, True, group, sampling, max_new_tokens, rng)
+                tokens[name, "plain"] += sum(map(len, plain))
+                seconds[name, "plain"] += took
+                first = None
                 for tree in trees:
                     use_tree(gen, tree)
                     if rng is not None:
                         rng.manual_seed(seed)
-                    out = gen.generate(prompt, sampling, max_new_tokens=max_new_tokens, generator=rng)
-                    tokens[name, tree.label] += len(out.tokens)
-                    seconds[name, tree.label] += out.seconds
-                    first = first or out.tokens
+                    out, took = decode(gen, False, group, sampling, max_new_tokens, rng)
+                    tokens[name, tree.label] += sum(map(len, out))
+                    seconds[name, tree.label] += took
+                    first = first or out
                 if check and r == 0:
                     if not sampling.greedy:
                         use_tree(gen, trees[0])
-                        plain = gen.vanilla(prompt, max_new_tokens=max_new_tokens).tokens
-                        first = gen.generate(prompt, max_new_tokens=max_new_tokens).tokens
+                        plain = decode(gen, True, group, greedy, max_new_tokens, None)[0]
+                        first = decode(gen, False, group, greedy, max_new_tokens, None)[0]
                     identical[name] &= first == plain
     result = {}
     for name in gens:
@@ -209,7 +238,7 @@ def _dtypes(kernels: list[Kernels]) -> list[str]:
 def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], sampling: SamplingConfig,
               trees: tuple[TreeShape, ...] | None = CANDIDATES, fixed_tree: TreeShape | None = None,
               max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print,
-              drafting: str = "auto") -> dict:
+              drafting: str = "auto", batch: int = 1) -> dict:
     """The fastest kernels of `kernels` and tree of `trees` here (see the module docstring).
 
     load(dtype name) gives the target and its draft head in that precision. trees=None: the tree is
@@ -218,10 +247,19 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     {"kernels": Kernels fields, "tree": TreeShape fields, "kernel_candidates": {label: {"plain", "trees",
     "identical"}}, "tokens_per_s": each tree's and plain decoding's with the chosen kernels,
     "speedup_over_plain", "fastest_plain": {"kernels", "tokens_per_s"}, "cache", "cached", ...}.
-    cache_dir: default `default_cache()`.
+    cache_dir: default `default_cache()`. batch: the batch size the run decodes at (`generate_batch`):
+    every candidate is timed on batches of that many prompts (the best tree shrinks as the batch grows:
+    verification multiplies batch x tree rows).
     """
     if not kernels:
         raise ValueError("no kernel candidates to calibrate")
+    if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.generate_batch`)
+        kernels = list(dict.fromkeys(replace(k, exact_attention=False) for k in kernels))
+        if trees:
+            trees = tuple(t for t in trees if batchable(t)) or (TreeShape(6, 6, 1),)
+        if fixed_tree is not None and not batchable(fixed_tree):
+            raise ValueError(f"tree {fixed_tree.label} cannot decode a batch: batched decoding drafts fixed "
+                             "trees (no adaptive tree)")
     if trees is None and fixed_tree is None:
         raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
     sampled = not sampling.greedy
@@ -238,7 +276,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     first = models(kernels[0].dtype)
     key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
            "trees": [t.label for t in trees] if trees else None, "fixed_tree": fixed_tree and fixed_tree.label,
-           "drafting": drafting,
+           "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
            "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
@@ -247,6 +285,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in _dtypes(kernels)))
     probes = tuple(dict.fromkeys(probe_trees(sampled, drafting) if trees
                                  else fixed_candidates(fixed_tree, sampled, drafting)))
+    if batch > 1:
+        probes = tuple(t for t in probes if batchable(t)) or (TreeShape(6, 6, 1),)
     log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
         f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
         f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "
@@ -263,16 +303,18 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
                     group = [k for k in kernels if k.dtype == dtype]
                     gens = stack.enter_context(generators(*models(dtype), group, probes[0]))
                     named.update({k.label: gens[k] for k in group})
-                time_runs(named, prompts[:1], sampling, probes, 16)  # warm-up: allocation, packing, kernel choice
-                measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True))
+                # warm-up: allocation, packing, kernel choice
+                time_runs(named, prompts[:batch], sampling, probes, 16, batch=batch)
+                measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True,
+                                          batch=batch))
     exact = [k for k in kernels if k.label not in measured or measured[k.label]["identical"]]
     best = max(exact or kernels, key=lambda k: max(measured[k.label]["trees"].values()) if measured else 0)
     if trees:
         target, head = models(best.dtype)
         with generators(target, head, [best], trees[0]) as gens:
             named = {best.label: gens[best]}
-            time_runs(named, prompts[:1], sampling, trees, 16)
-            speeds = time_runs(named, prompts, sampling, trees, max_new_tokens, rounds)[best.label]
+            time_runs(named, prompts[:batch], sampling, trees, 16, batch=batch)
+            speeds = time_runs(named, prompts, sampling, trees, max_new_tokens, rounds, batch=batch)[best.label]
         shape = max(trees, key=lambda t: speeds["trees"][t.label])
     else:
         speeds = measured[best.label]
@@ -290,6 +332,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
               "speedup_over_plain": round(speeds["trees"][shape.label] / speeds["plain"], 3),
               "fastest_plain": {"kernels": fastest_plain, "tokens_per_s": round(plains[fastest_plain], 2)},
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds, "sampled": sampled,
+              "batch": batch,
               "machine": key["cpu"], "capability": key["capability"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -347,9 +347,6 @@ class SpeculativeGenerator:
         self._check_generator(generator)
         if self.adaptive:
             raise ValueError("batched decoding drafts fixed-size trees: create the generator with adaptive=False")
-        if loop is batch.generate_batch and self.drafting == "sample" and not cfg.greedy:
-            raise ValueError("batched decoding drafts top-k trees (sampled drafting is batch-1 for now): "
-                             "pass drafting='topk' or 'auto', or decode one prompt at a time")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         self.target.check_batching()
@@ -381,8 +378,9 @@ class SpeculativeGenerator:
         input_ids: the prompts, LongTensors [T] or [1, T] of any lengths. Takes the other arguments of
         `generate`. Returns one `GenerationOutput` per prompt, in order; its `seconds` is the time from
         the batch's start to that prompt's last token. Finished prompts leave the batch (their slots are
-        not refilled). Drafts are top-k trees (drafting "auto" at temperature > 0 included); strict
-        greedy output of every prompt equals its plain greedy decoding alone (float32; tested).
+        not refilled). Drafting as `generate` does it (`drafting`: sampled children at temperature > 0
+        by default), one tree per prompt; strict greedy output of every prompt equals its plain greedy
+        decoding alone (float32; tested), strict sampling is lossless per prompt.
         """
         return self._batched(batch.generate_batch, input_ids, sampling, max_new_tokens, eos_token_id, generator,
                              overrides)

@@ -11,9 +11,14 @@ the device it finds (CUDA if present, else CPU):
   - peak device memory (CUDA) or the process's peak RSS (CPU),
   - tokens/s of `model.generate`, our vanilla decoding, strict and MARS (greedy, interleaved per
     prompt), tau, and the share of prompts where strict equals vanilla token for token.
+With `--batch 1,8,32,64`, also per batch size B > 1 (`SpeculativeGenerator.generate_batch`, B prompts of
+lengths around `--prompt-len` decoded together): throughput of left-padded `model.generate`, our
+`vanilla_batch`, strict and MARS; tau; per-request latency (mean, p90); host syncs per cycle of the
+batch; and the share of rows where strict equals vanilla token for token.
 It prints a table and writes JSON. What it measured where is in the JSON's `device` and `note`.
 
     python scripts/gpu_check.py --shape llama31_8b --out gpu_check.json       # on a GPU
+    python scripts/gpu_check.py --shape llama31_8b --batch 1,8,32,64 --out gpu_check_batch.json
     python scripts/gpu_check.py --shape tiny --out /tmp/gpu_check.json        # anywhere (CI runs this)
 """
 
@@ -69,8 +74,43 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
+def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, tokens: int) -> dict:
+    """Batched decoding of `size` prompts (lengths prompt_len - 0..31) with `gen`, whose head is scripted."""
+    device = next(gen.target.model.parameters()).device
+    lengths = [max(1, prompt_len - (7 * i) % 32) for i in range(size)]
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(1000 + i)).to(device)
+               for i, n in enumerate(lengths)]
+    plain, t_vanilla = timed(lambda: gen.vanilla_batch(prompts, max_new_tokens=tokens))
+    gen.head.sequences = [p.tolist() + o.tokens for p, o in zip(prompts, plain, strict=True)]
+    width = max(lengths)
+    padded = torch.stack([torch.cat([p.new_zeros(width - len(p)), p]) for p in prompts])
+    mask = torch.stack([torch.cat([p.new_zeros(width - len(p)), torch.ones_like(p)]) for p in prompts])
+    _, t_generate = timed(lambda: gen.target.model.generate(padded, attention_mask=mask, do_sample=False,
+                                                            max_new_tokens=tokens, min_new_tokens=tokens,
+                                                            pad_token_id=0))
+    rate = {GENERATE: size * tokens / t_generate, VANILLA: sum(len(o.tokens) for o in plain) / t_vanilla}
+    latency, tau, syncs, equal = {}, {}, {}, 0
+    for rule in RULES_TIMED:
+        outs, t = timed(lambda rule=rule: gen.generate_batch(prompts, max_new_tokens=tokens, rule=rule))
+        rate[rule.display] = sum(len(o.tokens) for o in outs) / t
+        waits = sorted(o.seconds for o in outs)
+        latency[rule.display] = {"mean": round(sum(waits) / size, 4), "p90": round(waits[-(-9 * size // 10) - 1], 4)}
+        tau[rule.display] = round(sum(len(o.tokens) - 1 for o in outs) / sum(o.num_cycles for o in outs), 3)
+        if rule.lossless:
+            equal = sum(o.tokens == p.tokens for o, p in zip(outs, plain, strict=True))
+        with SyncCounter() as counter:
+            run = gen.generate_batch(prompts, max_new_tokens=tokens, rule=rule)
+        cycles = max(o.num_cycles for o in run)
+        syncs[rule.display] = {"per_cycle": round(counter.total / cycles, 2), "kinds": dict(counter.by_kind),
+                               "cycles": cycles}
+    return {"tokens_per_s": {k: round(v, 2) for k, v in rate.items()},
+            "speedup_vs_generate": {k: round(rate[k] / rate[GENERATE], 3) for k in tau},
+            "speedup_vs_vanilla": {k: round(rate[k] / rate[VANILLA], 3) for k in tau},
+            "tau": tau, "latency_s": latency, "syncs_per_cycle": syncs, "strict_equals_vanilla": f"{equal}/{size}"}
+
+
 def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, prompts: int, prompt_len: int,
-          tokens: int, tree: tuple[int, int, int]) -> dict:
+          tokens: int, tree: tuple[int, int, int], batches: tuple[int, ...] = ()) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[dtype_name] if dtype_name != "auto" else resolve_dtype("auto", device.type).dtype
     config_cls, values = SHAPES[shape]
@@ -111,6 +151,10 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
         profiled = gen.generate(ids, max_new_tokens=tokens)
         phases = {k: round(1e3 * v / profiled.num_cycles, 3) for k, v in profiled.phase_seconds.items()
                   if k != "prefill"}
+    batched = {}
+    if any(b > 1 for b in batches):  # batched decoding runs without exact attention (`mars.batch`)
+        with SpeculativeGenerator(target, head, *tree, exact_attention=False) as gen:
+            batched = {str(b): check_batch(gen, config, b, prompt_len, tokens) for b in batches if b > 1}
     rate = {k: produced[k] / seconds[k] for k in seconds}
     return {
         "shape": shape, "layers": config.num_hidden_layers, "dtype": str(dtype), "device": str(device),
@@ -122,6 +166,7 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
         "tau": {k: round((produced[k] - prompts) / cycles[k], 3) for k in cycles},
         "strict_equals_vanilla": f"{equal}/{prompts}",
         "syncs_per_cycle": syncs, "ms_per_cycle_by_phase": phases, "peak_memory": peak_memory(device),
+        **({"batches": batched} if batched else {}),
         "note": ("random weights and a synthetic draft: speed and syncs are real for these shapes, tau is set by "
                  "--acceptance, output text is meaningless"),
     }
@@ -138,13 +183,20 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--tree", default="60/6/10", help="total_tokens/depth/branching")
+    parser.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8,32,64 (B > 1: generate_batch)")
     parser.add_argument("--out", default="gpu_check.json")
     args = parser.parse_args()
     tree = tuple(int(x) for x in args.tree.split("/"))
     if len(tree) != 3:
         parser.error("--tree takes total_tokens/depth/branching, e.g. 60/6/10")
+    try:
+        batches = tuple(int(b) for b in args.batch.split(","))
+    except ValueError:
+        parser.error(f"--batch takes batch sizes separated by commas, e.g. 1,8,32,64, got {args.batch!r}")
+    if any(b < 1 for b in batches):
+        parser.error("--batch sizes must be >= 1")
     result = check(args.shape, args.layers, args.dtype, args.acceptance, args.prompts, args.prompt_len, args.tokens,
-                   tree)
+                   tree, batches)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -15,6 +16,8 @@ from eagle import Eagle3Head
 from eagle.scripted import ScriptedHead
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
+from mars.output import PhaseClock
+from mars.syncs import SyncCounter
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -196,3 +199,21 @@ def save_standin_pair(root, context: int = 2048):
     tok.save_pretrained(root / "target")
     save_draft(Eagle3Head.for_target(model.config, draft_vocab_size=128), root / "draft")
     return root
+
+
+def count_by_cycle(decode: Callable[[], object], monkeypatch) -> tuple[list[int], dict[str, int], object]:
+    """The syncs of each cycle of one decoding call `decode()`, all kinds seen, and what it returned. A
+    cycle runs from the end of the prefill or of the previous cycle's cache update to the end of its own
+    (the last cycle: to the end of the call); `PhaseClock.lap` marks these points, profiling or not."""
+    marks: list[int] = []
+    lap = PhaseClock.lap
+
+    def marking(clock, phase):
+        if phase in ("prefill", "cache_update"):
+            marks.append(syncs.total)
+        lap(clock, phase)
+
+    with monkeypatch.context() as patch, SyncCounter() as syncs:
+        patch.setattr(PhaseClock, "lap", marking)
+        out = decode()
+    return [b - a for a, b in zip(marks, [*marks[1:], syncs.total], strict=True)], dict(syncs.by_kind), out

@@ -3,8 +3,9 @@
 Rows of different prompt lengths accept different numbers of tokens per cycle and leave the batch at
 different times; strict greedy output of every row equals plain greedy decoding of its prompt alone,
 on every architecture; strict sampling emits each row's target distribution (chi-square over the rows
-of one batch); a rule at its never-relaxing parameters is strict draw for draw; the host reads and
-uploads once per cycle whatever the batch size.
+of one batch; end to end, with sampled and top-k drafts, in `tests/test_lossless.py`); a rule at its
+never-relaxing parameters is strict draw for draw; the host reads and uploads once per cycle whatever
+the batch size.
 """
 
 from __future__ import annotations
@@ -14,15 +15,22 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import OracleHead, chi_square_pvalue, emitted, hf_greedy, make_tree, random_prompt, tiny_model
+from helpers import (
+    OracleHead,
+    chi_square_pvalue,
+    count_by_cycle,
+    emitted,
+    hf_greedy,
+    make_tree,
+    random_prompt,
+    tiny_model,
+)
 from helpers import tree_outcome_distribution as outcome_distribution
 
 from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import RULES, SpeculativeGenerator
-from mars.output import PhaseClock
 from mars.sampling import SamplingConfig
-from mars.syncs import SyncCounter
 from mars.verify import accept_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -134,24 +142,6 @@ def test_strict_sampling_emits_each_rows_target_distribution():
         assert chi_square_pvalue(counts[b], outcome_distribution(processed[b], tree)) > 1e-3
 
 
-def cycles_syncs(gen, prompts, monkeypatch, **kwargs) -> tuple[list[int], dict]:
-    """Host reads and uploads per cycle of one batched generation (as `test_syncs.syncs_by_cycle`)."""
-    marks: list[int] = []
-    lap = PhaseClock.lap
-
-    def marking(clock, phase):
-        if phase in ("prefill", "cache_update"):
-            marks.append(syncs.total)
-        lap(clock, phase)
-
-    with monkeypatch.context() as patch, SyncCounter() as syncs:
-        patch.setattr(PhaseClock, "lap", marking)
-        outs = gen.generate_batch(prompts, max_new_tokens=32, **kwargs)
-    per_cycle = [b - a for a, b in zip(marks, [*marks[1:], syncs.total], strict=True)]
-    assert len(per_cycle) == max(o.num_cycles for o in outs) >= 8
-    return per_cycle, dict(syncs.by_kind)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, monkeypatch):
     model = tiny_model("llama")
@@ -160,8 +150,9 @@ def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, mon
         prompts = prompts_for(model, [3 + (5 * i) % 14 for i in range(batch)], seed=batch)
         gen = oracle_generator(model, prompts, 32)
         rng = torch.Generator().manual_seed(0) if temperature else None
-        per_cycle, kinds = cycles_syncs(gen, prompts, monkeypatch, rule="mars", temperature=temperature,
-                                        generator=rng)
+        per_cycle, kinds, outs = count_by_cycle(lambda gen=gen, prompts=prompts, rng=rng: gen.generate_batch(
+            prompts, max_new_tokens=32, rule="mars", temperature=temperature, generator=rng), monkeypatch)
+        assert len(per_cycle) == max(o.num_cycles for o in outs) >= 8
         assert max(per_cycle) <= 2, (batch, per_cycle, kinds)
         assert set(kinds) <= {"tolist", "upload"}, kinds
         seen[batch] = max(per_cycle)
@@ -175,8 +166,8 @@ def test_bad_batches_are_refused_with_the_fix():
         gen.generate_batch(torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"shape \[1, T\]"):
         gen.generate_batch([torch.ones(2, 4, dtype=torch.long)])
-    with pytest.raises(ValueError, match="drafting='topk'"):
-        SpeculativeGenerator(model, gen.head, drafting="sample").generate_batch(prompts_for(model), temperature=1.0)
+    with pytest.raises(ValueError, match="adaptive=False"):
+        SpeculativeGenerator(model, gen.head, adaptive=True).generate_batch(prompts_for(model))
     with pytest.raises(ValueError, match="static=False"):
         SpeculativeGenerator(model, gen.head, static=True).generate_batch(prompts_for(model))
     with pytest.raises(ValueError, match="exact_attention=False"):

@@ -33,6 +33,16 @@ def test_tiny_check_reports_syncs_phases_and_speed(dtype):
     assert set(result["tokens_per_s"]) == {"generate", "vanilla", "strict", "mars@0.9"}
 
 
+def test_tiny_batches_report_throughput_latency_and_syncs_per_batch_size():
+    result = load_script().check("tiny", None, "float32", 0.9, prompts=1, prompt_len=32, tokens=24, tree=(8, 4, 2),
+                                 batches=(1, 4))
+    four = result["batches"]["4"]
+    assert set(result["batches"]) == {"4"} and four["strict_equals_vanilla"] == "4/4"
+    assert all(s["per_cycle"] <= 2.5 for s in four["syncs_per_cycle"].values())  # per cycle of the whole batch
+    assert four["tau"]["strict"] > 2.0 and set(four["tokens_per_s"]) == {"generate", "vanilla", "strict", "mars@0.9"}
+    assert 0 < four["latency_s"]["strict"]["mean"] <= four["latency_s"]["strict"]["p90"]
+
+
 def test_help_names_what_it_measures_on_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--help"])
     with pytest.raises(SystemExit) as done:

@@ -210,3 +210,30 @@ def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
         for seq, c in samples.items():
             counts[tuple(seq[d] for d in dims)] += c
         assert chi_square_pvalue(counts, probs) > 0.01, (setting, dims)
+
+
+@pytest.mark.parametrize("policy", ["sampled tree", "top-k tree"])
+def test_generate_batch_strict_emits_the_target_distribution_in_every_row(e2e, policy):
+    """Batched (`generate_batch`, four rows of the same prompt per call, each an independent sample): the
+    first five tokens against the exact joint, pooled over the rows, each token and each adjacent pair."""
+    gen, logits = e2e
+    tree = dict(total_tokens=gen.total_tokens, depth=gen.depth, branching=gen.branching) | DRAFTS[policy]
+    gen = SpeculativeGenerator(gen.target.model, gen.head, **tree)
+    cfg = SamplingConfig(temperature=1.0)
+    joint = exact_joint(logits, cfg)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.tensor(E2E_PROMPT)] * 4
+    samples, accepted = Counter(), Counter()
+    for _ in range(2 * N_E2E // len(prompts)):
+        for out in gen.generate_batch(prompts, max_new_tokens=E2E_NEW, generator=generator, temperature=1.0):
+            samples[tuple(out.tokens)] += 1
+            accepted.update(out.accept_lengths)
+    assert accepted[1] > 100 and accepted[2] > 10  # drafts were accepted, deeper than one level
+    for dims in [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (2, 3), (3, 4)]:
+        exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
+        probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
+                                                exact.flatten().tolist(), strict=True)}
+        counts = Counter()
+        for seq, c in samples.items():
+            counts[tuple(seq[d] for d in dims)] += c
+        assert chi_square_pvalue(counts, probs) > 0.01, (policy, dims)

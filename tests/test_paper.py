@@ -27,10 +27,10 @@ CONFIGS = REPO_ROOT / "configs"
 SCRIPTS = REPO_ROOT / "scripts" / "paper"
 WRAPPERS = {"main_table.sh": "main", "main_table_t0.sh": "main_t0", "quality_table.sh": "quality",
             "theta_ablation.sh": "theta", "depth_ablation.sh": "depth", "temperature_sweep.sh": "temperature",
-            "rule_zoo.sh": "zoo"}
-JOB_LINE = re.compile(r"^#\s{3,}\d+\s+(.*)$")  # "#      3  qwen3_8b  humaneval  mars@0.88  0.88  7  t02 (T=0.2)"
+            "rule_zoo.sh": "zoo", "batch_sweep.sh": "batch"}
+JOB_LINE = re.compile(r"^#\s{3,}\d+\s+(.*)$")  # "#      3  qwen3_8b  humaneval  mars@0.88  0.88  7  1  t02 (T=0.2)"
 JOBS = {"main": 4 * 5, "main_t0": 4 * 5, "quality": 4 * 5, "theta": 8 * 2, "depth": 4, "temperature": 5 * 2,
-        "zoo": 4 * 2 * 2}
+        "zoo": 4 * 2 * 2, "batch": 2 * 2 * 2 * 4}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,20 +100,22 @@ def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
         seen = set()
         for overrides, printed in zip(expanded, jobs, strict=True):
             run = validate(compose("config", overrides=[o for o in overrides if not is_hydra(o)]))
-            model, bench, method, value, depth = printed[:5]
+            model, bench, method, value, depth, batch = printed[:6]
             assert (run.model.name, run.bench.name, run.method.name, run.method.kind) == (model, bench, method, kind)
             assert value == (f"{run.method.theta:g}" if exp.thetas else "-") and str(run.tree.depth) == depth
             assert (run.tree.total_tokens, run.tree.branching) == (49, 10)  # the paper preset's
             assert f"T={run.sampling.temperature:g}" in " ".join(printed[5:])
             assert run.out_dir == str(out / model / run.bench.name)
             assert (run.max_new_tokens, run.num_prompts, run.logging.group) == (1024, None, name)
+            assert run.batch_size == int(batch)
             temperature = run.sampling.temperature
             assert run.baselines == (zoo.baselines(temperature) if split else ["generate", "vanilla", "strict"])
-            seen.add((model, bench, value, depth, temperature))
+            seen.add((model, bench, value, depth, batch, temperature))
     assert len(seen) == JOBS[name]  # no job twice
     assert {m for m, *_ in seen} == set(exp.models) and {b for _, b, *_ in seen} == set(exp.benches)
     assert {float(t) for _, _, t, *_ in seen if t != "-"} == set(exp.thetas)
-    assert {int(d) for *_, d, _ in seen} == set(exp.depths or [TREES[exp.tree].depth])
+    assert {int(d) for *_, d, _, _ in seen} == set(exp.depths or [TREES[exp.tree].depth])
+    assert {int(b) for *_, b, _ in seen} == set(exp.batches or [1])
     assert {t for *_, t in seen} == set(exp.temperatures or [SAMPLINGS[exp.sampling].temperature])
 
 
@@ -136,7 +138,7 @@ def test_the_zoo_is_one_strict_job_per_temperature_with_every_rule_point_beside_
     t0, t1 = (next(o for o in run if o.startswith("baselines=")) for run in runs)
     assert ("sampling.temperature=0" in runs[0]) and ("sampling.temperature=1" in runs[1])
     assert '"topm@2[alpha=0.3]"' in t0 and "ears@0.1" in t1 and "ears" not in t0
-    assert [job[2:] for job in jobs] == [["strict", "-", "7", "T=0"]] * 2 + [["strict", "-", "7", "T=1"]] * 2
+    assert [job[2:] for job in jobs] == [["strict", "-", "7", "1", "T=0"]] * 2 + [["strict", "-", "7", "1", "T=1"]] * 2
     assert f"# command 2/2 (llama31_8b, T=1; baselines {', '.join(zoo.baselines(1.0))}):" in text
     assert report == ["python", "-m", "eval.zoo", str(tmp_path / "llama31_8b"), "--out", str(tmp_path / "report")]
 

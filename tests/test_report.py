@@ -377,3 +377,25 @@ def test_cost_cell_marks_bounds_only_when_sampling():
     assert cost_cell(entry) == "0.0125 / 0.0310"
     entry.temperature, entry.fig["argmax_mismatch"], entry.fig["cost_bound_tokens"] = 0.0, 0.25, 5
     assert cost_cell(entry).startswith("0.2500 / ")  # greedy costs are exact
+
+
+def test_a_batch_sweep_reports_each_batch_size_against_its_own_baselines_and_plots_it(tmp_path):
+    """Runs of one model × bench × temperature at batch sizes 1, 4 and 16: each batch size's methods are
+    rows of their own (`strict[B=4]`), their ratios are to the plain decoding of the same batch size, and
+    the report draws throughput and speedup against the batch size."""
+    for size in (1, 4, 16):
+        summary = fake_summary("model-a", "humaneval", 0.0, ["generate", "vanilla", "strict", "mars@0.9"])
+        for fig in summary["methods"].values():
+            fig.update(batch_size=size, tokens_per_s=fig["tokens_per_s"] * size ** 0.5)
+        summary["settings"]["batch_size"] = size
+        write_run(tmp_path / "runs" / f"b{size}", summary)
+    entries = {e.method: e for e in merge_runs(load_runs([tmp_path / "runs"]))}
+    assert {"strict", "strict[B=4]", "vanilla[B=16]", "mars@0.9[B=16]"} <= set(entries)
+    for size in (4, 16):
+        strict, plains = entries[f"strict[B={size}]"], [entries[f"{m}[B={size}]"] for m in ("generate", "vanilla")]
+        fastest = max(p.value("tokens_per_s") for p in plains)
+        assert strict.value("speedup_vs_fastest") == pytest.approx(strict.value("tokens_per_s") / fastest)
+        assert entries[f"mars@0.9[B={size}]"].theta == 0.9
+    out = tmp_path / "report"
+    assert main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert png_size(out / "batch_model-a_humaneval_T0.png")[0] > 600

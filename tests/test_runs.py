@@ -405,3 +405,39 @@ def test_the_avx2_baseline_joins_only_where_the_cpu_has_more_than_avx2(standin, 
     for capability, joins in (("AVX2", False), ("AVX512", True)):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert ("generate@bfloat16+avx2" in directories(cfg)) is joins
+
+
+def test_a_batched_run_answers_as_one_at_a_time_does_in_directories_of_its_own(standin, tmp_path):
+    """batch_size=4: every method answers four questions at once (model.generate left-padded, vanilla_batch,
+    generate_batch), greedy answers equal the batch-1 run's for our own decoding, the directories are the
+    batched run's own, and the summary gives throughput (wall_time: each answer's share of its batch),
+    per-request latency and the batch size; a rerun resumes with nothing left to answer."""
+    base = ["num_prompts=6", "max_new_tokens=12"]
+    one = run(config(standin, tmp_path / "one", *base))
+    cfg = config(standin, tmp_path / "batched", *base, "batch_size=4")
+    batched = run(cfg)
+    dirs, one_dirs = directories(cfg), directories(config(standin, tmp_path / "one", *base))
+    assert batched["settings"]["batch_size"] == 4 and one["settings"]["batch_size"] == 1
+    assert all(json.loads((d / "identity.json").read_text())["batch_size"] == 4 for d in dirs.values())
+    for m in ("vanilla", "strict"):
+        tokens = {r["question_id"]: r["eval"]["token_ids"] for r in answers(dirs[m], m)}
+        assert tokens == {r["question_id"]: r["eval"]["token_ids"] for r in answers(one_dirs[m], m)}, m
+        records = answers(dirs[m], m)
+        assert [r["eval"]["batch_size"] for r in records] == [4] * 4 + [2] * 2  # the last group has two
+        first = [r for r in records if r["question_id"] < 4]  # the first batch: shares add up to its wall time
+        assert sum(r["choices"][0]["wall_time"][0] for r in first) == pytest.approx(
+            max(r["eval"]["latency"][0] for r in first), rel=1e-3)
+    for m in METHODS:
+        fig = batched["methods"][m]
+        assert fig["batch_size"] == 4 and fig["questions"] == 6 and fig["latency_p90"] >= fig["latency_mean"] > 0
+    assert batched["methods"]["strict"]["identical_to_vanilla"] == 1.0
+    assert json.loads(json.dumps(run(cfg)["methods"]["strict"]))["questions"] == 6  # resumed: all answered
+    entries = {e.method for e in merge_runs(load_runs([tmp_path / "batched"]))}
+    assert {"strict[B=4]", "vanilla[B=4]"} <= entries
+
+
+def test_batched_runs_refuse_what_batched_decoding_does_not_do(standin, tmp_path):
+    for more, message in ((["batch_size=0"], "batch_size"), (["batch_size=2", "tree=adaptive"], "tree.adaptive"),
+                          (["batch_size=2", "model.static=true"], "model.static")):
+        with pytest.raises(ValueError, match=message):
+            validate(config(standin, tmp_path, *more))

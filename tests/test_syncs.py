@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 from accelerate.hooks import attach_align_device_hook_on_blocks
-from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
+from helpers import OracleHead, count_by_cycle, hf_greedy, random_prompt, tiny_model
 
 from eagle import Eagle3Head
 from eagle.tree import expand
 from mars import SpeculativeGenerator
 from mars.adaptive import AdaptiveTree, CycleCosts
-from mars.generate import GenerationOutput, PhaseClock
+from mars.generate import GenerationOutput
 from mars.rules import RULES
 from mars.syncs import SyncCounter
 
@@ -216,24 +216,12 @@ def split_placement(model):
 
 def syncs_by_cycle(gen: SpeculativeGenerator, prompt: torch.Tensor, monkeypatch, max_new_tokens: int = 64,
                    **kwargs) -> tuple[list[int], dict[str, int], GenerationOutput]:
-    """The syncs of each cycle of one generation, all kinds seen, and the output. A cycle runs from
-    the end of the prefill or of the previous cycle's cache update to the end of its own (the last
-    cycle: to the end of the call); `PhaseClock.lap` marks these points, profiling or not."""
-    marks: list[int] = []
-    lap = PhaseClock.lap
-
-    def marking(clock, phase):
-        if phase in ("prefill", "cache_update"):
-            marks.append(syncs.total)
-        lap(clock, phase)
-
+    """`count_by_cycle` of one `generate` call (seeded when sampling)."""
     rng = torch.Generator().manual_seed(0) if kwargs.get("temperature") else None
-    with monkeypatch.context() as patch, SyncCounter() as syncs:
-        patch.setattr(PhaseClock, "lap", marking)
-        out = gen.generate(prompt, max_new_tokens=max_new_tokens, generator=rng, **kwargs)
-    per_cycle = [b - a for a, b in zip(marks, [*marks[1:], syncs.total], strict=True)]
+    per_cycle, kinds, out = count_by_cycle(
+        lambda: gen.generate(prompt, max_new_tokens=max_new_tokens, generator=rng, **kwargs), monkeypatch)
     assert len(per_cycle) == out.num_cycles >= 8
-    return per_cycle, dict(syncs.by_kind), out
+    return per_cycle, kinds, out
 
 
 def path_generator(path: Path, model, prompt: torch.Tensor) -> SpeculativeGenerator:

@@ -177,6 +177,9 @@ class RunConfig:
     # run directory, shared by every job with the same settings (a θ sweep times vanilla once).
     baselines: list[str] = field(default_factory=lambda: [GENERATE, VANILLA, STRICT])
     max_new_tokens: int = 64  # per turn
+    # Questions decoded together (`SpeculativeGenerator.generate_batch`): each method answers a batch at once,
+    # every baseline too (model.generate left-padded, vanilla batched); the calibration times trees at it.
+    batch_size: int = 1
     num_prompts: int | None = 12  # the first N questions of the set; null = all
     shard: str | None = None  # "i/n": this job answers questions i, i+n, i+2n, ... (eval.report merges)
     seed: int = 0
@@ -236,6 +239,10 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
         raise ValueError("tree.adaptive sizes top-k trees from their draft scores, and a sampled tree's shape must not "
                          "depend on its draws: set tree.drafting=topk (or auto) with tree.adaptive=true")
     _positive("max_new_tokens", run.max_new_tokens)
+    _positive("batch_size", run.batch_size)
+    if run.batch_size > 1 and (run.model.static or tree.adaptive):
+        raise ValueError("batch_size > 1 decodes fixed-size trees on the dynamic cache: drop model.static and "
+                         "tree.adaptive, or set batch_size=1")
     if run.num_prompts is not None:
         _positive("num_prompts", run.num_prompts)
     if run.threads is not None:

@@ -46,6 +46,7 @@ class Experiment:
     temperatures: tuple[float, ...] = ()  # a sampling.temperature sweep on top of the preset
     tree: str = "paper"  # 49 nodes, depth 7, 10 children (the MARS scripts' 50 / 6 / 10)
     depths: tuple[int, ...] = ()  # a tree.depth sweep (total_tokens and branching as the preset)
+    batches: tuple[int, ...] = ()  # a batch_size sweep (requests decoded together, every baseline batched too)
     max_new_tokens: int = 1024
     gpus: str = ""  # what the default models need
 
@@ -58,7 +59,7 @@ class Experiment:
 
     def jobs_per_model(self) -> int:
         return (len(self.benches) * max(1, len(self.thetas)) * max(1, len(self.temperatures))
-                * max(1, len(self.depths)))
+                * max(1, len(self.depths)) * max(1, len(self.batches)))
 
     def num_jobs(self, models: Sequence[str] | None = None) -> int:
         return len(models or self.models) * self.jobs_per_model()
@@ -89,6 +90,12 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
         "temperature", "temperature sweep: strict and MARS θ=0.9 at T = 0, 0.2, 0.5, 0.8, 1.0 (Qwen3-8B)",
         ("qwen3_8b",), ("humaneval", "wmt19"), sampling="t0", temperatures=(0.0, 0.2, 0.5, 0.8, 1.0),
         gpus="one 40-80 GB GPU per job (Qwen3-8B, bf16)"),
+    Experiment(
+        "batch", "batching (not in the paper): throughput, latency and speedup over batched plain decoding of strict "
+        "and MARS θ = 0.8, 0.9 at batch sizes 1, 8, 32, 64, greedy (batched drafting is top-k: T=0 keeps batch 1 "
+        "comparable)",
+        ("llama31_8b", "qwen3_8b"), ("mt_bench", "gsm8k"), thetas=(0.8, 0.9), sampling="t0", batches=(1, 8, 32, 64),
+        gpus="one 40-80 GB GPU per job (8B in bf16: ~10 GB of KV cache at batch 64 x 1024 new tokens)"),
     Experiment(
         "zoo", "rule zoo: every verification rule over its parameter range (reporting.zoo.SWEEP) as baselines of one "
         "strict job per model × bench × temperature (T = 0, 1): speedup against KL per token / argmax mismatch "

@@ -1,7 +1,10 @@
 """Aggregation of answer records into per-method figures: speed, acceptance, relaxation, quality.
 
 Definitions (all pooled over the questions every method answered):
-  tokens_per_s             total new tokens / total generation wall time
+  tokens_per_s             total new tokens / total generation wall time (batched, batch_size > 1: each
+                           answer's wall_time is its share of its batch's, so this is the batch throughput)
+  latency_mean, latency_p90  per request (a turn): seconds from its start (batched: its batch's start, all
+                           requests of a batch submitted at once) to its last token; batch_size
   speedup                  tokens_per_s / our plain decoding's (vanilla) tokens_per_s
   speedup_vs_generate      tokens_per_s / transformers' model.generate's tokens_per_s (method "generate",
                            in the run's precision)
@@ -83,8 +86,12 @@ def method_figures(records: list[dict]) -> dict:
     phases = Counter()
     for r in records:
         phases.update(r["eval"].get("phase_seconds", {}))
+    latencies = sorted(x for r in records for x in r["eval"].get("latency", r["choices"][0]["wall_time"]))
     figures = {
         "questions": len(records),
+        "batch_size": max((r["eval"].get("batch_size", 1) for r in records), default=1),
+        "latency_mean": _mean(latencies),
+        "latency_p90": latencies[math.ceil(0.9 * len(latencies)) - 1] if latencies else None,
         "tokens": tokens,
         "seconds": round(seconds, 3),
         "tokens_per_s": tokens_per_s(tokens, seconds),

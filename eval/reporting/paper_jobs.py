@@ -107,6 +107,7 @@ def commands(exp: Experiment, models: Sequence[str], out: Path, launcher: str = 
                 f"baselines={zoo.hydra_list(baselines)}",
                 f"tree={exp.tree}",
                 *([f"tree.depth={','.join(map(str, exp.depths))}"] if exp.depths else []),
+                *([f"batch_size={','.join(map(str, exp.batches))}"] if exp.batches else []),
                 f"sampling={exp.sampling}",
                 *([f"sampling.temperature={','.join(f'{t:g}' for t in temps)}"] if exp.temperatures else []),
                 f"max_new_tokens={exp.max_new_tokens}",
@@ -141,6 +142,7 @@ class Job:
     depth: str
     sampling: str
     overrides: list[str]
+    batch: str = "1"
 
 
 def job_method(values: dict[str, str]) -> tuple[str, str]:
@@ -179,7 +181,7 @@ def expand(command: Command) -> list[Job]:
         else:
             sampling = f"{preset} (T={SAMPLINGS[preset].temperature:g})" if preset in SAMPLINGS else preset
         jobs.append(Job(values.get("model", command.model), values.get("bench", "?"), method, value, depth,
-                        sampling, list(overrides)))
+                        sampling, list(overrides), values.get("batch_size", "1")))
     return jobs
 
 

@@ -1,4 +1,5 @@
-"""The report's plots: speedup, τ and quality per benchmark, and speed against quality (matplotlib).
+"""The report's plots: speedup, τ and quality per benchmark, speed against quality, and throughput
+and speedup against the batch size where runs decoded at several (matplotlib).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from eval.config.methods import GENERATE, STRICT, VANILLA
-from eval.reporting.summaries import Entry, method_order
+from eval.reporting.summaries import Entry, batch_of, method_order
 
 
 def pyplot():
@@ -167,6 +168,36 @@ def plot_pareto(entries: list[Entry], out: Path, written: list[str], colors: dic
     _save(fig, out, f"pareto_{_slug(entries[0].model)}_T{entries[0].temperature:g}.png", written)
 
 
+def plot_batches(entries: list[Entry], out: Path, written: list[str], colors: dict) -> None:
+    """Throughput and speedup over the fastest batched plain decoding against the batch size, one line per
+    method, for each model × bench × temperature whose runs decoded at two batch sizes or more."""
+    groups: dict[tuple, dict[str, dict[int, Entry]]] = defaultdict(lambda: defaultdict(dict))
+    for e in entries:
+        base, size = batch_of(e.method)
+        groups[e.model, e.bench, e.temperature][base][size] = e
+    plt = pyplot()
+    for (model, bench, t), methods in sorted(groups.items()):
+        if len({size for sizes in methods.values() for size in sizes}) < 2:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        panels = [("tokens_per_s", "throughput (tokens/s over the batch)"),
+                  ("speedup_vs_fastest", "speedup over the fastest batched plain decoding (×)")]
+        for ax, (figure, label) in zip(axes, panels, strict=True):
+            for base, sizes in sorted(methods.items(), key=lambda kv: method_order(kv[0])):
+                points = sorted((size, e.value(figure)) for size, e in sizes.items() if e.value(figure) is not None)
+                if points:
+                    first = next(iter(sizes.values()))
+                    ax.plot(*zip(*points, strict=True), marker="o", label=base, color=colors.get(first.method))
+            ax.set_xscale("log", base=2)
+            ax.set(xlabel="batch size (requests decoded together)", ylabel=label, title=label)
+            if figure == "speedup_vs_fastest":
+                ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Batching — {model}, {bench}, temperature {t:g}")
+        fig.tight_layout()
+        _save(fig, out, f"batch_{_slug(model, bench)}_T{t:g}.png", written)
+
+
 def write_plots(entries: list[Entry], out: Path) -> list[str]:
     """Every plot into `out`; returns the file names written."""
     written: list[str] = []
@@ -182,4 +213,5 @@ def write_plots(entries: list[Entry], out: Path) -> list[str]:
         plot_group(group, out, written, colors)
     for model, t in sorted({(e.model, e.temperature) for e in entries}):
         plot_pareto([e for e in entries if (e.model, e.temperature) == (model, t)], out, written, colors)
+    plot_batches(entries, out, written, colors)
     return written

@@ -110,7 +110,7 @@ class Entry:
         if is_plain(self.method):
             return {}
         try:
-            spec = method_spec(self.method)
+            spec = method_spec(batch_of(self.method)[0])
         except ValueError:
             return {}
         return {"name": spec.kind, **spec.rule().params()}
@@ -126,8 +126,22 @@ class Entry:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def batched_name(method: str, fig: dict) -> str:
+    """How a report names a method's figures: as the run does at batch size 1, `<method>[B=<b>]` when the
+    run decoded b requests at a time (a batch sweep's points are rows of their own)."""
+    size = fig.get("batch_size") or 1
+    return method if size == 1 else f"{method}[B={size}]"
+
+
+def batch_of(method: str) -> tuple[str, int]:
+    """(the method, its batch size) of a report's method name (`batched_name`)."""
+    base, _, rest = method.partition("[B=")
+    return (base, int(rest.rstrip("]"))) if rest.rstrip("]").isdigit() else (method, 1)
+
+
 def is_plain(method: str) -> bool:
     """Plain decoding: transformers' model.generate (in the run's precision or `generate@<dtype>`) or vanilla."""
+    method = batch_of(method)[0]
     return method == VANILLA or method.partition("@")[0] == GENERATE
 
 
@@ -231,24 +245,27 @@ def _fill_category_ratios(group: dict[str, Entry]) -> None:
         same = {m: {c: dict(f) for c, f in o.fig["by_category"].items()} for m, o in group.items()
                 if o.fig.get("by_category") and set(o.run_dirs) == set(e.run_dirs)}
         category_speedups(same, VANILLA, [m for m in same if is_plain(m)])
-        e.fig["by_category"] = same[e.method]
+        e.fig["by_category"] = same[batch_of(e.method)[0]]
 
 
 def _fill_ratios(entries: list[Entry]) -> None:
+    """Ratios to the baselines of the same model, bench, temperature and batch size (`batched_name`)."""
     groups: dict[tuple, dict[str, Entry]] = defaultdict(dict)
     for e in entries:
-        groups[e.model, e.bench, e.temperature][e.method] = e
+        base, size = batch_of(e.method)
+        groups[e.model, e.bench, e.temperature, size][base] = e
     for group in groups.values():
         _fill_category_ratios(group)
     for e in entries:
-        group = groups[e.model, e.bench, e.temperature]
+        base, size = batch_of(e.method)
+        group = groups[e.model, e.bench, e.temperature, size]
         for name, (reference, figure) in RATIOS.items():
             if reference == FASTEST_PLAIN:
                 timed = [p for p in group.values() if is_plain(p.method) and p.value(figure) is not None]
-                reference = max(timed, key=lambda p: p.value(figure)).method if timed else reference
+                reference = batch_of(max(timed, key=lambda p: p.value(figure)).method)[0] if timed else reference
             ref = group.get(reference)
             num, den = e.value(figure), ref.value(figure) if ref else None
-            if e.method == reference:
+            if base == reference:
                 if num is not None:
                     e.fig[name] = 1.0  # the baseline's own row, as in the paper's tables
             elif num is not None and den:
@@ -268,7 +285,7 @@ def merge_runs(runs: Sequence[dict]) -> list[Entry]:
             # Jobs of a sweep share their baselines' run directories: each answers directory counts once
             # (from the summary that covers most of its questions).
             answers = str(fig.get("run_dir") or f"{run['run_dir']}#{method}")
-            key = str(s["model"]), str(s["bench"]), float(s["temperature"]), method
+            key = str(s["model"]), str(s["bench"]), float(s["temperature"]), batched_name(method, fig)
             seen = parts[key].get(answers)
             if seen is None or (fig.get("questions") or 0) > (seen[1].get("questions") or 0):
                 parts[key][answers] = (run, fig)

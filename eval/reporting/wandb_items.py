@@ -19,7 +19,8 @@ TAG_LIMIT = 64  # W&B rejects longer tags
 ARTIFACT_NAME_LIMIT = 128
 # Summary figures of the job's own method also written without the method prefix: one key per
 # figure across every run of a sweep, which is what W&B's run table and parallel plots compare.
-HEADLINE = ("speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "tokens_per_s", "relaxed_frac", "quality",
+HEADLINE = ("speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "tokens_per_s", "latency_p90",
+            "relaxed_frac", "quality",
             "quality_recovery", "quality_recovery_vs_vanilla",
             "tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # the relaxation's exact cost
 

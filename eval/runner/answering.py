@@ -17,7 +17,7 @@ from eval.benchmarks.questions import Question
 from eval.config.methods import GENERATE, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
 from eval.runner.directories import answer_path
-from eval.runner.plain import GenerateWorker, hf_generate
+from eval.runner.plain import GenerateWorker, hf_generate, hf_generate_batch
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
 from mars.adapter import context_length
@@ -39,6 +39,22 @@ def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: Sampling
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
     decode = gen.vanilla if method.kind == VANILLA else gen.generate
     return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
+
+
+def generate_batch(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
+                   max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> list[GenerationOutput]:
+    """`generate` for several prompts at once: `model.generate` left-padded, `vanilla_batch` or
+    `generate_batch` (`mars.batch`); one output per prompt, its `seconds` the time to its last token."""
+    if isinstance(plain_model, GenerateWorker):
+        return plain_model.answer_batch(batch, sampling, max_new_tokens, eos, seed)
+    if method.kind == GENERATE:
+        return hf_generate_batch(plain_model or gen.target.model, batch, sampling, max_new_tokens, eos, seed)
+    rng = None
+    if not sampling.greedy:
+        rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
+    decode = gen.vanilla_batch if method.kind == VANILLA else gen.generate_batch
+    return decode([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling, max_new_tokens=max_new_tokens,
+                  eos_token_id=eos, generator=rng)
 
 
 class Skip(Exception):
@@ -75,16 +91,43 @@ class Evaluator:
         self._loglik.clear()
 
     def answer(self, method: MethodConfig, sampling: SamplingConfig, question: Question, seed: int) -> dict:
-        texts, outs, extra = [], [], {"method": method.name, "token_ids": [], "max_new_tokens": [], "parses": [],
-                                      "loglik": [], "loglik_tokens": []}
-        for turn, prompt in enumerate(question.turns):
-            ids = encode(self.tokenizer, question, texts, self.fmt)
-            budget = self.budget(ids)
-            out = generate(self.gen, method, sampling, ids, budget, self.eos, seed + turn,
-                           self.plain_models.get(method.name))
-            text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
-            texts.append(text)
-            outs.append(out)
+        return self.answer_batch(method, sampling, [question], seed)[0]
+
+    def answer_batch(self, method: MethodConfig, sampling: SamplingConfig, questions: list[Question],
+                     seed: int) -> list[dict]:
+        """Every turn of each question; with several questions, turn by turn as one batch (`generate_batch`).
+
+        Batched, a turn's `wall_time` is the answer's share of its batch's wall time (by new tokens), so
+        that total tokens / total wall_time is the batch's throughput wherever speed is pooled; its
+        `latency` the time from the batch's start to the answer's last token."""
+        batched = len(questions) > 1
+        turns: list[list[tuple[list[int], int, GenerationOutput]]] = [[] for _ in questions]
+        texts: list[list[str]] = [[] for _ in questions]
+        shares: list[list[float]] = [[] for _ in questions]
+        for turn in range(max(len(q.turns) for q in questions)):
+            rows = [i for i, q in enumerate(questions) if turn < len(q.turns)]
+            ids = [encode(self.tokenizer, questions[i], texts[i], self.fmt) for i in rows]
+            budgets = [self.budget(x) for x in ids]
+            plain = self.plain_models.get(method.name)
+            if batched:
+                outs = generate_batch(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain)
+            else:
+                outs = [generate(self.gen, method, sampling, ids[0], budgets[0], self.eos, seed + turn, plain)]
+            wall = max(o.seconds for o in outs)
+            tokens = sum(len(o.tokens) for o in outs) or 1
+            for i, x, out in zip(rows, ids, outs, strict=True):
+                turns[i].append((x, min(budgets) if batched else budgets[0], out))
+                texts[i].append(self.tokenizer.decode(out.tokens, skip_special_tokens=True))
+                shares[i].append(wall * len(out.tokens) / tokens if batched else out.seconds)
+        return [self._record(method, q, texts[i], turns[i], shares[i], len(questions))
+                for i, q in enumerate(questions)]
+
+    def _record(self, method: MethodConfig, question: Question, texts: list[str],
+                turns: list[tuple[list[int], int, GenerationOutput]], wall: list[float], batch: int) -> dict:
+        """The answer record of one question's turns (ids, budget, output each)."""
+        extra = {"method": method.name, "token_ids": [], "max_new_tokens": [], "parses": [], "loglik": [],
+                 "loglik_tokens": []}
+        for (ids, budget, out), prompt, text in zip(turns, question.turns, texts, strict=False):
             extra["token_ids"].append(out.tokens)
             extra["max_new_tokens"].append(budget)
             extra["parses"].append(quality.parses(prompt, text, out.stopped_by == "eos")
@@ -92,6 +135,7 @@ class Evaluator:
             ll, n = self.loglik(ids, out.tokens) if "loglik" in self.figures else (None, 0)
             extra["loglik"].append(ll)
             extra["loglik_tokens"].append(n)
+        outs = [out for _, _, out in turns]
         stats = outs[0].stats
         for out in outs[1:]:
             stats.merge(out.stats)
@@ -99,9 +143,11 @@ class Evaluator:
         extra.update(accepted=[sum(o.accept_lengths) for o in outs], relaxed=[o.relaxed_tokens for o in outs],
                      stopped_by=[o.stopped_by for o in outs], verify=stats.to_json(),
                      phase_seconds={k: round(v, 6) for k, v in phases.items()})
+        if batch > 1:
+            extra.update(batch_size=batch, latency=[round(o.seconds, 6) for o in outs])
         return answer_record(question.question_id, f"{self.cfg.model.name}-{method.name}", texts,
                              [o.num_cycles for o in outs], [len(o.tokens) for o in outs],
-                             [round(o.seconds, 6) for o in outs], extra)
+                             [round(w, 6) for w in wall], extra)
 
 
 def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig],
@@ -116,35 +162,63 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
         return files[m.name].done(qid) or skipped[m.name].done(qid)
 
     todo = [(i, q) for i, q in questions if not all(done(m, q.question_id) for m in methods)]
+    size = config.batch_size
     if config.warmup and todo:  # first calls pay for allocation and kernel selection
         for m in methods:
             try:
-                ids = encode(evaluator.tokenizer, todo[0][1], [], evaluator.fmt)
-                generate(evaluator.gen, m, samplings[m.name], ids, min(16, evaluator.budget(ids)), evaluator.eos,
-                         config.seed, evaluator.plain_models.get(m.name))
+                ids = [encode(evaluator.tokenizer, q, [], evaluator.fmt) for _, q in todo[:size]]
+                budget = min(16, *(evaluator.budget(x) for x in ids))
+                plain = evaluator.plain_models.get(m.name)
+                if size > 1:
+                    generate_batch(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain)
+                else:
+                    generate(evaluator.gen, m, samplings[m.name], ids[0], budget, evaluator.eos, config.seed, plain)
             except Skip:
                 break
     speed = {m.name: [0, 0.0] for m in methods}
     answered: set[str] = set()
     names = ", ".join(m.name for m in methods)
-    bar = tqdm(todo, desc=f"{config.bench.name}: {names}", unit="q", dynamic_ncols=True, file=sys.stderr)
-    for n, (i, question) in enumerate(bar):
-        evaluator.start(question)
-        qid = question.question_id
-        for m in methods[i % len(methods):] + methods[: i % len(methods)]:  # i: the index in the whole set
-            if done(m, qid):
-                continue
-            try:
-                record = evaluator.answer(m, samplings[m.name], question, config.seed * 1_000_003 + i)
-            except Skip as reason:
-                skipped[m.name].append({"question_id": qid, "method": m.name, "reason": str(reason)})
+    # Batched (batch_size > 1): the questions in groups of that size, each method answering a group at once;
+    # each answer is appended when its group is done (a killed run loses at most the group in flight).
+    groups = [todo[k: k + size] for k in range(0, len(todo), size)]
+    bar = tqdm(total=len(todo), desc=f"{config.bench.name}: {names}", unit="q", dynamic_ncols=True, file=sys.stderr)
+    finished = 0
+    for group in groups:
+        i = group[0][0]  # the index of the group's first question in the whole set
+        for question in (q for _, q in group):
+            evaluator.start(question)
+        for m in methods[i % len(methods):] + methods[: i % len(methods)]:
+            pending = [(j, q) for j, q in group if not done(m, q.question_id)]
+            for record in answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003,
+                                       skipped[m.name]):
+                files[m.name].append(record)
+                tracker.log_question(m.name, record, finished + len(group), len(todo))
+                choice = record["choices"][0]
+                speed[m.name][0] += sum(choice["new_tokens"])
+                speed[m.name][1] += sum(choice["wall_time"])
+            if pending:
                 answered.add(m.name)
-                continue
-            files[m.name].append(record)
-            answered.add(m.name)
-            tracker.log_question(m.name, record, n + 1, len(todo))
-            choice = record["choices"][0]
-            speed[m.name][0] += sum(choice["new_tokens"])
-            speed[m.name][1] += sum(choice["wall_time"])
+        finished += len(group)
+        bar.update(len(group))
         bar.set_postfix({name: f"{t / s:.0f}t/s" for name, (t, s) in speed.items() if s})
+    bar.close()
     return answered
+
+
+def answer_group(evaluator: Evaluator, method: MethodConfig, sampling: SamplingConfig,
+                 pending: list[tuple[int, Question]], seed: int, skipped: AnswerFile) -> list[dict]:
+    """The answer records of `pending` (index in the whole set, question) by one method, as one batch
+    (or alone, for one question); a question that cannot be answered is recorded in `skipped`. Seeds:
+    `seed` + the first question's index (each question's own when alone)."""
+    if len(pending) > 1:
+        try:
+            return evaluator.answer_batch(method, sampling, [q for _, q in pending], seed + pending[0][0])
+        except Skip:
+            pass  # some question cannot be answered: answer them one by one to record which
+    records = []
+    for i, question in pending:
+        try:
+            records.append(evaluator.answer(method, sampling, question, seed + i))
+        except Skip as reason:
+            skipped.append({"question_id": question.question_id, "method": method.name, "reason": str(reason)})
+    return records

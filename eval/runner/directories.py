@@ -59,6 +59,8 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
+    if run.batch_size > 1:  # named only when batched: earlier run directories keep their names
+        identity["batch_size"] = run.batch_size
     if method.kind != GENERATE and m.static:  # named only when on: earlier run directories keep their names
         identity.update(static=True, compile=m.compile, max_cache_len=m.max_cache_len)
     if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe

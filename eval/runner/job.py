@@ -142,13 +142,16 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
     return {
         "model": m.name, "target": m.target, **resolved.record(), "dtype_requested": m.dtype.value,
         "tree_requested": plain(run.tree), "device": m.device_map or m.device, "bench": run.bench.name,
-        "questions": questions, "max_new_tokens": run.max_new_tokens, **plain(run.sampling),
+        "questions": questions, "max_new_tokens": run.max_new_tokens, "batch_size": run.batch_size,
+        **plain(run.sampling),
         "static": m.static, "compile": m.compile, "max_cache_len": m.max_cache_len,
         "prompt": plain(m.prompt), "method": plain(run.method),
         "methods": list(directories), "run_dirs": {name: str(d) for name, d in directories.items()},
         "seed": run.seed, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "shard": run.shard,
-        "order": "per question every method still to answer, order rotated by question"
+        "order": ("per question every method still to answer, order rotated by question" if run.batch_size == 1 else
+                  f"per group of {run.batch_size} questions every method still to answer, answering the group at "
+                  "once (wall_time: each answer's share of its batch's), order rotated by group")
                  + ("; warm-up run first" if run.warmup else ""),
         "speedup": "ratio of total tokens/s to vanilla's (speedup), to model.generate's in the run's precision "
                    "(speedup_vs_generate) and to the fastest plain decoding timed in the run, model.generate in "

@@ -29,30 +29,41 @@ from mars.sampling import SamplingConfig
 def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
                 seed: int) -> GenerationOutput:
     """Plain decoding with transformers' own `model.generate` and the same logits processing."""
+    return hf_generate_batch(model, [ids], sampling, max_new_tokens, eos, seed)[0]
+
+
+def hf_generate_batch(model, batch: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
+                      seed: int) -> list[GenerationOutput]:
+    """`model.generate` on several prompts at once, left-padded as transformers decodes a batch; each
+    prompt's tokens up to its EOS. Every row's `seconds` is the batch's: `generate` returns when the last
+    row ends. One prompt: no padding, exactly `model.generate` on it."""
     from transformers import GenerationConfig
 
     greedy = sampling.greedy
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else (eos[0] if eos else 0)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not greedy, eos_token_id=eos or None,
-        pad_token_id=model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None
-        else (eos[0] if eos else 0),
-        temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-        top_k=None if greedy else sampling.top_k,
+        pad_token_id=pad, temperature=None if greedy else sampling.temperature,
+        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
     )
     device = model.get_input_embeddings().weight.device
-    input_ids = torch.tensor([ids], device=device)
+    width = max(map(len, batch))
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
     torch.manual_seed(seed)  # generate samples from torch's global generator
     start = time.perf_counter()
     with torch.inference_mode(), frozen_heap():  # as our own decoding runs (`mars.generate`)
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+        out = model.generate(input_ids, attention_mask=mask, generation_config=config)
     seconds = time.perf_counter() - start
-    tokens = out[0, len(ids):].tolist()
-    stopped = next((i for i, t in enumerate(tokens) if t in eos), None)
-    if stopped is not None:
-        tokens = tokens[: stopped + 1]
-    return GenerationOutput(tokens=tokens, accept_lengths=[0] * max(len(tokens) - 1, 0),
-                            num_cycles=max(len(tokens) - 1, 0), seconds=seconds,
-                            stopped_by="eos" if stopped is not None else "length")
+    outputs = []
+    for row in out[:, width:].tolist():
+        stopped = next((i for i, t in enumerate(row) if t in eos), None)
+        tokens = row[: stopped + 1] if stopped is not None else row
+        outputs.append(GenerationOutput(tokens=tokens, accept_lengths=[0] * max(len(tokens) - 1, 0),
+                                        num_cycles=max(len(tokens) - 1, 0), seconds=seconds,
+                                        stopped_by="eos" if stopped is not None else "length"))
+    return outputs
 
 
 REPLY = "mars-generate-worker: "  # marks the worker's replies on its standard output
@@ -93,12 +104,17 @@ class GenerateWorker:
 
     def answer(self, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
                seed: int) -> GenerationOutput:
-        self._send({"ids": ids, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        return self.answer_batch([ids], sampling, max_new_tokens, eos, seed)[0]
+
+    def answer_batch(self, batch: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
+                     seed: int) -> list[GenerationOutput]:
+        """`hf_generate_batch` in the worker."""
+        self._send({"batch": batch, "temperature": sampling.temperature, "top_p": sampling.top_p,
                     "top_k": sampling.top_k, "max_new_tokens": max_new_tokens, "eos": eos, "seed": seed})
         done = self._receive()
-        n = len(done["tokens"])
-        return GenerationOutput(tokens=done["tokens"], accept_lengths=[0] * max(n - 1, 0), num_cycles=max(n - 1, 0),
-                                seconds=done["seconds"], stopped_by=done["stopped_by"])
+        return [GenerationOutput(tokens=row["tokens"], accept_lengths=[0] * max(len(row["tokens"]) - 1, 0),
+                                 num_cycles=max(len(row["tokens"]) - 1, 0), seconds=row["seconds"],
+                                 stopped_by=row["stopped_by"]) for row in done["rows"]]
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -123,9 +139,9 @@ def serve() -> None:
     for line in sys.stdin:
         job = json.loads(line)
         sampling = SamplingConfig(temperature=job["temperature"], top_p=job["top_p"], top_k=job["top_k"])
-        out = hf_generate(model, job["ids"], sampling, job["max_new_tokens"], job["eos"], job["seed"])
-        print(REPLY + json.dumps({"tokens": out.tokens, "seconds": out.seconds, "stopped_by": out.stopped_by}),
-              flush=True)
+        outs = hf_generate_batch(model, job["batch"], sampling, job["max_new_tokens"], job["eos"], job["seed"])
+        rows = [{"tokens": o.tokens, "seconds": o.seconds, "stopped_by": o.stopped_by} for o in outs]
+        print(REPLY + json.dumps({"rows": rows}), flush=True)
 
 
 if __name__ == "__main__":

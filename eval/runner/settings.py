@@ -72,7 +72,8 @@ def placement_of(run: RunConfig) -> Setting:
 def candidates(run: RunConfig) -> list[Kernels]:
     """The kernels this run may use, after its explicit settings and its mode (static, compile)."""
     m = run.model
-    exact = m.exact_attention if m.exact_attention is not None else (False if m.static else None)
+    batched = run.batch_size > 1  # batched decoding runs without exact attention (`mars.batch`)
+    exact = m.exact_attention if m.exact_attention is not None else (False if m.static or batched else None)
     prepack = m.prepack if m.prepack is not None else (False if m.compile is not None else None)
     parameters = None
     if on_cpu(run):  # whether a packed copy of the weights fits in memory
@@ -88,6 +89,9 @@ def exact_reason(run: RunConfig, kernels: Kernels) -> str:
         return "set explicitly"
     if m.static:
         return "auto: static shapes (exact attention gathers shapes that change from tree to tree)"
+    if run.batch_size > 1:
+        return (f"auto: batched decoding (batch_size={run.batch_size}) runs without it; only kernels whose "
+                "batched strict greedy output equals their batched plain decoding can be chosen")
     if needs_exact_attention(kernels.torch_dtype):
         return f"auto: {kernels.dtype} tree verification differs from plain decoding without it"
     return f"auto: {kernels.dtype} tree verification already reproduces plain decoding"
@@ -163,7 +167,7 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     if len(options) > 1 or run.tree.calibrate:
         record = calibrate(partial(load_pair, run, head), options, calibration_prompts(run, fmt), sampling,
-                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting)
+                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting, batch=run.batch_size)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
         kernels = options[0]

@@ -1,0 +1,152 @@
+"""Batched speculation against batched plain decoding, at several batch sizes: one interleaved run.
+
+For each batch size B the embedded default is resolved through the job's own resolver with
+`batch_size=B` (`eval.runner.settings.resolve_settings`: precision, kernels and tree timed on batches of
+B calibration prompts, cached), then the held-out prompts are decoded B at a time by every method, batch
+by batch, the methods in rotated order: `model.generate` left-padded in float32 and bf16 (and, on a CPU
+with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in a worker process,
+`eval.runner.plain`), our batched plain decoding (`vanilla_batch`), strict and MARS speculation
+(`generate_batch`). Strict's every row is checked against plain greedy decoding of its prompt alone
+(our `vanilla` at batch 1, in the precision B decodes in: the reference every B is held to). Greedy;
+EOS ignored: every request decodes `--tokens` tokens. All requests of a batch are submitted at once;
+a request's latency runs from its batch's start to its last token.
+
+    python scripts/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9]
+
+Writes {"machine", "capability", "prompts", "max_new_tokens", "batches": {B: {"settings", "tokens_per_s":
+{method: throughput}, "latency_p90": {method: s}, "latency_mean", "tau", "identical_to_alone": strict rows
+equal to decoding alone / prompts, "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_vanilla"}}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from eval.benchmarks import load_questions
+from eval.benchmarks.prompting import encode, prompt_format
+from eval.config.methods import plain
+from eval.config.paths import REPO_ROOT
+from eval.config.schema import validate
+from eval.runner.job import machine
+from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
+from eval.runner.plain import GenerateWorker, hf_generate_batch
+from eval.runner.settings import resolve_settings
+from mars import SamplingConfig, SpeculativeGenerator
+
+GREEDY = SamplingConfig()
+
+
+def run_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        return validate(compose("config", overrides=["model=embedded", *overrides]))
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[math.ceil(0.9 * len(ordered)) - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--theta", type=float, default=0.9)
+    args = parser.parse_args()
+    if not args.out:
+        parser.error("give the output JSON path")
+    sizes = [int(b) for b in args.batches.split(",")]
+    base = run_config([])
+    fmt = prompt_format({"prompt": plain(base.model.prompt)})
+    tokenizer = load_tokenizer(base)
+    prompts = [torch.tensor(encode(tokenizer, q, [], fmt)) for q in
+               load_questions(base.bench.questions, base.bench.data_dir, args.prompts, base.bench.source)]
+    models = {dtype: load_target(base, getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
+    plain_decoders: dict[str, object] = {f"generate@{d}": m for d, m in models.items()}
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        plain_decoders["generate@bfloat16+avx2"] = GenerateWorker(base, "bfloat16", "avx2")
+
+    def hf(decoder, batch: list[torch.Tensor], tokens: int):
+        ids = [p.tolist() for p in batch]
+        if isinstance(decoder, GenerateWorker):
+            return decoder.answer_batch(ids, GREEDY, tokens, [], seed=0)
+        return hf_generate_batch(decoder, ids, GREEDY, tokens, [], seed=0)
+
+    references: dict[str, list[list[int]]] = {}
+
+    def reference(dtype: str, head_setting) -> list[list[int]]:
+        """Plain greedy decoding of each prompt alone (batch 1) in `dtype`: what strict must reproduce."""
+        if dtype not in references:
+            with SpeculativeGenerator(models[dtype], load_head(head_setting, models[dtype]),
+                                      exact_attention=False) as alone:
+                references[dtype] = [alone.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
+        return references[dtype]
+    result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
+              "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
+    for size in sizes:
+        config = run_config([f"batch_size={size}"])
+        settings = resolve_settings(config, fmt)
+        print(f"B={size}: " + " | ".join(settings.describe()))
+        model = models[settings.dtype.value]
+        alone = reference(settings.dtype.value, settings.head)
+        gen = make_generator(model, load_head(settings.head, model), settings, config)
+        groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
+        # B = 1: the batch-1 loop (`generate` / `vanilla`), what a run with batch_size=1 decodes with.
+        plain_ours = gen.vanilla_batch if size > 1 else lambda g, gen=gen, **kw: [gen.vanilla(g[0][None], **kw)]
+        spec = gen.generate_batch if size > 1 else lambda g, gen=gen, **kw: [gen.generate(g[0][None], **kw)]
+        ours = {"vanilla": lambda g, n, run=plain_ours: run(g, max_new_tokens=n),
+                "strict": lambda g, n, run=spec: run(g, max_new_tokens=n),
+                f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, max_new_tokens=n, rule="mars", theta=args.theta)}
+        methods = {**{name: (lambda g, n, d=d: hf(d, g, n)) for name, d in plain_decoders.items()}, **ours}
+        for run in methods.values():  # warm-up: packing, allocation, kernel choice at this batch size
+            run(groups[0], 16)
+        tokens = dict.fromkeys(methods, 0)
+        seconds = dict.fromkeys(methods, 0.0)
+        latency: dict[str, list[float]] = {m: [] for m in methods}
+        cycles = cycle_tokens = same = 0
+        for k, group in enumerate(groups):
+            order = list(methods.items())
+            for name, run in order[k % len(order):] + order[: k % len(order)]:
+                outs = run(group, args.tokens)
+                tokens[name] += sum(len(o.tokens) for o in outs)
+                seconds[name] += max(o.seconds for o in outs)
+                latency[name] += [o.seconds for o in outs]
+                if name == "strict":
+                    same += sum(o.tokens == alone[k * size + i] for i, o in enumerate(outs))
+                    cycles += sum(o.num_cycles for o in outs)
+                    cycle_tokens += sum(len(o.tokens) - 1 for o in outs)
+            print(f"B={size}: {min((k + 1) * size, len(prompts))}/{len(prompts)} prompts")
+        gen.close()
+        speed = {m: tokens[m] / seconds[m] for m in methods}
+        plains = {m: v for m, v in speed.items() if m.startswith("generate") or m == "vanilla"}
+        fastest = max(plains, key=plains.get)
+        result["batches"][str(size)] = {
+            "settings": settings.record(),
+            "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
+            "latency_p90": {m: round(p90(v), 4) for m, v in latency.items()},
+            "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
+            "tau": round(cycle_tokens / cycles, 3) if cycles else None,
+            "identical_to_alone": f"{same}/{len(prompts)}",
+            "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
+            "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
+            "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
+        }
+        row = result["batches"][str(size)]
+        print(f"B={size}: " + ", ".join(f"{m} {v:.1f}" for m, v in speed.items()) + f" tok/s; tau {row['tau']}; "
+              f"identical {row['identical_to_alone']}; vs fastest plain ({fastest}) {row['speedup_vs_fastest_plain']}")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # every finished batch size kept
+    for decoder in plain_decoders.values():
+        if isinstance(decoder, GenerateWorker):
+            decoder.close()
+
+
+if __name__ == "__main__":
+    main()
