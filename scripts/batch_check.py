@@ -11,7 +11,10 @@ with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX
 EOS ignored: every request decodes `--tokens` tokens. All requests of a batch are submitted at once;
 a request's latency runs from its batch's start to its last token.
 
-    python scripts/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9]
+    python scripts/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9] [--t1]
+
+--t1: temperature 1 instead (the run's `sampling=t1`: calibration among top-k and sampled drafts; every
+method seeded per batch; no identity check, sampling is compared in distribution by the tests).
 
 Writes {"machine", "capability", "prompts", "max_new_tokens", "batches": {B: {"settings", "tokens_per_s":
 {method: throughput}, "latency_p90": {method: s}, "latency_mean", "tau", "identical_to_alone": strict rows
@@ -59,11 +62,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--theta", type=float, default=0.9)
+    parser.add_argument("--t1", action="store_true", help="temperature 1 instead of greedy")
     args = parser.parse_args()
     if not args.out:
         parser.error("give the output JSON path")
     sizes = [int(b) for b in args.batches.split(",")]
-    base = run_config([])
+    sampling = ["sampling=t1"] if args.t1 else []
+    cfg = SamplingConfig(temperature=1.0) if args.t1 else GREEDY
+    base = run_config(sampling)
     fmt = prompt_format({"prompt": plain(base.model.prompt)})
     tokenizer = load_tokenizer(base)
     prompts = [torch.tensor(encode(tokenizer, q, [], fmt)) for q in
@@ -76,8 +82,11 @@ def main() -> None:
     def hf(decoder, batch: list[torch.Tensor], tokens: int):
         ids = [p.tolist() for p in batch]
         if isinstance(decoder, GenerateWorker):
-            return decoder.answer_batch(ids, GREEDY, tokens, [], seed=0)
-        return hf_generate_batch(decoder, ids, GREEDY, tokens, [], seed=0)
+            return decoder.answer_batch(ids, cfg, tokens, [], seed=0)
+        return hf_generate_batch(decoder, ids, cfg, tokens, [], seed=0)
+
+    def seeded() -> dict:
+        return {"generator": torch.Generator().manual_seed(0)} if args.t1 else {}
 
     references: dict[str, list[list[int]]] = {}
 
@@ -91,19 +100,20 @@ def main() -> None:
     result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
               "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
     for size in sizes:
-        config = run_config([f"batch_size={size}"])
+        config = run_config([f"batch_size={size}", *sampling])
         settings = resolve_settings(config, fmt)
         print(f"B={size}: " + " | ".join(settings.describe()))
         model = models[settings.dtype.value]
-        alone = reference(settings.dtype.value, settings.head)
+        alone = None if args.t1 else reference(settings.dtype.value, settings.head)
         gen = make_generator(model, load_head(settings.head, model), settings, config)
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         # B = 1: the batch-1 loop (`generate` / `vanilla`), what a run with batch_size=1 decodes with.
-        plain_ours = gen.vanilla_batch if size > 1 else lambda g, gen=gen, **kw: [gen.vanilla(g[0][None], **kw)]
-        spec = gen.generate_batch if size > 1 else lambda g, gen=gen, **kw: [gen.generate(g[0][None], **kw)]
-        ours = {"vanilla": lambda g, n, run=plain_ours: run(g, max_new_tokens=n),
-                "strict": lambda g, n, run=spec: run(g, max_new_tokens=n),
-                f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, max_new_tokens=n, rule="mars", theta=args.theta)}
+        plain_ours = gen.vanilla_batch if size > 1 else lambda g, c, gen=gen, **kw: [gen.vanilla(g[0][None], c, **kw)]
+        spec = gen.generate_batch if size > 1 else lambda g, c, gen=gen, **kw: [gen.generate(g[0][None], c, **kw)]
+        ours = {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded()),
+                "strict": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, **seeded()),
+                f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, rule="mars",
+                                                                    theta=args.theta, **seeded())}
         methods = {**{name: (lambda g, n, d=d: hf(d, g, n)) for name, d in plain_decoders.items()}, **ours}
         for run in methods.values():  # warm-up: packing, allocation, kernel choice at this batch size
             run(groups[0], 16)
@@ -119,7 +129,7 @@ def main() -> None:
                 seconds[name] += max(o.seconds for o in outs)
                 latency[name] += [o.seconds for o in outs]
                 if name == "strict":
-                    same += sum(o.tokens == alone[k * size + i] for i, o in enumerate(outs))
+                    same += alone is not None and sum(o.tokens == alone[k * size + i] for i, o in enumerate(outs))
                     cycles += sum(o.num_cycles for o in outs)
                     cycle_tokens += sum(len(o.tokens) - 1 for o in outs)
             print(f"B={size}: {min((k + 1) * size, len(prompts))}/{len(prompts)} prompts")
@@ -133,7 +143,8 @@ def main() -> None:
             "latency_p90": {m: round(p90(v), 4) for m, v in latency.items()},
             "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
             "tau": round(cycle_tokens / cycles, 3) if cycles else None,
-            "identical_to_alone": f"{same}/{len(prompts)}",
+            "identical_to_alone": None if args.t1 else f"{same}/{len(prompts)}",
+            "temperature": cfg.temperature, "drafting": settings.drafting.value,
             "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
             "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
             "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
