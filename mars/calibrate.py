@@ -253,8 +253,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     """
     if not kernels:
         raise ValueError("no kernel candidates to calibrate")
-    if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.generate_batch`)
-        kernels = list(dict.fromkeys(replace(k, exact_attention=False) for k in kernels))
+    if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.generate_batch`): no adaptive tree
         if trees:
             trees = tuple(t for t in trees if batchable(t)) or (TreeShape(6, 6, 1),)
         if fixed_tree is not None and not batchable(fixed_tree):

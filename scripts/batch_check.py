@@ -7,7 +7,7 @@ by batch, the methods in rotated order: `model.generate` left-padded in float32 
 with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in a worker process,
 `eval.runner.plain`), our batched plain decoding (`vanilla_batch`), strict and MARS speculation
 (`generate_batch`). Strict's every row is checked against plain greedy decoding of its prompt alone
-(our `vanilla` at batch 1, in the precision B decodes in: the reference every B is held to). Greedy;
+(our `vanilla` at batch 1 with the adapter settings B decodes with: the reference every B is held to). Greedy;
 EOS ignored: every request decodes `--tokens` tokens. All requests of a batch are submitted at once;
 a request's latency runs from its batch's start to its last token.
 
@@ -40,7 +40,7 @@ from eval.runner.job import machine
 from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
 from eval.runner.plain import GenerateWorker, hf_generate_batch
 from eval.runner.settings import resolve_settings
-from mars import SamplingConfig, SpeculativeGenerator
+from mars import SamplingConfig
 
 GREEDY = SamplingConfig()
 
@@ -88,15 +88,18 @@ def main() -> None:
     def seeded() -> dict:
         return {"generator": torch.Generator().manual_seed(0)} if args.t1 else {}
 
-    references: dict[str, list[list[int]]] = {}
+    references: dict[tuple, list[list[int]]] = {}
 
-    def reference(dtype: str, head_setting) -> list[list[int]]:
-        """Plain greedy decoding of each prompt alone (batch 1) in `dtype`: what strict must reproduce."""
-        if dtype not in references:
-            with SpeculativeGenerator(models[dtype], load_head(head_setting, models[dtype]),
-                                      exact_attention=False) as alone:
-                references[dtype] = [alone.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
-        return references[dtype]
+    def reference(settings, config) -> list[list[int]]:
+        """Plain greedy decoding of each prompt alone (batch 1, `vanilla`) with the adapter settings B decodes
+        with (precision, exact attention, kernels): what strict must reproduce."""
+        key = (settings.dtype.value, settings.exact_attention.value, settings.prepack.value)
+        if key not in references:
+            model = models[settings.dtype.value]
+            with make_generator(model, load_head(settings.head, model), settings, config) as alone:
+                references[key] = [alone.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
+        return references[key]
+
     result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
               "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
     for size in sizes:
@@ -104,7 +107,7 @@ def main() -> None:
         settings = resolve_settings(config, fmt)
         print(f"B={size}: " + " | ".join(settings.describe()))
         model = models[settings.dtype.value]
-        alone = None if args.t1 else reference(settings.dtype.value, settings.head)
+        alone = None if args.t1 else reference(settings, config)
         gen = make_generator(model, load_head(settings.head, model), settings, config)
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         # B = 1: the batch-1 loop (`generate` / `vanilla`), what a run with batch_size=1 decodes with.

@@ -62,6 +62,20 @@ def test_strict_greedy_rows_equal_plain_decoding_of_each_prompt_alone(arch):
     assert len({tuple(o.accept_lengths) for o in outs}) > 1  # ... in different numbers per row
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_bf16_rows_with_exact_attention_equal_plain_decoding_alone(arch):
+    """bf16 with exact attention (each row over exactly its visible keys, `exact_plan_rows`): every row equals
+    plain greedy decoding of its prompt alone with the same adapter, as at batch 1."""
+    model = tiny_model(arch).to(torch.bfloat16)
+    prompts = prompts_for(model)
+    gen = oracle_generator(model, prompts, 24, exact_attention=True)
+    gen.head.to(torch.bfloat16)
+    outs = gen.generate_batch(prompts, max_new_tokens=24)
+    assert [o.tokens for o in outs] == [gen.vanilla(p, max_new_tokens=24).tokens for p in prompts]
+    assert [o.tokens for o in gen.vanilla_batch(prompts, max_new_tokens=24)] == [o.tokens for o in outs]
+    assert all(o.tau > 1.5 for o in outs)
+
+
 def test_rows_that_stop_early_leave_the_batch_and_the_rest_decode_on():
     model = tiny_model("llama")
     prompts = prompts_for(model, (6, 9, 4, 13, 7, 5), seed=3)
@@ -142,13 +156,15 @@ def test_strict_sampling_emits_each_rows_target_distribution():
         assert chi_square_pvalue(counts[b], outcome_distribution(processed[b], tree)) > 1e-3
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, monkeypatch):
-    model = tiny_model("llama")
+@pytest.mark.parametrize("temperature,dtype", [(0.0, torch.float32), (1.0, torch.float32), (0.0, torch.bfloat16)])
+def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, dtype, monkeypatch):
+    """bf16: with exact attention, whose plan is built on the device from the rows' lengths."""
+    model = tiny_model("llama").to(dtype)
     seen = {}
     for batch in (4, 16):
         prompts = prompts_for(model, [3 + (5 * i) % 14 for i in range(batch)], seed=batch)
-        gen = oracle_generator(model, prompts, 32)
+        gen = oracle_generator(model, prompts, 32, exact_attention=dtype == torch.bfloat16)
+        gen.head.to(dtype)
         rng = torch.Generator().manual_seed(0) if temperature else None
         per_cycle, kinds, outs = count_by_cycle(lambda gen=gen, prompts=prompts, rng=rng: gen.generate_batch(
             prompts, max_new_tokens=32, rule="mars", temperature=temperature, generator=rng), monkeypatch)
@@ -170,6 +186,3 @@ def test_bad_batches_are_refused_with_the_fix():
         SpeculativeGenerator(model, gen.head, adaptive=True).generate_batch(prompts_for(model))
     with pytest.raises(ValueError, match="static=False"):
         SpeculativeGenerator(model, gen.head, static=True).generate_batch(prompts_for(model))
-    with pytest.raises(ValueError, match="exact_attention=False"):
-        with SpeculativeGenerator(model, gen.head, exact_attention=True) as exact:
-            exact.generate_batch(prompts_for(model))

@@ -132,17 +132,22 @@ def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16
     assert accepted / cycles > 1.0  # tau > 2 even on four prompts: the draft is trained
 
 
-@pytest.mark.parametrize("prepack", [False, True])
-def test_a_batch_on_the_pair_decodes_every_prompt_as_alone(fp32_pair, tokenizer, prepack):
-    """Batched strict greedy in float32 (`generate_batch`, four prompts of different lengths at once) on
-    torch's kernels and on prepacked ones: every row bit-identical to plain decoding of its prompt alone."""
-    target, head = fp32_pair
-    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=8, branching=1, prepack=prepack)
+@pytest.mark.parametrize("precision,prepack", [("float32", False), ("float32", True), pytest.param(
+    "bfloat16", True, marks=pytest.mark.skipif(not packs(torch.bfloat16),
+                                               reason="oneDNN packs bf16 weights only on CPUs with AVX-512 BF16"))])
+def test_a_batch_on_the_pair_decodes_every_prompt_as_alone(fp32_pair, target_bf16, tokenizer, precision, prepack):
+    """Batched strict greedy (`generate_batch`, four prompts of different lengths at once) in float32 on
+    torch's kernels and on prepacked ones, and in bf16 with exact attention on prepacked ones (the shipped
+    setting where oneDNN packs bf16): every row bit-identical to plain decoding of its prompt alone."""
+    target, head = fp32_pair if precision == "float32" else (target_bf16, load_draft(MODELS / "draft", target_bf16))
+    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=8, branching=1, prepack=prepack,
+                               exact_attention=precision == "bfloat16")
     prompts = [torch.tensor(ids) for ids in prompt_ids(tokenizer, 4)]
     assert len({len(p) for p in prompts}) == 4
     outs = gen.generate_batch(prompts, max_new_tokens=40)
     assert [o.tokens for o in outs] == [gen.vanilla(p[None], max_new_tokens=40).tokens for p in prompts]
     assert sum(sum(o.accept_lengths) for o in outs) / sum(o.num_cycles for o in outs) > 1.0
+    gen.close()
 
 
 def test_mars_on_the_pair_relaxes_only_to_the_targets_top2(fp32_pair, tokenizer):

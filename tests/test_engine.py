@@ -258,3 +258,32 @@ def test_feature_hooks_capture_what_output_hidden_states_gives_and_leave_no_hook
     assert target.taps is None
     assert torch.equal(by_hooks, by_output) and by_hooks.shape == (11, 3 * model.config.hidden_size)
     assert hooks() == before
+
+
+def test_exact_plan_rows_lists_each_rows_prefix_and_ancestors_in_its_own_keys():
+    """Batched: row b's nodes see row b's first lengths[b] entries and their ancestors at `start` + node, in
+    the keys of row b laid end to end with the others' (row b's at b * (start + n))."""
+    from mars.adapter.exact import bucket, exact_plan_rows
+
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    tree = make_tree(parents, [1] * 7)
+    lengths, start, n = [5, 62, 30], 62, 7
+    plan = exact_plan_rows(torch.tensor(lengths), (min(lengths), max(lengths)), start,
+                           tree.depths.expand(3, -1), tree.ancestors.expand(3, -1, -1), tree.levels)
+    for b, length in enumerate(lengths):
+        for node in range(n):
+            chain, at = [], node
+            while at >= 0:
+                chain.append(start + at)
+                at = parents[at]
+            visible = [b * (start + n) + c for c in list(range(length)) + chain[::-1]]
+            width = bucket(len(visible))
+            row = b * n + node
+            groups = [g for g, (select, entries, _) in enumerate(plan)
+                      if entries.shape[1] == width and (select is None or bool(select[row]))]
+            later = [g for g, (select, _, _) in enumerate(plan) if g > groups[-1] and bool(select[row])]
+            assert len(groups) == 1 and later == []
+            _, entries, pad = plan[groups[0]]
+            assert entries[row, : len(visible)].tolist() == visible
+            shown = len(visible)
+            assert bool(torch.isinf(pad[row, 0, shown:]).all()) and bool((pad[row, 0, :shown] == 0).all())

@@ -72,8 +72,7 @@ def placement_of(run: RunConfig) -> Setting:
 def candidates(run: RunConfig) -> list[Kernels]:
     """The kernels this run may use, after its explicit settings and its mode (static, compile)."""
     m = run.model
-    batched = run.batch_size > 1  # batched decoding runs without exact attention (`mars.batch`)
-    exact = m.exact_attention if m.exact_attention is not None else (False if m.static or batched else None)
+    exact = m.exact_attention if m.exact_attention is not None else (False if m.static else None)
     prepack = m.prepack if m.prepack is not None else (False if m.compile is not None else None)
     parameters = None
     if on_cpu(run):  # whether a packed copy of the weights fits in memory
@@ -89,9 +88,6 @@ def exact_reason(run: RunConfig, kernels: Kernels) -> str:
         return "set explicitly"
     if m.static:
         return "auto: static shapes (exact attention gathers shapes that change from tree to tree)"
-    if run.batch_size > 1:
-        return (f"auto: batched decoding (batch_size={run.batch_size}) runs without it; only kernels whose "
-                "batched strict greedy output equals their batched plain decoding can be chosen")
     if needs_exact_attention(kernels.torch_dtype):
         return f"auto: {kernels.dtype} tree verification differs from plain decoding without it"
     return f"auto: {kernels.dtype} tree verification already reproduces plain decoding"

@@ -129,6 +129,17 @@ class PreallocatedLayer(DynamicLayer):
         move_rows(self._k, put, take)
         move_rows(self._v, put, take)
 
+    @classmethod
+    def stacked(cls, layers: list[PreallocatedLayer]) -> PreallocatedLayer:
+        """One layer whose rows are these one-sequence layers' (equal capacities), written at the longest one's end."""
+        out = cls(layers[0].capacity)
+        out.dtype, out.device, out.is_initialized = layers[0].dtype, layers[0].device, True
+        out._k = torch.cat([layer._k for layer in layers])
+        out._v = torch.cat([layer._v for layer in layers])
+        out.length = max(layer.length for layer in layers)
+        out._views()
+        return out
+
     def select_rows(self, rows: torch.Tensor) -> None:
         self._k, self._v = self._k.index_select(0, rows), self._v.index_select(0, rows)
         self._views()
@@ -147,6 +158,13 @@ class TreeCache(PathCache, DynamicCache):
         num_layers = text_config(config).num_hidden_layers
         self.capacity = capacity
         self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
+
+    @classmethod
+    def stacked(cls, config, caches: list[TreeCache]) -> TreeCache:
+        """The rows of a batch (`eagle.rows`) from one-sequence caches of equal capacity, row b = caches[b]."""
+        out = cls(config, caches[0].capacity)
+        out.layers = [PreallocatedLayer.stacked([c.layers[i] for c in caches]) for i in range(len(out.layers))]
+        return out
 
 
 class StaticTreeLayer(StaticLayer):

@@ -53,29 +53,31 @@ def exact_attention_forward(module, query, key, value, attention_mask, dropout=0
     """`attn_implementation="mars_exact"`: plain SDPA unless the forward call carries a plan (the
     prefill and any other use of the model); with a plan every query row attends to its own gathered
     keys, padded at the end to a multiple of EXACT_BUCKET. A row's result depends only on its visible
-    keys and their count, never on the other rows of the tree."""
+    keys and their count, never on the other rows of the tree (or of the batch: the plan's entries index
+    the batch's keys laid end to end, row b's at b * key length + its cache positions)."""
     if mars_exact_plan is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    kv_heads = key.shape[1]
+    batch, kv_heads, length, _ = key.shape
     # Cast the cache once, then gather: the same float32 values as gathering then casting per row
     # (a cast is elementwise), without casting the shared prefix once per tree row.
-    keys, values = key[0].float(), value[0].float()
-    rows = query[0].transpose(0, 1)  # [q, heads, d]
+    keys = key.float().transpose(0, 1).reshape(kv_heads, batch * length, -1)
+    values = value.float().transpose(0, 1).reshape(kv_heads, batch * length, -1)
+    rows = query.transpose(1, 2).reshape(-1, query.shape[1], query.shape[-1])  # [B q, heads, d]
     out = None
     for select, entries, pad in mars_exact_plan:
         # A no-op on one device; on a model sharded over devices, the layer's own device.
         entries, pad = entries.to(key.device), pad.to(key.device)
-        n, length = entries.shape
+        n, width = entries.shape
         flat = entries.reshape(-1)
-        k = keys.index_select(1, flat).view(kv_heads, n, length, -1)
-        v = values.index_select(1, flat).view(kv_heads, n, length, -1)
+        k = keys.index_select(1, flat).view(kv_heads, n, width, -1)
+        v = values.index_select(1, flat).view(kv_heads, n, width, -1)
         result = _attend_rows(rows, k, v, pad, scaling)
         # Every row at every width of the plan, each row kept from its own width's group: choosing on
         # the device, where selecting the rows of a width first would read their count on the host.
         out = result if out is None else torch.where(select.to(key.device)[:, None, None], result, out)
-    return out[None], None
+    return out.view(batch, -1, *out.shape[1:]), None
 
 
 def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor, levels: int) -> ExactPlan:
@@ -85,23 +87,34 @@ def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor, level
 
     depths [n], ancestors [n, n] bool (True where j is i or an ancestor of i); levels: a bound on the
     depths known on the host (`DraftTree.levels`), which with `prefix` gives the widths the rows need."""
-    n, device = depths.shape[0], depths.device
-    visible = prefix + depths + 1  # [n] keys each row sees
+    lengths = torch.full((1,), prefix, dtype=torch.long, device=depths.device)
+    return exact_plan_rows(lengths, (prefix, prefix), prefix, depths[None], ancestors[None], levels)
+
+
+def exact_plan_rows(lengths: torch.Tensor, span: tuple[int, int], start: int, depths: torch.Tensor,
+                    ancestors: torch.Tensor, levels: int) -> ExactPlan:
+    """`exact_plan` for B trees at once (batched decoding, `eagle.rows`): row b's committed entries are its
+    first lengths[b] [B] (on the device; span = their (min, max), known on the host), its tree nodes sit at
+    `start` + node index. depths [B, n], ancestors [B, n, n]. Entries index the batch's keys laid end to
+    end (row b's at b * (start + n) + position), rows in batch-major order (b * n + node)."""
+    b, n, device = depths.shape[0], depths.shape[1], depths.device
+    visible = lengths[:, None] + depths + 1  # [B, n] keys each row sees
     index = torch.arange(n, device=device)
     # Per row, its ancestors (itself included) first, in cache order (a parent precedes its children), then the rest.
-    order = torch.argsort(torch.where(ancestors, index, index + n), dim=1) + prefix
-    widths = range(bucket(prefix + 1), bucket(prefix + levels + 1) + 1, EXACT_BUCKET)
+    order = torch.argsort(torch.where(ancestors, index, index + n), dim=-1) + start  # [B, n, n]
+    offset = (torch.arange(b, device=device) * (start + n))[:, None, None]
+    widths = range(bucket(span[0] + 1), bucket(span[1] + levels + 1) + 1, EXACT_BUCKET)
     groups: ExactPlan = []
     for width in widths:
         columns = torch.arange(width, device=device)
-        tree_columns = min(n, width - prefix)
-        entries = torch.cat([columns[:prefix].expand(n, prefix), order[:, :tree_columns],
-                             order.new_zeros(n, width - prefix - tree_columns)], dim=1)
-        shown = columns < visible[:, None]  # [n, width]
-        entries = torch.where(shown, entries, 0)
-        pad = torch.where(shown, 0.0, -torch.inf).float()[:, None]
-        select = None if not groups else bucket(visible) == width
-        groups.append((select, entries, pad))
+        prefix = lengths[:, None, None]
+        in_tree = order.gather(2, (columns - prefix).clamp(0, n - 1).expand(b, n, width))
+        entries = torch.where(columns < prefix, columns, in_tree)  # [B, n, width]
+        shown = columns < visible[:, :, None]
+        entries = torch.where(shown, entries + offset, offset)  # padding: the row's own entry 0, masked out
+        pad = torch.where(shown, 0.0, -torch.inf).float().view(b * n, 1, width)
+        select = None if not groups else (bucket(visible) == width).view(-1)
+        groups.append((select, entries.view(b * n, width), pad))
     return groups
 
 
