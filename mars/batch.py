@@ -176,11 +176,14 @@ def vanilla_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, m
     logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
     tokens = next_tokens(process_logits(logits, cfg), cfg, generator).to(device)
     ones = torch.ones(len(prompts), dtype=torch.long, device=device)
+    prefilled = True  # the prefill's token is in no cycle
     while True:
         for row, token in enumerate(tokens.tolist()):
+            if not prefilled:
+                outputs[batch.live[row]].accept_lengths.append(0)
+                outputs[batch.live[row]].num_cycles += 1
             batch.emit(row, [token])
-            outputs[batch.live[row]].accept_lengths.append(0)
-            outputs[batch.live[row]].num_cycles += 1
+        prefilled = False
         keep = batch.keep()
         if not keep:
             break
@@ -194,6 +197,3 @@ def vanilla_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, m
         logits, _ = target.score_rows(forest)
         target.keep_rows(zero, [1] * len(keep), ones)
         tokens = next_tokens(process_logits(logits, cfg), cfg, generator)
-    for out in outputs:  # the prefill's token is in no cycle
-        out.num_cycles -= 1
-        out.accept_lengths.pop()

@@ -347,8 +347,6 @@ class SpeculativeGenerator:
         self._check_generator(generator)
         if self.adaptive:
             raise ValueError("batched decoding drafts fixed-size trees: create the generator with adaptive=False")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         self.target.check_batching()
         outputs = [GenerationOutput() for _ in input_ids]
         start = time.perf_counter()

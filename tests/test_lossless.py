@@ -143,6 +143,18 @@ def exact_joint(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return joint
 
 
+def assert_marginals_match(samples: Counter, joint: torch.Tensor, case: str) -> None:
+    """Chi-square of the sampled sequences' marginals against the exact joint: each token, each adjacent pair."""
+    for dims in [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (2, 3), (3, 4)]:
+        exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
+        probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
+                                                exact.flatten().tolist(), strict=True)}
+        counts = Counter()
+        for seq, c in samples.items():
+            counts[tuple(seq[d] for d in dims)] += c
+        assert chi_square_pvalue(counts, probs) > 0.01, (case, dims)
+
+
 def adaptive_generator(gen, costs: CycleCosts):
     """The e2e generator with an adaptive tree whose costs make every depth worth trying."""
     adaptive = SpeculativeGenerator(gen.target.model, gen.head, total_tokens=gen.total_tokens, depth=gen.depth,
@@ -202,14 +214,7 @@ def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
     else:
         assert accepted[0] > accepted[1] + accepted[2] > 10  # plain steps, and some drafts accepted
 
-    for dims in [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (2, 3), (3, 4)]:  # each token, each adjacent pair
-        exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
-        probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
-                                                exact.flatten().tolist(), strict=True)}
-        counts = Counter()
-        for seq, c in samples.items():
-            counts[tuple(seq[d] for d in dims)] += c
-        assert chi_square_pvalue(counts, probs) > 0.01, (setting, dims)
+    assert_marginals_match(samples, joint, setting)
 
 
 @pytest.mark.parametrize("policy", ["sampled tree", "top-k tree"])
@@ -229,11 +234,4 @@ def test_generate_batch_strict_emits_the_target_distribution_in_every_row(e2e, p
             samples[tuple(out.tokens)] += 1
             accepted.update(out.accept_lengths)
     assert accepted[1] > 100 and accepted[2] > 10  # drafts were accepted, deeper than one level
-    for dims in [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (2, 3), (3, 4)]:
-        exact = joint.sum(dim=[d for d in range(E2E_NEW) if d not in dims])
-        probs = {index: p for index, p in zip(itertools.product(range(E2E_VOCAB), repeat=len(dims)),
-                                                exact.flatten().tolist(), strict=True)}
-        counts = Counter()
-        for seq, c in samples.items():
-            counts[tuple(seq[d] for d in dims)] += c
-        assert chi_square_pvalue(counts, probs) > 0.01, (policy, dims)
+    assert_marginals_match(samples, joint, policy)

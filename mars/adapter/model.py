@@ -300,16 +300,15 @@ class TargetModel:
         must start from exactly its prompt's prefill. capacity: cache entries per row.
         Returns (logits at each prompt's last token [B, V], features [B, max T_b, F])."""
         self.check_batching()
-        device, caches, logits, features = self.devices.inputs, [], [], []
+        caches, logits, features = [], [], []
         for prompt in prompts:
-            tokens = prompt.reshape(-1).to(device)
-            self.cache = TreeCache(self.model.config, capacity)
-            last, feature = self._forward(tokens[None], torch.arange(tokens.shape[0], device=device)[None], None, 1)
+            last, feature = self.prefill(prompt, capacity)
             caches.append(self.cache)
-            logits.append(last[0, -1])
-            features.append(feature[0])
+            logits.append(last)
+            features.append(feature)
+        self.committed = 0  # batched: the rows' lengths say what is committed
         self.cache = TreeCache.stacked(self.model.config, caches)
-        self.rows = RowLengths.of([len(p) for p in prompts], device)
+        self.rows = RowLengths.of([len(p) for p in prompts], self.devices.inputs)
         return torch.stack(logits), pad_sequence(features, batch_first=True)
 
     def _row_mask(self, positions: torch.Tensor, ancestors: torch.Tensor, start: int):
