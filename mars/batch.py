@@ -16,6 +16,8 @@ has no loop over rows. Per-row Python is the bookkeeping of emitted tokens.
 
 Latency: each row's `GenerationOutput.seconds` is the time from the batch's start to its last token
 (all requests submitted at once); the batch's throughput is its tokens over the call's wall time.
+The cost accounting is settled after the last row's (`mars.output.CostLedger`, one read for the
+batch; its time in the first output's `phase_seconds["accounting"]`, with the batch's phases).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from eagle.tree import DraftTree, grow_trees, sample_trees, sampled_shape
-from mars.output import PhaseClock
+from mars.output import CostLedger, PhaseClock
 from mars.sampling import SamplingConfig, process_logits
 from mars.verify import accept_rows
 
@@ -80,6 +82,7 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
     if max_new_tokens == 0:
         return
     clock = PhaseClock(outputs[0].phase_seconds, target.all_devices | {head.device}, gen.profile)  # the batch's
+    ledger = CostLedger([out.stats for out in outputs], clock, target.static)
     sampled = gen.samples_drafts(cfg)
     # As `SpeculativeGenerator.generate`: each depth's sampled shape laid out once, the caller's RNG drafts
     # where it lives on the head's device.
@@ -117,7 +120,7 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
         clock.lap("draft")
         logits, features = target.score_rows(forest)
         clock.lap("tree_forward")
-        verdicts = accept_rows(process_logits(logits, cfg), forest, cfg, generator)
+        verdicts = accept_rows(process_logits(logits, cfg), forest, cfg, generator, defer_cost=ledger.defer)
         for row, verdict in enumerate(verdicts):
             out = outputs[batch.live[row]]
             emitted = batch.emit(row, verdict.tokens + [verdict.next_token])
@@ -126,6 +129,7 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
             out.stats.add(verdict, keep_steps=emitted, sampled=not cfg.greedy)
             out.num_cycles += 1
         clock.lap("accept")
+        ledger.record(verdicts)
         keep = batch.keep()
         if not keep:
             break
@@ -150,6 +154,7 @@ def generate_batch(gen, input_ids: Sequence[torch.Tensor], cfg: SamplingConfig, 
         pending = (feats, torch.where(last, roots[:, None], after), counts, counts_device)
         if len(keep) < len(verdicts):
             pending, roots = _drop(gen, batch, keep, uploaded[: len(keep), width + 2], pending, roots)
+    ledger.settle()  # every row's `seconds` was taken at its last token: the accounting is outside them
 
 
 def _drop(gen, batch: Batch, keep: list[int], keep_device: torch.Tensor, pending: tuple, roots: torch.Tensor):

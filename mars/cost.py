@@ -15,6 +15,10 @@ relax (`Relaxation.active`), its cost is 0 by that identity, without computing p
 emitted token: TV(pi, p) and KL(pi || p) when sampling (their mean over sampled outputs estimates
 the per-token KL between the rule's and the target's output distributions, by the chain rule);
 greedy: whether the token is not the argmax, and the regret log p_1 - log p(x) under the temperature-1 distribution.
+
+This is measurement, not decision: verification never reads it, and a deployment of a rule would not
+compute it. The decoding loops therefore defer it out of their timed loop (`mars.verify`'s
+`defer_cost`, settled by `mars.stats.VerifyStats.settle` after the call's `seconds` is taken).
 """
 
 from __future__ import annotations
@@ -101,6 +105,18 @@ def one_child_marginal(view: TargetView, relax: Relaxation, nodes: torch.Tensor,
     return accepted + rest * fallback.nan_to_num(0.0)  # p == q: no residual, rest = 0
 
 
+def exact_chain(view: TargetView, relax: Relaxation) -> bool:
+    """Sampled drafts in a chain (width 1, known on the host) judged by a rule that gives `accepts`:
+    the one-child marginal (`one_child_marginal`) is then the exact emitted distribution everywhere."""
+    return view.draft is not None and relax.accepts is not None and (view.width or 1) == 1
+
+
+def cost_bound(view: TargetView, relax: Relaxation, lossless: bool = False) -> bool:
+    """Whether `sampling_cost`'s tv and kl bound the cost from above rather than give it (`Cost.bound`),
+    known on the host without computing the cost: sampled drafts, except an exact chain."""
+    return not lossless and view.draft is not None and not exact_chain(view, relax)
+
+
 def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, lossless: bool = False) -> Cost:
     """TV and KL of each of `nodes`' emitted distribution against p; 0 where the rule is inactive,
     and without computing anything for an exact rule (strict).
@@ -117,9 +133,9 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
     `Cost.bound` (known on the host, no sync): the tree has a node with several children, or the rule
     gives no `accepts` (then every sampled position reports the bound).
 
-    Every verified cycle of a relaxing rule pays for this (strict pays nothing), so it computes each
-    [L, V] table once: the fallback is shared with strict's where the rule keeps strict's, and a
-    chain (width 1, known on the host) needs neither given-the-draw distribution.
+    Every verified position of a relaxing rule is accounted (strict's costs nothing), so it computes
+    each [L, V] table once: the fallback is shared with strict's where the rule keeps strict's, and
+    a chain (width 1, known on the host) needs neither given-the-draw distribution.
     """
     zero = torch.zeros(nodes.shape[0], device=nodes.device)
     if lossless:
@@ -127,8 +143,7 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
     sampled = view.draft is not None
     fallback = fallback_distribution(view, relax, nodes)
     exact_one = sampled and relax.accepts is not None
-    chain = exact_one and (view.width or 1) == 1
-    bound = sampled and not chain  # a chain of a rule with `accepts` is exact
+    chain = exact_chain(view, relax)
     if exact_one:
         accepts = relax.accepts(nodes)
         marginal = one_child_marginal(view, relax, nodes, accepts, fallback)
@@ -155,7 +170,7 @@ def sampling_cost(view: TargetView, relax: Relaxation, nodes: torch.Tensor, loss
         log_reference = reference.log()
     tv = 0.5 * (pi - reference).abs().sum(dim=-1)
     kl = torch.where(pi > 0, pi * (pi.log() - log_reference), 0.0).sum(dim=-1)
-    return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero, bound)
+    return Cost(torch.where(active, tv, 0.0), torch.where(active, kl, 0.0), zero, zero, cost_bound(view, relax))
 
 
 def greedy_cost(view: TargetView, nodes: torch.Tensor, emitted: torch.Tensor, lossless: bool = False) -> Cost:

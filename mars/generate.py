@@ -12,6 +12,10 @@ cycle); `accept_lengths[i]` the drafted tokens cycle i emitted. A cycle emits it
 plus the target's own, unless EOS or `max_new_tokens` cuts it short, so `tau` = tokens emitted by
 cycles / cycles = (len(tokens) - 1) / num_cycles.
 
+Timing: `seconds` times the decoding alone. The relaxation's cost accounting (`mars.cost`, measurement
+only) is deferred out of the loop and settled after it (`mars.output.CostLedger`, its time in
+`phase_seconds["accounting"]`), except with static shapes, where it is computed in the cycle.
+
 Devices: token ids enter at the target's input embeddings, logits and the RNG live on its lm_head's
 device (`TargetModel.devices`), the draft head sits where it was loaded and receives the target's
 features there. On one device all of these are the same.
@@ -33,7 +37,7 @@ from eagle.tree import RANK_ACCEPTANCE, Topology, best_topology, grow_tree, samp
 from mars import batch
 from mars.adapter import TargetModel
 from mars.adaptive import AdaptiveTree, measure_costs
-from mars.output import GenerationOutput, PhaseClock, frozen_heap
+from mars.output import CostLedger, GenerationOutput, PhaseClock, frozen_heap
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
 from mars.verify import accept
 
@@ -252,6 +256,7 @@ class SpeculativeGenerator:
         # Laid out on the device before the loop (each depth the last cycles may need): no upload per tree.
         shapes = {d: sampled_shape(self.topology(d), head.device) for d in range(self.depth + 1)} if sampled else {}
         clock = PhaseClock(out.phase_seconds, target.all_devices | {head.device}, self.profile)
+        ledger = CostLedger([out.stats], clock, target.static)
         logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
         root = next_token(process_logits(logits, cfg), cfg, generator)
         self._emit(out, [root], eos, max_new_tokens)
@@ -283,7 +288,7 @@ class SpeculativeGenerator:
             clock.lap("draft")
             logits, features = target.score_tree(tree)
             clock.lap("tree_forward")
-            verdict = accept(process_logits(logits, cfg), tree, cfg, generator)
+            verdict = accept(process_logits(logits, cfg), tree, cfg, generator, defer_cost=ledger.defer)
             emitted = self._emit(out, verdict.tokens + [verdict.next_token], eos, max_new_tokens)
             out.accept_lengths.append(min(verdict.accepted, emitted))
             out.draft_depths.append(tree.levels)
@@ -292,6 +297,7 @@ class SpeculativeGenerator:
             if policy is not None:
                 policy.observe(tree.levels, verdict.accepted, tree.scores[1:].exp().sum())  # on the device, unread
             clock.lap("accept")
+            ledger.record([verdict])
             if self._done(out, max_new_tokens):
                 break
             uploaded = torch.tensor(verdict.path + [verdict.next_token], device=head.device)
@@ -300,6 +306,7 @@ class SpeculativeGenerator:
             clock.lap("cache_update")
             behind.append((features[path.to(features.device)], torch.cat([tree.tokens[path[1:]], root_on_device])))
         out.seconds = time.perf_counter() - start
+        ledger.settle()  # after `seconds`: the method is timed without its cost accounting
         return out
 
     @_while_decoding

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mars.verify import Verdict
+import torch
+
+from mars.verify import PendingCost, Verdict
 
 
 @dataclass
@@ -26,6 +29,9 @@ class VerifyStats:
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
     left out of `kl_sum`; `bounded` counts those whose TV and KL are upper bounds, from sampled drafts,
     see `mars.cost.sampling_cost`); greedy positions add whether the token is not the argmax and its regret.
+    A verdict with a deferred cost (`Verdict.pending`) adds its cost only when settled (`settle`, one
+    read for every pending verdict); until then tv_sum, kl_sum, kl_infinite, mismatches and regret_sum
+    leave it out. `merge`, `cost` and `to_json` settle first; the pending list is never serialised.
     """
 
     attempts: Counter = field(default_factory=Counter)
@@ -43,23 +49,24 @@ class VerifyStats:
     regret_sum: float = 0.0
     bounded: int = 0
     accepted_ranks: Counter = field(default_factory=Counter)
+    # Deferred costs not added yet: (a verdict's pending cost, how many of its steps were recorded).
+    pending: list[tuple[PendingCost, int]] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, verdict: Verdict, keep_steps: int | None = None, sampled: bool = False) -> None:
-        """Record a verdict's steps (only the first `keep_steps`, when output was cut short)."""
-        for step in verdict.steps[:keep_steps]:
+        """Record a verdict's steps (only the first `keep_steps`, when output was cut short); a deferred
+        cost is kept for `settle`."""
+        steps = verdict.steps[:keep_steps]
+        if verdict.pending is not None and steps:
+            self.pending.append((verdict.pending, len(steps)))
+        for step in steps:
             self.positions += 1
             self.sampled += sampled
             self.bounded += sampled and verdict.cost_bound
             self.gates.append(step.gate)
             self.relax_allowed += step.relax_allowed
             self.counters.update({k: int(v) for k, v in step.counters.items()})
-            self.tv_sum += step.tv
-            self.regret_sum += step.regret
-            self.mismatches += step.mismatch
-            if math.isinf(step.kl):
-                self.kl_infinite += 1
-            else:
-                self.kl_sum += step.kl
+            if verdict.pending is None:
+                self._add_cost(step.tv, step.kl, step.mismatch, step.regret)
             if step.rank is not None:
                 self.accepted_ranks[step.rank] += 1
             if step.has_children:
@@ -67,7 +74,22 @@ class VerifyStats:
                 self.accepts[step.depth] += step.accepted
                 self.relaxed[step.depth] += step.relaxed
 
+    def _add_cost(self, tv: float, kl: float, mismatch: bool, regret: float) -> None:
+        """One emitted token's cost (`mars.cost.Cost`)."""
+        self.tv_sum += tv
+        self.regret_sum += regret
+        self.mismatches += mismatch
+        if math.isinf(kl):
+            self.kl_infinite += 1
+        else:
+            self.kl_sum += kl
+
+    def settle(self) -> None:
+        """Add every deferred cost (`settle_all` of this one)."""
+        settle_all([self])
+
     def merge(self, other: VerifyStats) -> None:
+        settle_all([self, other])
         self.attempts.update(other.attempts)
         self.accepts.update(other.accepts)
         self.relaxed.update(other.relaxed)
@@ -97,6 +119,7 @@ class VerifyStats:
         over sampled positions, argmax_mismatch and logprob_regret over greedy ones (None without any).
         cost_bound_tokens: sampled positions whose tv/kl are upper bounds (sampled drafts); when it
         equals the sampled positions, tv_per_token and kl_per_token are upper bounds on the cost."""
+        self.settle()
         greedy = self.positions - self.sampled
         finite = self.sampled - self.kl_infinite
         return {
@@ -111,6 +134,7 @@ class VerifyStats:
     def to_json(self) -> dict:
         """Every count, JSON-ready. Gate values are rounded to 4 decimals; non-finite ones are left out
         of the list (JSON has no inf/nan)."""
+        self.settle()
         return {
             "attempts": dict(self.attempts),
             "accepts": dict(self.accepts),
@@ -155,3 +179,20 @@ class VerifyStats:
             **{f"{k}_positions": v for k, v in sorted(self.counters.items())},
             **self.cost(),
         }
+
+
+def settle_all(stats: Iterable[VerifyStats]) -> None:
+    """Compute the deferred costs of `stats` (each forest's once) and add them as `VerifyStats.add`
+    adds a computed one, in the order they were recorded, reading all of them to the host in one
+    transfer; the pending references (and the target tables they hold) are dropped."""
+    stats = [s for s in stats if s.pending]
+    if not stats:
+        return
+    tv, kl, mismatch, regret = torch.cat([p.columns(n) for s in stats for p, n in s.pending], dim=1).tolist()
+    at = 0
+    for s in stats:
+        count = sum(n for _, n in s.pending)
+        for i in range(at, at + count):
+            s._add_cost(tv[i], kl[i], bool(mismatch[i]), regret[i])
+        at += count
+        s.pending = []

@@ -10,6 +10,12 @@ Each form judges every node of the tree at once on the logits' device and reads 
 the host in one transfer (`_read`): on a GPU, verification costs one synchronisation however large
 the tree (the sequential walk of the reference code cost several per node).
 
+Cost accounting (`mars.cost`: TV/KL, argmax mismatch, regret) is measurement: nothing here decides by
+it. By default it is computed in the cycle and packed into that read; with `defer_cost=True` it is
+neither computed nor read: each verdict carries a `PendingCost` (the verdicts of a forest share one
+computation, run once when first asked for) that `mars.stats.VerifyStats` settles after the decoding
+loop, out of its timing. A lossless rule has no cost and no pending computation.
+
 Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
 - `path[0] == 0` and each node in `path` is a child of the one before it; len(path) - 1 <= depth.
 - The logits at node i are the target's prediction for the token *after* node i, so the child c
@@ -20,12 +26,13 @@ Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from eagle.tree import DraftTree
-from mars.cost import Cost, fallback_distribution, greedy_cost, sampling_cost
+from mars.cost import Cost, cost_bound, fallback_distribution, greedy_cost, sampling_cost
 from mars.rules.base import Relaxation, TargetView
 from mars.sampling import SamplingConfig, draw
 
@@ -48,6 +55,36 @@ class Step:
     rank: int | None = None  # the accepted child's place among its siblings in draft order (0 = first)
 
 
+class ForestCost:
+    """The cost (`mars.cost.Cost`) at every chain node of one verified forest, flattened [B L], computed
+    by `compute` when first asked for and kept; the closure (and the target tables it holds) is then
+    dropped."""
+
+    def __init__(self, compute: Callable[[], Cost], nbytes: int):
+        self._compute: Callable[[], Cost] | None = compute
+        self._cost: Cost | None = None
+        self.nbytes = nbytes  # device memory kept alive until computed (estimated: `retained_bytes`)
+
+    def cost(self) -> Cost:
+        if self._cost is None:
+            self._cost, self._compute, self.nbytes = self._compute(), None, 0
+        return self._cost
+
+
+@dataclass(frozen=True)
+class PendingCost:
+    """A verdict's deferred cost: its steps' entries in its forest's flattened chain, from `start` on."""
+
+    forest: ForestCost
+    start: int
+
+    def columns(self, count: int) -> torch.Tensor:
+        """[4, count] float64 on the device: tv, kl, mismatch and regret of the verdict's first `count` steps."""
+        cost = self.forest.cost()
+        at = slice(self.start, self.start + count)
+        return torch.stack([cost.tv[at], cost.kl[at], cost.mismatch[at], cost.regret[at]]).double()
+
+
 @dataclass
 class Verdict:
     path: list[int]  # tree nodes, root first
@@ -55,6 +92,9 @@ class Verdict:
     steps: list[Step] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the accepted drafted tokens (path[1:]'s)
     cost_bound: bool = False  # the steps' tv/kl bound the cost from above (sampled drafts, `mars.cost`)
+    # Deferred accounting (`defer_cost`): the steps' tv/kl/mismatch/regret stay 0, the cost is
+    # `VerifyStats`'s once settled. None: computed in the cycle (or a lossless rule's: 0).
+    pending: PendingCost | None = None
 
     @property
     def accepted(self) -> int:
@@ -65,7 +105,24 @@ class Verdict:
         return sum(s.relaxed for s in self.steps)
 
 
-_FIELDS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "rank", "tv", "kl", "mismatch", "regret")
+_FACTS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "rank")
+_COSTS = ("tv", "kl", "mismatch", "regret")
+
+
+def retained_bytes(view: TargetView) -> int:
+    """Device memory a deferred cost keeps alive by holding `view`: its tensors, those cached so far
+    included (the [n, V] tables dominate: logits, draft, probabilities, the trial's residuals)."""
+    values = [x for v in vars(view).values() for x in (v if isinstance(v, tuple) else (v,))]
+    return sum(t.nbytes for t in values if isinstance(t, torch.Tensor))
+
+
+def _cost(compute: Callable[[], Cost], view: TargetView, lossless: bool,
+          defer: bool) -> tuple[Cost | None, ForestCost | None]:
+    """The forest's cost now (packed into the verdicts' read), or its deferred computation (None for a
+    lossless rule: no cost to account)."""
+    if not defer:
+        return compute(), None
+    return None, None if lossless else ForestCost(compute, retained_bytes(view))
 
 
 def children(tree: DraftTree) -> torch.Tensor:
@@ -74,26 +131,26 @@ def children(tree: DraftTree) -> torch.Tensor:
     return tree.parents[None, :] == nodes[:, None]
 
 
-def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torch.Tensor, cost: Cost,
+def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torch.Tensor, cost: Cost | None,
           scalars: list[torch.Tensor]) -> list[tuple[list[int], list[int], list[dict], list[float]]]:
     """The one device-to-host transfer of a verdict, for every tree of a forest at once: chain [B, L]
     node ids per tree, their tokens, the Step facts of each (relaxed [B, L]: the chain node's accepted
-    child was accepted by the relaxation; `cost` per chain node, flattened) and `scalars` ([B] each).
-    Per tree: (ids, tokens, facts, scalars)."""
+    child was accepted by the relaxation; `cost` per chain node, flattened, None when deferred) and
+    `scalars` ([B] each). Per tree: (ids, tokens, facts, scalars)."""
     kids = children(tree)
     has_children = kids.any(dim=1)
     nodes = torch.arange(tree.size, device=chain.device)
     sibling_rank = (kids.long().cumsum(dim=1) - 1)[tree.parents.clamp(min=0), nodes]  # [n] place among siblings
     rank = sibling_rank[torch.cat([chain[:, 1:], chain[:, -1:]], dim=1)]  # of the chain node's accepted child
     flat = chain.flatten()
+    costs = [] if cost is None else [cost.tv, cost.kl, cost.mismatch, cost.regret]
     columns = [tree.depths[flat], relax.gate[flat], relax.open[flat], has_children[flat], relaxed.flatten(),
-               rank.flatten(), cost.tv, cost.kl, cost.mismatch, cost.regret,
-               *(relax.counters[k][flat] for k in relax.counters)]
+               rank.flatten(), *costs, *(relax.counters[k][flat] for k in relax.counters)]
     facts = torch.stack([c.double() for c in columns], dim=1)  # [B L, width]
     batch, length, width = chain.shape[0], chain.shape[1], len(columns)
     per_row = torch.cat([chain.double(), tree.tokens[chain].double(), facts.view(batch, length * width),
                          torch.stack(scalars, dim=1).double()], dim=1)
-    names = [*_FIELDS, *relax.counters]
+    names = [*_FACTS, *(_COSTS if costs else ()), *relax.counters]
     out = []
     for packed in per_row.tolist():
         rows = [dict(zip(names, packed[2 * length + i * width: 2 * length + (i + 1) * width], strict=True))
@@ -104,24 +161,32 @@ def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torc
 
 
 def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]:
+    """The Steps of a path's read rows (cost 0 where it was not read: deferred)."""
     steps = []
     for j, row in enumerate(rows):
         accepted = j + 1 < len(path)
         steps.append(Step(int(row["depth"]), row["gate"], bool(row["relax_allowed"]), accepted,
-                          accepted and bool(row["relaxed"]), bool(row["has_children"]), row["tv"], row["kl"],
-                          bool(row["mismatch"]), row["regret"], {k: bool(row[k]) for k in counters},
-                          int(row["rank"]) if accepted else None))
+                          accepted and bool(row["relaxed"]), bool(row["has_children"]), row.get("tv", 0.0),
+                          row.get("kl", 0.0), bool(row.get("mismatch", 0.0)), row.get("regret", 0.0),
+                          {k: bool(row[k]) for k in counters}, int(row["rank"]) if accepted else None))
     return steps
 
 
-def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False) -> list[Verdict]:
+def _pending(forest: ForestCost | None, row: int, length: int, first: int) -> PendingCost | None:
+    """Tree `row`'s share of the forest's deferred cost: its chain of `length` entries, from `first` on."""
+    return None if forest is None else PendingCost(forest, row * length + first)
+
+
+def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False,
+                  defer_cost: bool = False) -> list[Verdict]:
     """Greedy verification under a relaxation, of each tree of `tree` (a forest of `tree.batch`).
 
     A node is valid when its token is the target's top-1 at its parent, or the rule accepts it
     outright there (`relax.outright`). The accepted path is the deepest root-to-node path of valid
     nodes; ties go to the path with fewer relaxed tokens, then to the earliest node in draft order.
     The next token is the top-1 after the path. With no relaxation the output equals plain greedy
-    decoding token for token. `lossless`: the rule never relaxes (skip its cost).
+    decoding token for token. `lossless`: the rule never relaxes (skip its cost). `defer_cost`: leave
+    the cost to each verdict's `pending` (see the module docstring).
     """
     n, device = tree.size, view.logits.device
     nodes = torch.arange(n, device=device)
@@ -141,18 +206,20 @@ def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless
     chain = torch.stack(up[::-1], dim=1)  # [B, levels + 1]: the root (repeated), ..., best
     relaxed = torch.cat([relaxed_edge[chain[:, 1:]], torch.zeros_like(chain[:, :1], dtype=torch.bool)], dim=1)
     emitted = torch.cat([tree.tokens[chain[:, 1:]], view.top1[best][:, None]], dim=1)
-    cost = greedy_cost(view, chain.flatten(), emitted.flatten(), lossless)
+    cost, forest = _cost(lambda: greedy_cost(view, chain.flatten(), emitted.flatten(), lossless), view, lossless,
+                         defer_cost)
     verdicts = []
-    for ids, tokens, rows, (depth, next_token) in _read(tree, relax, chain, relaxed, cost,
-                                                        [tree.depths[best], view.top1[best]]):
+    for row, (ids, tokens, rows, (depth, next_token)) in enumerate(_read(tree, relax, chain, relaxed, cost,
+                                                                         [tree.depths[best], view.top1[best]])):
         first = len(ids) - int(depth) - 1
         verdicts.append(Verdict([i % m for i in ids[first:]], int(next_token),
-                                _steps(ids[first:], rows[first:], list(relax.counters)), tokens[first + 1:]))
+                                _steps(ids[first:], rows[first:], list(relax.counters)), tokens[first + 1:],
+                                pending=_pending(forest, row, len(ids), first)))
     return verdicts
 
 
 def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, generator: torch.Generator | None,
-                    lossless: bool = False) -> list[Verdict]:
+                    lossless: bool = False, defer_cost: bool = False) -> list[Verdict]:
     """Tree speculative sampling under a relaxation, for deterministic (top-k) or sampled children, of
     each tree of `tree` (a forest of `tree.batch`).
 
@@ -167,7 +234,8 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     A relaxation changes that where it acts: the first child accepted outright wins; otherwise the
     test is loosened by `relax.tolerance` (u < ratio + tolerance), skipped where `relax.tested` is
     False, and the token after rejections drawn from `relax.fallback` (`mars.cost` gives the result).
-    `lossless`: the rule never relaxes (skip its cost).
+    `lossless`: the rule never relaxes (skip its cost). `defer_cost`: leave the cost to each verdict's
+    `pending` (see the module docstring; the draws are the same either way).
 
     Random draws, the same for every rule: `u = rand(N, m)` first (N nodes of the forest, m per tree),
     the j-th child (draft order) of node i uses u[i, j]; then one `multinomial` over the trees for
@@ -200,36 +268,45 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     chain = torch.stack(walk, dim=1)  # [B, levels + 1]
     last = chain[:, -1]
     token = draw(fallback_distribution(view, relax, last), generator)[:, 0]  # [B]
-    cost = sampling_cost(view, relax, chain.flatten(), lossless)
+    cost, forest = _cost(lambda: sampling_cost(view, relax, chain.flatten(), lossless), view, lossless, defer_cost)
+    bound = cost_bound(view, relax, lossless)
     m = tree.nodes_per_tree
     verdicts = []
-    for ids, tokens, rows, (depth, next_token) in _read(tree, relax, chain, relaxed[chain], cost,
-                                                        [tree.depths[last], token]):
+    for row, (ids, tokens, rows, (depth, next_token)) in enumerate(_read(tree, relax, chain, relaxed[chain], cost,
+                                                                         [tree.depths[last], token])):
         length = int(depth) + 1
         verdicts.append(Verdict([i % m for i in ids[:length]], int(next_token),
                                 _steps(ids[:length], rows[:length], list(relax.counters)), tokens[1:length],
-                                cost_bound=cost.bound))
+                                cost_bound=bound, pending=_pending(forest, row, len(ids), 0)))
     return verdicts
 
 
 def accept_rows(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
-                generator: torch.Generator | None = None) -> list[Verdict]:
+                generator: torch.Generator | None = None, defer_cost: bool = False) -> list[Verdict]:
     """Verify every tree of a forest (`tree.batch` trees) under `cfg.rule`, one verdict per tree
     (paths in tree-local node indices); the same rule, draws and one device-to-host read for all.
 
-    processed [N, V] = `process_logits(target logits over the forest's N nodes, cfg)`.
+    processed [N, V] = `process_logits(target logits over the forest's N nodes, cfg)`. defer_cost: the
+    verdicts share one deferred cost computation (module docstring); it reads `processed`, the tree's
+    tensors and its draft probabilities later, so none of them may be overwritten until it is settled.
     """
     view = TargetView(processed, tree.tokens, children(tree), cfg.greedy, tree.draft_probs, tree.width)
     relax = cfg.rule.relax(view)
     if cfg.greedy:
-        return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless)
-    return accept_sampling(view, relax, tree, generator, lossless=cfg.rule.lossless)
+        return accept_greedy(view, relax, tree, lossless=cfg.rule.lossless, defer_cost=defer_cost)
+    return accept_sampling(view, relax, tree, generator, lossless=cfg.rule.lossless, defer_cost=defer_cost)
 
 
 def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
-           generator: torch.Generator | None = None) -> Verdict:
+           generator: torch.Generator | None = None, defer_cost: bool = False) -> Verdict:
     """Verify `tree` under `cfg.rule`: the greedy form at temperature 0, else the sampling form.
 
-    processed [n, V] = `process_logits(target logits over the tree, cfg)`.
+    processed [n, V] = `process_logits(target logits over the tree, cfg)`; defer_cost as `accept_rows`.
     """
-    return accept_rows(processed, tree, cfg, generator)[0]
+    return accept_rows(processed, tree, cfg, generator, defer_cost)[0]
+
+
+def pending_bytes(verdicts: list[Verdict]) -> int:
+    """Device memory the deferred costs of `verdicts` keep alive (each forest's counted once)."""
+    forests = {id(v.pending.forest): v.pending.forest for v in verdicts if v.pending is not None}
+    return sum(f.nbytes for f in forests.values())

@@ -41,8 +41,8 @@ def recorded(monkeypatch):
     cycles = []
     real = generate_module.accept
 
-    def recording(processed, tree, cfg, rng=None):
-        verdict = real(processed, tree, cfg, rng)
+    def recording(processed, tree, cfg, rng=None, **settings):  # settings: e.g. the loop's defer_cost
+        verdict = real(processed, tree, cfg, rng, **settings)
         cycles.append((processed.clone(), tree, verdict))
         return verdict
 

@@ -23,7 +23,9 @@ Definitions (all pooled over the questions every method answered):
   margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
   phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.output.PHASES`: prefill,
                            draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
-                           and each phase's share of the total
+                           and each phase's share of the loop's total; phase_seconds also holds
+                           `accounting`, settling the cost accounting after the timed loop (outside
+                           tokens_per_s and the shares)
 Task quality and its recovery (method / strict) are added by `eval.runner.job.score_quality`.
 """
 
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 
 from eval.config.methods import GENERATE, VANILLA
 from eval.scoring.quality import token_prob
+from mars.output import ACCOUNTING
 from mars.stats import VerifyStats
 
 # Histogram ranges per margin metric; values outside fall into the end bins.
@@ -86,6 +89,7 @@ def method_figures(records: list[dict]) -> dict:
     phases = Counter()
     for r in records:
         phases.update(r["eval"].get("phase_seconds", {}))
+    loop = {k: v for k, v in phases.items() if k != ACCOUNTING}  # what `seconds` timed
     latencies = sorted(x for r in records for x in r["eval"].get("latency", r["choices"][0]["wall_time"]))
     figures = {
         "questions": len(records),
@@ -104,7 +108,7 @@ def method_figures(records: list[dict]) -> dict:
         "acceptance_rate_by_depth": stats.acceptance_rate_by_depth,
         "relax_allowed_frac": stats.relax_allowed / stats.positions if stats.positions else 0.0,
         "phase_seconds": {k: round(v, 4) for k, v in phases.items()},
-        "phase_share": {k: v / sum(phases.values()) for k, v in phases.items()} if phases else {},
+        "phase_share": {k: v / sum(loop.values()) for k, v in loop.items()} if sum(loop.values()) else {},
         **stats.cost(),  # the relaxation's exact cost per token: tv/kl_per_token, argmax_mismatch, logprob_regret
     }
     if parses:
