@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,10 +59,17 @@ class DraftConfig:
     max_position_embeddings: int = 2048
     bias: bool = True  # EAGLE-1 `fc` bias
     feature_layers: list[int] = field(default_factory=list)
+    # Ours: the temperature the head's log-probabilities are taken at when they *rank* tree nodes
+    # (EAGLE-2's draft confidence, `eagle.tree.confidence`), fitted so that a candidate's confidence
+    # matches its chance of acceptance (`python -m eagle.train.confidence`). 1.0: the head as trained.
+    confidence_temperature: float = 1.0
 
     def __post_init__(self):
         if self.kind not in ("eagle3", "eagle1"):
             raise ValueError(f"kind must be 'eagle3' or 'eagle1', got {self.kind!r}")
+        if not (isinstance(self.confidence_temperature, (int, float)) and 0 < self.confidence_temperature < math.inf):
+            raise ValueError(f"confidence_temperature must be a finite number > 0, got {self.confidence_temperature!r} "
+                             "(1.0: rank tree nodes by the head's own log-probabilities)")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if not self.feature_layers and self.kind == "eagle3":
@@ -101,7 +109,7 @@ class DraftConfig:
         return cls(**values)
 
     def to_json(self) -> dict:
-        """Public EAGLE fields plus ours (`kind`, `num_target_layers`, `feature_layers`)."""
+        """Public EAGLE fields plus ours (`kind`, `num_target_layers`, `feature_layers`, `confidence_temperature`)."""
         d = dataclasses.asdict(self)
         d["architectures"] = ["LlamaForCausalLMEagle3" if self.kind == "eagle3" else "LlamaForCausalLM"]
         d["num_hidden_layers"] = 1

@@ -6,7 +6,8 @@ EAGLE-2 (deterministic children, what greedy verification wants). Two phases:
   draft log-probability are fed to the draft head, each proposing its own `branching` children.
 - `rerank`: all candidates are ranked by cumulative log-probability and the best `total_tokens`
   form the tree that the target verifies.
-`grow_tree` is the two in sequence.
+`grow_tree` is the two in sequence. The log-probabilities that rank are the head's at its fitted
+confidence temperature (`confidence`), so that they track acceptance.
 
 Sampled drafting (`sample_tree`, temperature > 0): each node's children are drawn from the head's
 processed distribution q without replacement (Gumbel-top-k), into a shape fixed before any draw
@@ -177,6 +178,21 @@ class Candidates:
     levels: int  # levels drafted
 
 
+def confidence(head: DraftHead, logprobs: torch.Tensor) -> torch.Tensor:
+    """[..., V_d] the log-probabilities that rank top-k candidates: the head's `logprobs` [..., V_d]
+    at its fitted `confidence_temperature` T (log_softmax(logprobs / T) = log_softmax(logits / T)).
+
+    EAGLE-2 keeps the nodes of highest cumulative draft probability on the premise that it tracks the
+    chance the target accepts them. A head trained to match the target's distribution is
+    under-confident for greedy verification, which accepts its top-1 whenever it is the target's argmax:
+    the embedded head's top-1 has probability 0.39 on average and is the argmax 88% of the time, so at
+    T = 1 its trees keep siblings instead of depth (fitted T = 0.18; `eagle.train.confidence`). T changes
+    which nodes are kept, never the order of one node's children, and never what verification accepts:
+    output is unchanged under strict rules; only tau moves."""
+    temperature = head.config.confidence_temperature
+    return logprobs if temperature == 1.0 else torch.log_softmax(logprobs / temperature, dim=-1)
+
+
 @torch.inference_mode()
 def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int,
            keep_growing: Callable[[int, torch.Tensor], bool | torch.Tensor] | None = None) -> Candidates:
@@ -193,7 +209,7 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
     """
     device = logprobs.device
     k = min(branching, logprobs.shape[-1])
-    lp, ids = logprobs.topk(k)
+    lp, ids = confidence(head, logprobs).topk(k)
     tokens, scores = [head.to_target_ids(ids)], [lp]
     parents = [torch.full((k,), -1, device=device)]
     depths = [torch.ones(k, dtype=torch.long, device=device)]
@@ -220,7 +236,7 @@ def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
         mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device)], dim=1)  # [kf, t + kf]
         fed = torch.cat([torch.cat([fed, fed.new_zeros(t, kf)], dim=1), mask], dim=0)
         out_hidden, out_lp = head.propose(frontier_hidden, torch.cat(tokens)[frontier], level - 1, mask)
-        child_lp, child_ids = out_lp.topk(k, dim=-1)  # [kf, k]
+        child_lp, child_ids = confidence(head, out_lp).topk(k, dim=-1)  # [kf, k]
         child_scores = (frontier_scores[:, None] + child_lp).flatten()
         tokens.append(head.to_target_ids(child_ids).flatten())
         scores.append(child_scores)
@@ -300,7 +316,7 @@ def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logpr
         zero = torch.zeros(b, 1, dtype=torch.long, device=device)
         return DraftTree.forest(roots[:, None], zero - 1, zero, zero.float(), 0)
     k = min(branching, logprobs.shape[-1])
-    lp, ids = logprobs.topk(k, dim=-1)  # [B, k]
+    lp, ids = confidence(head, logprobs).topk(k, dim=-1)  # [B, k]
     tokens, scores = [head.to_target_ids(ids)], [lp]
     parents = [torch.full((b, k), -1, device=device)]
     depths = [torch.ones(b, k, dtype=torch.long, device=device)]
@@ -318,7 +334,7 @@ def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logpr
         fed = torch.cat([torch.cat([fed, fed.new_zeros(b, t, kf)], dim=2), mask], dim=1)
         out_hidden, out_lp = head.propose_rows(frontier_hidden, torch.cat(tokens, dim=1).gather(1, frontier),
                                                level - 1, mask)
-        child_lp, child_ids = out_lp.topk(k, dim=-1)  # [B, kf, k]
+        child_lp, child_ids = confidence(head, out_lp).topk(k, dim=-1)  # [B, kf, k]
         child_scores = (frontier_scores[:, :, None] + child_lp).flatten(1)
         tokens.append(head.to_target_ids(child_ids).flatten(1))
         scores.append(child_scores)

@@ -10,7 +10,8 @@
 #      the argmax worse (data/models/README.md), so it ships beside the greedy head, as
 #      data/models/draft_sampling (model.sampling_draft: used at temperature > 0)  (~60-90 min;
 #      without it, export leaves no draft_sampling: run with model.sampling_draft=null)
-#   5. export to data/models/{target,draft[,draft_sampling]} and check each loads (seconds)
+#   5. the greedy head's confidence temperature fitted on train-split prompts (~5 min), then export to
+#      data/models/{target,draft[,draft_sampling]} and check each loads (seconds)
 #   6. the held-out prompt set data/prompts/stdlib_heldout.jsonl and the train-split calibration prompts
 # Every stage resumes when rerun (runs/ keeps checkpoints), so an interruption loses little. Stage 4
 # runs in chunks of KL_MINUTES (default 60, one chunk fits a 3-hour session with room to spare): while
@@ -90,6 +91,12 @@ else
     sampling_export=(--sampling-draft "$kl")
 fi
 fi
+# The greedy head's confidence temperature (eagle.train.confidence): trained to match the target's T=1
+# distribution, its top-1 probability (~0.39) understates how often its top-1 is the target's argmax
+# (~0.88), so EAGLE-2 trees kept siblings instead of depth. Fitted on train-split prompts, written into its config.
+python -m eval.prompts --split train --count 256 --per-file 100 --out "$runs/confidence_prompts.jsonl"
+python -m eagle.train.confidence --target "$runs/target/final" --draft "$final" --prompts "$runs/confidence_prompts.jsonl" \
+    --dtype float32 --sequences-cache "$runs/confidence_seqs.pt" --out "$final/confidence.json" --write
 python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
     --cache-dir "$runs/draft/data" --out "$final/eval.json"
 python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --update "$final/eval.json"

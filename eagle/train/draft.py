@@ -150,6 +150,8 @@ def build_head(kind: str, target, draft_vocab_size: int, shape: dict, init: str 
         head = load_draft(init, target).float()
         if head.config.kind != kind:
             raise ValueError(f"--init {init} is an {head.config.kind} head but --kind is {kind}")
+        # A fitted confidence temperature belongs to the weights it was fitted on; training changes them.
+        head.config.confidence_temperature = 1.0
         if isinstance(head, Eagle3Head):
             head.embed_tokens.weight.requires_grad_(False)
         return head

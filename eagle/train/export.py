@@ -23,7 +23,7 @@ import torch
 SIZE_BUDGET_MB = 70.0  # the repository carries the pair: a clone stays small
 TARGET_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "training_summary.json")
-DRAFT_FILES = ("config.json", "eval.json", "eval_own_t1.json", "training_summary.json")
+DRAFT_FILES = ("config.json", "eval.json", "eval_own_t1.json", "confidence.json", "training_summary.json")
 
 
 def _copy(src: Path, dst: Path, names: tuple[str, ...], required: tuple[str, ...]) -> None:

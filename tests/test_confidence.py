@@ -1,0 +1,124 @@
+"""The draft head's confidence temperature: what it changes in a tree (which nodes are kept), what it
+must not change (each node's children's order, strict greedy output), how it is stored, and its fit."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import hf_greedy, tiny_llama
+
+from eagle.checkpoint import load_draft, save_draft
+from eagle.config import DraftConfig
+from eagle.heads import Eagle3Head
+from eagle.train.confidence import GRID, Calibration, fit_confidence, write_temperature
+from eagle.train.data import Sequences
+from eagle.tree import confidence, expand, grow_tree
+from mars import SpeculativeGenerator
+
+
+def _pair(temperature: float = 1.0, seed: int = 0):
+    target = tiny_llama(seed=seed, vocab_size=64, sharpen=4.0)
+    torch.manual_seed(seed + 1)
+    head = Eagle3Head.for_target(target.config)
+    head.config.confidence_temperature = temperature
+    return target, head
+
+
+def _head_state(target, head, prompt):
+    """The head's output at the prompt's last position, as decoding starts a cycle."""
+    from mars.adapter import TargetModel
+
+    model = TargetModel(target, head.config.feature_layers, exact_attention=False)
+    _, features = model.prefill(prompt[0], capacity=prompt.shape[1] + 64)
+    head.reset()
+    return head.extend(features, torch.cat([prompt[0, 1:], torch.tensor([0])]))
+
+
+def test_confidence_is_the_log_softmax_at_the_temperature():
+    logits = torch.randn(3, 11)
+    _, head = _pair(0.4)
+    expected = torch.log_softmax(logits / 0.4, dim=-1)
+    torch.testing.assert_close(confidence(head, logits.log_softmax(-1)), expected)
+    head.config.confidence_temperature = 1.0
+    lp = logits.log_softmax(-1)
+    assert confidence(head, lp) is lp  # the head as trained: nothing computed
+
+
+def test_a_sharper_confidence_keeps_deeper_nodes_and_never_reorders_children():
+    target, head = _pair()
+    prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    hidden, logprobs = _head_state(target, head, prompt)
+    flat = expand(head, hidden, logprobs, depth=4, branching=4)
+    head.config.confidence_temperature = 0.2
+    sharp = expand(head, hidden, logprobs, depth=4, branching=4)
+    # The same first level, children in the same (draft) order; scores rescaled.
+    torch.testing.assert_close(sharp.tokens[:4], flat.tokens[:4], rtol=0, atol=0)
+    assert sharp.scores[:4].max() > flat.scores[:4].max()
+    head.config.confidence_temperature = 1.0
+    tree_flat = grow_tree(head, 0, hidden, logprobs, 4, 4, 8)
+    head.config.confidence_temperature = 0.2
+    tree_sharp = grow_tree(head, 0, hidden, logprobs, 4, 4, 8)
+    assert tree_sharp.depths.float().mean() > tree_flat.depths.float().mean()
+
+
+@pytest.mark.parametrize("temperature", [0.2, 3.0])
+def test_strict_greedy_output_does_not_depend_on_the_confidence_temperature(temperature):
+    target, head = _pair(temperature, seed=2)
+    gen = SpeculativeGenerator(target, head, total_tokens=10, depth=4, branching=3)
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (1, 7 + seed), generator=torch.Generator().manual_seed(seed))
+        assert gen.generate(prompt, max_new_tokens=24).tokens == hf_greedy(target, prompt, 24)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan, "0.5"])
+def test_a_bad_confidence_temperature_is_refused_by_name(bad):
+    target, head = _pair()
+    values = {**head.config.to_json(), "confidence_temperature": bad}
+    with pytest.raises(ValueError, match="confidence_temperature"):
+        DraftConfig.from_json(values)
+
+
+def test_the_temperature_travels_with_the_checkpoint(tmp_path):
+    target, head = _pair(0.25)
+    save_draft(head, tmp_path / "draft")
+    assert load_draft(tmp_path / "draft", target).config.confidence_temperature == 0.25
+    write_temperature(tmp_path / "draft", 0.5)
+    assert load_draft(tmp_path / "draft", target).config.confidence_temperature == 0.5
+    # A checkpoint without the field (every published one) ranks by the head's own log-probabilities.
+    raw = json.loads((tmp_path / "draft" / "config.json").read_text())
+    del raw["confidence_temperature"]
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(raw))
+    assert load_draft(tmp_path / "draft", target).config.confidence_temperature == 1.0
+
+
+def test_the_fit_recovers_the_temperature_of_calibrated_events():
+    """Labels drawn from softmax(z / 0.5): confidences are calibrated exactly at T = 0.5."""
+    gen = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(40_000, 30, generator=gen)
+    labels = torch.multinomial(torch.softmax(logits / 0.5, dim=-1), 1, generator=gen)[:, 0]
+    identity = SimpleNamespace(to_target_ids=lambda ids: ids)
+    fit = Calibration.empty(steps=1)
+    fit.add(0, logits, labels, torch.ones(40_000, dtype=torch.bool), identity, topk=5)
+    result = fit.result()
+    assert result["confidence_temperature"] == pytest.approx(0.5, rel=0.06)  # within one grid step
+    step = result["steps"][0]
+    assert step["top1_confidence_fitted"] == pytest.approx(step["top1_acceptance"], abs=0.02)
+
+
+def test_the_fit_refuses_empty_data():
+    with pytest.raises(ValueError, match="no events"):
+        Calibration.empty(steps=2).result()
+
+
+def test_fit_on_a_real_head_reports_every_step():
+    target, head = _pair(seed=4)
+    ids = torch.randint(0, 64, (6, 24), generator=torch.Generator().manual_seed(5))
+    mask = torch.zeros(6, 24, dtype=torch.bool)
+    mask[:, 8:23] = True
+    report = fit_confidence(head, target, Sequences(ids, torch.full((6,), 24), mask), steps=3, topk=4, batch_size=4)
+    assert report["confidence_temperature"] in [round(float(t), 4) for t in GRID]
+    assert [s["step"] for s in report["steps"]] == [0, 1, 2]
+    assert report["bce_per_event_fitted"] <= report["bce_per_event_at_1"]
+    assert all(s["positions"] == 6 * 15 for s in report["steps"])  # the 15 scored positions of each sequence
