@@ -19,7 +19,7 @@
 #
 #   scripts/build_embedded.sh [RUNS_DIR]        (default: runs/)
 # Smoke test of the whole chain in ~10 minutes, without touching the shipped pair:
-#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 KL_PROMPTS=48 KL_STEPS=4 \
+#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 KL_PROMPTS=48 KL_STEPS=4 CONFIDENCE_PROMPTS=16 \
 #       EXPORT_DIR=/tmp/pair PROMPTS_OUT=/tmp/p.jsonl CALIBRATION_OUT=/tmp/c.jsonl scripts/build_embedded.sh /tmp/runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +36,7 @@ kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a thi
 kl_steps="${KL_STEPS:-600}"             # 1,200 sequences x 8 per step: 4 epochs (~8 min on 2 idle cores)
 kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
 sampling_head="${SAMPLING_HEAD:-1}"   # 0: no stage 4 (the pair then has no sampling head)
+confidence_prompts="${CONFIDENCE_PROMPTS:-256}"  # train-split prompts the greedy head's confidence temperature is fitted on
 
 python -m eagle.train.target_lm --out "$runs/target" --minutes "$target_minutes" --steps 5000 \
     --warmup 80 --seq 512 --batch 8 --lr 1.5e-3 --save-every 25
@@ -94,9 +95,10 @@ fi
 # The greedy head's confidence temperature (eagle.train.confidence): trained to match the target's T=1
 # distribution, its top-1 probability (~0.39) understates how often its top-1 is the target's argmax
 # (~0.88), so EAGLE-2 trees kept siblings instead of depth. Fitted on train-split prompts, written into its config.
-python -m eval.prompts --split train --count 256 --per-file 100 --out "$runs/confidence_prompts.jsonl"
+python -m eval.prompts --split train --count "$confidence_prompts" --per-file 100 --out "$runs/confidence_prompts.jsonl"
 python -m eagle.train.confidence --target "$runs/target/final" --draft "$final" --prompts "$runs/confidence_prompts.jsonl" \
-    --dtype float32 --sequences-cache "$runs/confidence_seqs.pt" --out "$final/confidence.json" --write
+    --sequences "$confidence_prompts" --dtype float32 --sequences-cache "$runs/confidence_seqs.pt" \
+    --out "$final/confidence.json" --write
 python -m eagle.train.evaluate --target "$runs/target/final" --draft "$final" \
     --cache-dir "$runs/draft/data" --out "$final/eval.json"
 python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --update "$final/eval.json"
