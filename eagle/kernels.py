@@ -125,12 +125,14 @@ class PackedLinears:
 
     @contextmanager
     def active(self):
-        """Inside: every covered linear multiplies with its packed weight (inference only)."""
-        for linear in self.linears:
+        """Inside: every covered linear multiplies with its packed weight (inference only). A linear moved
+        since to a precision oneDNN cannot pack here (bf16 without AVX-512 BF16) keeps torch's product."""
+        covered = [linear for linear in self.linears if packable(linear)]
+        for linear in covered:
             bias = None if linear.bias is None else linear.bias.detach()
             linear.forward = partial(_packed_forward, self._pack(linear), bias)
         try:
             yield self
         finally:
-            for linear in self.linears:
+            for linear in covered:
                 del linear.forward  # the class's own forward again

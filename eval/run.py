@@ -14,15 +14,42 @@ the settings are the Hydra config in configs/ with the schema of `eval.config`.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
+import time
+
 import hydra
 from omegaconf import DictConfig
 
 from eval.config.paths import REPO_ROOT
 from eval.runner.job import run
 
+SWEEP_PID = "MARS_SWEEP_PID"  # the process that started the sweep, for its workers (set in __main__ below)
+
+
+def end_with_the_sweep(poll: float = 0.5) -> None:
+    """In a launcher's worker process (joblib), end this job when the sweep's process is gone.
+
+    A sweep killed outright (SIGKILL, an OOM kill) cannot tell its workers: they would go on answering
+    as orphans, and loky's semaphores and memmapping folders, which its resource tracker removes once
+    every worker has exited, would outlive them. Finished answers are on disk already (appended per
+    question); the run directories' locks die with the process."""
+    sweep = int(os.environ.get(SWEEP_PID, os.getpid()))
+    if multiprocessing.parent_process() is None or sweep == os.getpid():  # a job in the sweep's own process
+        return
+
+    def watch() -> None:
+        while os.getppid() == sweep:  # orphaned, a process is re-parented (to init or a subreaper)
+            time.sleep(poll)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-the-sweep", daemon=True).start()
+
 
 @hydra.main(version_base=None, config_path=str(REPO_ROOT / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
+    end_with_the_sweep()
     run(cfg)
 
 
@@ -31,4 +58,5 @@ if __name__ == "__main__":
     # (joblib, submitit) pickle the task by reference rather than this __main__ module by value.
     from eval.run import main as entry_point
 
+    os.environ[SWEEP_PID] = str(os.getpid())
     entry_point()

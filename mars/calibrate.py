@@ -9,15 +9,18 @@ can say:
 - the draft tree: a 21-node verification costs ~1.3 decodes with bf16 matrix instructions, ~1.7 in
   float32 without them, about one on a GPU; sampled decoding accepts less than greedy.
 
-`calibrate` answers both on a few calibration prompts (never the benchmark's). Stage 1 times every
-kernel candidate, plain decoding and strict speculation at probe trees, and keeps only candidates
-whose strict greedy output equals their own plain greedy decoding on every prompt (the correctness
-every strict run promises); the fastest of those wins. Stage 2 times the candidate trees with the
-winning kernels, interleaved with plain decoding, and keeps the fastest. Candidates of one precision
-share one loaded model; every precision's models are held at once and timed interleaved prompt by
-prompt where they fit in memory, one precision at a time otherwise. The record keeps every figure, and is
-cached under `cache_dir` by a key of the machine, the models, the candidates and the kind of
-decoding (greedy or sampled), so a machine calibrates once.
+`calibrate` answers both at once, on a few calibration prompts (never the benchmark's): every pair of
+kernels and tree is a candidate, since which precision wins depends on how many rows a verification
+multiplies (with AMX, 64 bf16 rows cost 1.8 single rows, 64 float32 rows 11). Kernels whose strict
+greedy output differs from their own plain greedy decoding on the first prompts are not timed (the
+correctness every strict run promises). The rest are timed by successive halving within a budget
+(default 2 minutes): round by round on twice as many prompts, interleaved with plain decoding,
+candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`).
+Candidates of one precision share one loaded model; every precision's models are held at once where
+they fit in memory, one precision at a time otherwise. The record keeps every figure and which
+candidates were dropped when, and is cached under `cache_dir` by a key of the machine, the models,
+the candidates, the decoding (greedy or sampled, and the rule: each method can have its tree) and
+the budget, so a machine calibrates once.
 
 The tree and the kernels change only how fast verification runs: strict verification stays exact
 (greedy) and lossless (sampling) with any of them.
@@ -27,10 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, replace
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -84,20 +89,6 @@ def fixed_candidates(tree: TreeShape, sampled: bool, drafting: str = "auto") -> 
     if not sampled or tree.adaptive or drafting == "topk":
         return (topk,)
     return (topk.sampled(),) if drafting == "sample" else (topk, topk.sampled())
-
-
-# Stage 1 times kernels at a chain and a mid-size tree: which kernels win can depend on how many rows
-# a verification multiplies (a few on a chain, ~20 on a wide tree). When sampling, at the shapes
-# sampled drafting uses (chains of 5-9 rows), where a precision slow on wide trees can win.
-PROBES = (TreeShape(6, 6, 1), TreeShape(20, 4, 5))
-SAMPLED_PROBES = (TreeShape(6, 6, 1), TreeShape(6, 6, 1, drafting="sample"), TreeShape(12, 8, 3, drafting="sample"))
-
-
-def probe_trees(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
-    """The trees stage 1 times the kernels at: those of the drafting modes the run may use."""
-    if not sampled or drafting == "topk":
-        return PROBES
-    return SAMPLED_PROBES if drafting == "auto" else SAMPLED_PROBES[1:]
 
 
 def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_attention: bool | None = None,
@@ -157,11 +148,6 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
             drafting=tree.drafting, exact_attention=k.exact_attention, prepack=k.prepack)) for k in kernels}
 
 
-def use_tree(gen: SpeculativeGenerator, tree: TreeShape) -> None:
-    gen.total_tokens, gen.depth, gen.branching = tree.total_tokens, tree.depth, tree.branching
-    gen.adaptive, gen.drafting = tree.adaptive, tree.drafting
-
-
 def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tensor]]:
     """The prompts in groups of `batch` (1: one each); too few prompts for a whole group are cycled."""
     if batch == 1:
@@ -184,50 +170,139 @@ def decode(gen: SpeculativeGenerator, plain: bool, group: list[torch.Tensor], sa
     return [o.tokens for o in outs], max(o.seconds for o in outs)
 
 
-@torch.inference_mode()
-def time_runs(gens: dict[str, SpeculativeGenerator], prompts: list[torch.Tensor], sampling: SamplingConfig,
-              trees: tuple[TreeShape, ...], max_new_tokens: int, rounds: int = 1,
-              check: bool = False, batch: int = 1) -> dict[str, dict]:
-    """Tokens/s of plain decoding and of strict speculation at each tree, for each generator,
-    interleaved prompt by prompt (`batch` > 1: batch by batch, the throughput of the whole batch).
-    check: also whether strict greedy output (at the first tree) equals plain greedy output on every
-    prompt (checked greedily when `sampling` samples).
-    Returns {name: {"plain": tok/s, "trees": {label: tok/s}, "identical": bool (with check)}}."""
-    runs = ("plain", *(t.label for t in trees))
-    tokens = {(name, run): 0 for name in gens for run in runs}
-    seconds = dict.fromkeys(tokens, 0.0)
-    identical = dict.fromkeys(gens, True)
+@dataclass
+class Arm:
+    """One candidate being timed: plain decoding (`tree` None) or strict speculation at `tree`, with
+    `kernels`; what it decoded so far, and when it was dropped (None: still in)."""
+
+    kernels: Kernels
+    tree: TreeShape | None
+    tokens: int = 0
+    seconds: float = 0.0
+    units: int = 0  # prompts (or batches of prompts) timed
+    dropped: dict | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernels.label} {self.tree.label if self.tree else 'plain'}"
+
+    @property
+    def speed(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+# Successive halving: after each round, the candidates slower than the best by more than
+# SLACK / sqrt(prompts timed) are dropped, and at most half of them (rounded up) go on; each round
+# times twice as many prompts as the one before. One prompt of 64 tokens times a candidate to a
+# few percent on an idle machine; a candidate 20% slower after one prompt, 10% after four, loses clearly.
+SLACK = 0.2
+DEFAULT_BUDGET = 120.0  # seconds for a calibration on 2 cores (the models' loading not included)
+
+
+class Halving:
+    """Times `arms` on units of prompts by successive halving until `deadline` (see SLACK).
+
+    Round by round, on each unit every kernel's plain decoding and then every arm still in decode in
+    turn, tree by tree with the kernels interleaved (drift of the machine's speed falls on all alike);
+    plain decoding is timed on every unit. A round that would overrun the deadline is cut to the units
+    that fit (by the round before's seconds per unit); none fit: the fastest so far wins. Should even
+    the first round overrun it, the arms not timed yet are dropped untimed (the candidates come in the
+    order of their prior: chains and small trees first). `progress` shows what is being timed."""
+
+    def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], units: list[list[torch.Tensor]],
+                 sampling: SamplingConfig, max_new_tokens: int, deadline: float, max_units: int, log, progress: bool):
+        self.gens, self.arms, self.units, self.sampling = gens, arms, units, sampling
+        self.max_new_tokens, self.deadline, self.max_units = max_new_tokens, deadline, max_units
+        self.plains = {k: Arm(k, None) for k in gens}
+        self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
+        self.log, self.progress, self.rounds = log, progress, []
+
+    def alive(self) -> list[Arm]:
+        return [a for a in self.arms if a.dropped is None]
+
+    def _decode(self, arm: Arm, unit: list[torch.Tensor], seed: int, bar) -> None:
+        gen = self.gens[arm.kernels]
+        bar.set_postfix_str(arm.label)
+        rng = None if self.sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
+        if arm.tree is not None:
+            gen.use_tree(arm.tree)
+        out, took = decode(gen, arm.tree is None, unit, self.sampling, self.max_new_tokens, rng)
+        arm.tokens += sum(map(len, out))
+        arm.seconds += took
+        arm.units += 1
+        bar.update(1)
+
+    def _round(self, r: int, units: list[tuple[int, list[torch.Tensor]]], alive: list[Arm], started: float) -> bool:
+        """Time `alive` on `units`; False if the deadline came first (the arms not timed yet are dropped)."""
+        from tqdm import tqdm
+
+        kernels = list(dict.fromkeys(a.kernels for a in alive))
+        total = len(units) * (len(alive) + len(kernels))
+        with tqdm(total=total, desc=f"calibrating: round {r + 1}, {len(alive)} candidates x {len(units)} prompts",
+                  unit="run", disable=not self.progress, leave=False, dynamic_ncols=True) as bar:
+            for index, unit in units:
+                turn = kernels[index % len(kernels):] + kernels[:index % len(kernels)]
+                order = sorted(alive, key=lambda a: (self.prior[a.tree], turn.index(a.kernels)))
+                for k in turn:
+                    self._decode(self.plains[k], unit, index, bar)
+                for arm in order:
+                    if time.perf_counter() > self.deadline and arm.units == 0 and any(a.units for a in alive):
+                        untimed = [a for a in alive if a.units == 0]
+                        for a in untimed:
+                            a.dropped = {"round": r + 1, "prompts": 0, "tokens_per_s": None,
+                                         "reason": "not timed within the budget",
+                                         "elapsed_s": round(time.perf_counter() - started, 1)}
+                        self.log(f"calibration budget spent in round {r + 1}: {len(untimed)} candidates not timed")
+                        return False
+                    self._decode(arm, unit, index, bar)
+        return True
+
+    def run(self, started: float) -> Arm:
+        seen, size, r = 0, 1, 0
+        while True:
+            alive = self.alive()
+            if r:  # fit the round into what is left of the budget
+                kernels = dict.fromkeys(a.kernels for a in alive)
+                per_unit = sum(a.seconds / a.units for a in [*alive, *(self.plains[k] for k in kernels)])
+                left = self.deadline - time.perf_counter()
+                size = min(size, int(left / per_unit)) if per_unit else size
+                if size < 1:
+                    self.log(f"calibration budget spent: {len(alive)} candidates left, the fastest so far wins")
+                    break
+            units = [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(size)]
+            complete = self._round(r, units, alive, started)
+            seen += size
+            alive = self.alive()
+            best = max(alive, key=lambda a: a.speed)
+            slack = SLACK / math.sqrt(seen)
+            ranked = sorted(alive, key=lambda a: a.speed, reverse=True)[: math.ceil(len(alive) / 2)]
+            keep = {id(a) for a in ranked if a.speed >= (1 - slack) * best.speed}
+            elapsed = round(time.perf_counter() - started, 1)
+            for arm in alive:
+                if id(arm) not in keep:
+                    arm.dropped = {"round": r + 1, "prompts": seen, "tokens_per_s": round(arm.speed, 2),
+                                   "best_tokens_per_s": round(best.speed, 2), "elapsed_s": elapsed}
+            self.rounds.append({"round": r + 1, "prompts": size, "candidates": len(alive),
+                                "kept": len(keep), "elapsed_s": elapsed})
+            self.log(f"calibration round {r + 1}: {len(alive)} candidates x {size} prompts, kept {len(keep)} "
+                     f"(best {best.label} {best.speed:.1f} tok/s), {elapsed:.0f} s")
+            if not complete or len(keep) == 1 or seen >= self.max_units:
+                break
+            size, r = size * 2, r + 1
+        return max(self.alive(), key=lambda a: a.speed)
+
+
+def check_kernels(gens: dict[Kernels, SpeculativeGenerator], tree: TreeShape, units: list[list[torch.Tensor]],
+                  max_new_tokens: int) -> dict[Kernels, bool]:
+    """Whether strict greedy output at `tree` equals plain greedy output with each kernel candidate on
+    `units` (the correctness every strict run promises); untimed (it is also the warm-up)."""
     greedy = SamplingConfig()
-    for r in range(rounds):
-        for i, group in enumerate(batches_of(prompts, batch)):
-            for name, gen in gens.items():
-                seed = r * 997 + i
-                rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-                plain, took = decode(gen, True, group, sampling, max_new_tokens, rng)
-                tokens[name, "plain"] += sum(map(len, plain))
-                seconds[name, "plain"] += took
-                first = None
-                for tree in trees:
-                    use_tree(gen, tree)
-                    if rng is not None:
-                        rng.manual_seed(seed)
-                    out, took = decode(gen, False, group, sampling, max_new_tokens, rng)
-                    tokens[name, tree.label] += sum(map(len, out))
-                    seconds[name, tree.label] += took
-                    first = first or out
-                if check and r == 0:
-                    if not sampling.greedy:
-                        use_tree(gen, trees[0])
-                        plain = decode(gen, True, group, greedy, max_new_tokens, None)[0]
-                        first = decode(gen, False, group, greedy, max_new_tokens, None)[0]
-                    identical[name] &= first == plain
-    result = {}
-    for name in gens:
-        result[name] = {"plain": tokens[name, "plain"] / seconds[name, "plain"],
-                        "trees": {t.label: tokens[name, t.label] / seconds[name, t.label] for t in trees}}
-        if check:
-            result[name]["identical"] = identical[name]
-    return result
+    identical = {}
+    for k, gen in gens.items():
+        gen.use_tree(tree)
+        identical[k] = all(decode(gen, True, unit, greedy, max_new_tokens, None)[0]
+                           == decode(gen, False, unit, greedy, max_new_tokens, None)[0] for unit in units)
+    return identical
 
 
 def _dtypes(kernels: list[Kernels]) -> list[str]:
@@ -238,18 +313,28 @@ def _dtypes(kernels: list[Kernels]) -> list[str]:
 def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], sampling: SamplingConfig,
               trees: tuple[TreeShape, ...] | None = CANDIDATES, fixed_tree: TreeShape | None = None,
               max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print,
-              drafting: str = "auto", batch: int = 1) -> dict:
-    """The fastest kernels of `kernels` and tree of `trees` here (see the module docstring).
+              drafting: str = "auto", batch: int = 1,
+              exclusive: Callable[[], AbstractContextManager] = nullcontext, budget: float = DEFAULT_BUDGET,
+              progress: bool = True) -> dict:
+    """The fastest kernels and tree here, chosen together (see the module docstring).
 
-    load(dtype name) gives the target and its draft head in that precision. trees=None: the tree is
-    `fixed_tree`, timed in each drafting mode `drafting` allows (`fixed_candidates`: when sampling
-    with "auto", top-k and sampled children), and the kernels and the mode are chosen. Returns the record
-    {"kernels": Kernels fields, "tree": TreeShape fields, "kernel_candidates": {label: {"plain", "trees",
-    "identical"}}, "tokens_per_s": each tree's and plain decoding's with the chosen kernels,
-    "speedup_over_plain", "fastest_plain": {"kernels", "tokens_per_s"}, "cache", "cached", ...}.
-    cache_dir: default `default_cache()`. batch: the batch size the run decodes at (`generate_batch`):
-    every candidate is timed on batches of that many prompts (the best tree shrinks as the batch grows:
-    verification multiplies batch x tree rows).
+    load(dtype name) gives the target and its draft head in that precision. Every (kernels, tree) pair
+    is a candidate: precision and tree are searched jointly (a wide bf16 tree can beat the float32
+    chain on a CPU with bf16 matrix instructions). trees=None: the tree is `fixed_tree`, in each
+    drafting mode `drafting` allows (`fixed_candidates`). `sampling` is the decoding the candidates are
+    timed with, its rule included (a relaxed rule lengthens deep chains more than wide trees: each
+    method can have its tree). Candidates are timed by successive halving (`Halving`) within `budget`
+    seconds, at most `rounds` passes over the prompts each; kernels whose strict greedy output differs
+    from their plain greedy output on the first prompts are not timed (unless none reproduces it).
+
+    Returns the record {"kernels", "tree", "kernel_candidates": {kernels label: {"plain", "trees":
+    {tree label: tok/s when last timed}, "identical"}}, "tokens_per_s": the chosen kernels' trees and
+    plain decoding, "speedup_over_plain", "fastest_plain", "dropped": {candidate: when and at what
+    speed}, "rounds", "seconds", "budget_s", "cache", "cached", ...}. cache_dir: default
+    `default_cache()`. batch: the batch size the run decodes at (`generate_batch`): candidates are
+    timed on batches of that many prompts (the best tree shrinks as the batch grows). exclusive: held
+    while timing (not on a cache hit), e.g. a machine-wide lock that keeps other jobs from timing at
+    once (eval.runner.locks).
     """
     if not kernels:
         raise ValueError("no kernel candidates to calibrate")
@@ -262,79 +347,78 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     if trees is None and fixed_tree is None:
         raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
     sampled = not sampling.greedy
+    shapes = tuple(dict.fromkeys(trees if trees else fixed_candidates(fixed_tree, sampled, drafting)))
+    started = time.perf_counter()  # the budget counts loading too
     held: dict[str, tuple] = {}
-    hold_all = False  # every precision's models at once (timed interleaved), when they fit in memory
-
-    def models(dtype: str) -> tuple:
-        if dtype not in held:
-            if not hold_all:
-                held.clear()
-            held[dtype] = load(dtype)
-        return held[dtype]
-
-    first = models(kernels[0].dtype)
+    first = held.setdefault(kernels[0].dtype, load(kernels[0].dtype))
     key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
-           "trees": [t.label for t in trees] if trees else None, "fixed_tree": fixed_tree and fixed_tree.label,
-           "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
-           "max_new_tokens": max_new_tokens, "prompts": len(prompts)}
+           "rule": {"name": sampling.rule.name, **sampling.rule.params()},
+           "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
+           "max_new_tokens": max_new_tokens, "prompts": len(prompts), "rounds": rounds}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
     weights = sum(p.numel() for model in first for p in model.parameters())
-    hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in _dtypes(kernels)))
-    probes = tuple(dict.fromkeys(probe_trees(sampled, drafting) if trees
-                                 else fixed_candidates(fixed_tree, sampled, drafting)))
-    if batch > 1:
-        probes = tuple(t for t in probes if batchable(t)) or (TreeShape(6, 6, 1),)
+    dtypes = _dtypes(kernels)
+    hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in dtypes))
+    # Every precision's models at once where they fit, timed interleaved; else one precision at a time,
+    # each with its share of the budget, and the winners compared.
+    groups = [dtypes] if hold_all else [[d] for d in dtypes]
+    units = batches_of(prompts, batch)
     log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
-        f"({', '.join(k.label for k in kernels)}) x {len(probes)} probe trees, then "
-        f"{len(trees) if trees else 0} trees, on {len(prompts)} prompts ({'sampled' if sampled else 'greedy'}; "
-        "cached afterwards)")
-    measured: dict[str, dict] = {}
-    if len(kernels) > 1 or not trees:  # one candidate and trees to time: nothing to choose in stage 1
-        # Interleaved prompt by prompt over every candidate held at once, so that drift in the machine's
-        # speed (other processes, clocks) falls on all alike; one precision at a time where memory is short.
-        rounds_of = [_dtypes(kernels)] if hold_all else [[d] for d in _dtypes(kernels)]
-        for dtypes in rounds_of:
+        f"({', '.join(k.label for k in kernels)}) x {len(shapes)} trees on {len(prompts)} prompts "
+        f"({'sampled' if sampled else 'greedy'}, rule {sampling.rule.name}), by successive halving within "
+        f"{budget:.0f} s; cached afterwards")
+    identical: dict[Kernels, bool] = {}
+    winners, plains, everything = [], {}, []
+    rounds_record = []
+    with exclusive():  # no other job of ours times meanwhile
+        for g, group in enumerate(groups):
             with ExitStack() as stack:
-                named = {}
-                for dtype in dtypes:
-                    group = [k for k in kernels if k.dtype == dtype]
-                    gens = stack.enter_context(generators(*models(dtype), group, probes[0]))
-                    named.update({k.label: gens[k] for k in group})
-                # warm-up: allocation, packing, kernel choice
-                time_runs(named, prompts[:batch], sampling, probes, 16, batch=batch)
-                measured.update(time_runs(named, prompts, sampling, probes, max_new_tokens, rounds, check=True,
-                                          batch=batch))
-    exact = [k for k in kernels if k.label not in measured or measured[k.label]["identical"]]
-    best = max(exact or kernels, key=lambda k: max(measured[k.label]["trees"].values()) if measured else 0)
-    if trees:
-        target, head = models(best.dtype)
-        with generators(target, head, [best], trees[0]) as gens:
-            named = {best.label: gens[best]}
-            time_runs(named, prompts[:batch], sampling, trees, 16, batch=batch)
-            speeds = time_runs(named, prompts, sampling, trees, max_new_tokens, rounds, batch=batch)[best.label]
-        shape = max(trees, key=lambda t: speeds["trees"][t.label])
-    else:
-        speeds = measured[best.label]
-        shape = max(probes, key=lambda t: speeds["trees"][t.label])
+                gens = {}
+                for dtype in group:
+                    if dtype not in held:
+                        if not hold_all:
+                            held.clear()
+                        held[dtype] = load(dtype)
+                    mine = [k for k in kernels if k.dtype == dtype]
+                    made = stack.enter_context(generators(*held[dtype], mine, shapes[0]))
+                    gens.update(made)
+                identical.update(check_kernels(gens, shapes[0], units[:2], 16))
+                exact = {k: gen for k, gen in gens.items() if identical[k]} or gens
+                arms = [Arm(k, t) for k in exact for t in shapes]
+                # The whole budget when every precision is held; else each its share, in turn.
+                deadline = started + budget * sum(len(x) for x in groups[: g + 1]) / len(dtypes)
+                halving = Halving(exact, arms, units, sampling, max_new_tokens, deadline, len(units) * rounds, log,
+                                  progress)
+                winners.append(halving.run(started))
+                plains.update(halving.plains)
+                everything += arms
+                rounds_record += [{**r, "group": g} for r in halving.rounds] if len(groups) > 1 else halving.rounds
     held.clear()
-    plains = {label: m["plain"] for label, m in measured.items()} or {best.label: speeds["plain"]}
-    fastest_plain = max(plains, key=plains.get)
-    result = {"kernels": asdict(best), "tree": asdict(shape),
-              "kernels_reproduce_plain": bool(exact),  # False: no candidate did; the fastest was taken anyway
-              "kernel_candidates": {label: {"plain": round(m["plain"], 2),
-                                            "trees": {t: round(v, 2) for t, v in m["trees"].items()},
-                                            "identical": m["identical"]} for label, m in measured.items()},
-              "tokens_per_s": {**{t: round(v, 2) for t, v in speeds["trees"].items()},
-                               "plain": round(speeds["plain"], 2)},
-              "speedup_over_plain": round(speeds["trees"][shape.label] / speeds["plain"], 3),
-              "fastest_plain": {"kernels": fastest_plain, "tokens_per_s": round(plains[fastest_plain], 2)},
-              "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds, "sampled": sampled,
-              "batch": batch,
-              "machine": key["cpu"], "capability": key["capability"]}
+    best = max(winners, key=lambda a: a.speed)
+    timed_plain = {k.label: a.speed for k, a in plains.items() if a.units}
+    fastest_plain = max(timed_plain, key=timed_plain.get)
+    chosen = [a for a in everything if a.kernels == best.kernels]
+    result = {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
+              "kernels_reproduce_plain": any(identical.values()),  # False: none did; the fastest was taken anyway
+              "kernel_candidates": {k.label: {"plain": round(plains[k].speed, 2) if k in plains else None,
+                                              "trees": {a.tree.label: round(a.speed, 2) for a in everything
+                                                        if a.kernels == k and a.units},
+                                              "identical": identical.get(k, False)} for k in kernels},
+              "tokens_per_s": {**{a.tree.label: round(a.speed, 2) for a in chosen if a.units},
+                               "plain": round(plains[best.kernels].speed, 2)},
+              "speedup_over_plain": round(best.speed / plains[best.kernels].speed, 3),
+              "fastest_plain": {"kernels": fastest_plain, "tokens_per_s": round(timed_plain[fastest_plain], 2)},
+              "dropped": {a.label: a.dropped for a in everything if a.dropped},
+              "timed_prompts": {a.label: a.units for a in everything},
+              "rounds": rounds_record, "seconds": round(time.perf_counter() - started, 1), "budget_s": budget,
+              "prompts": len(prompts), "max_new_tokens": max_new_tokens, "sampled": sampled,
+              "rule": key["rule"], "batch": batch, "machine": key["cpu"], "capability": key["capability"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(path)
+    log(f"calibrated in {result['seconds']:.0f} s: {best.label}, {best.speed:.1f} tok/s, "
+        f"{result['speedup_over_plain']:.2f}x plain decoding ({len(result['dropped'])} candidates dropped)")
     return {**result, "cache": str(path), "cached": False}

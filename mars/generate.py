@@ -39,6 +39,7 @@ from mars.adapter import TargetModel
 from mars.adaptive import AdaptiveTree, measure_costs
 from mars.output import CostLedger, GenerationOutput, PhaseClock, frozen_heap
 from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
+from mars.settings import TreeShape
 from mars.verify import accept
 
 DRAFTING = ("auto", "topk", "sample")
@@ -151,6 +152,15 @@ class SpeculativeGenerator:
             costs = measure_costs(self.target, self.head, self.branching, self.total_tokens)
             self.policy = AdaptiveTree(costs, self.depth, self.branching, self.total_tokens)
         return self.policy
+
+    def use_tree(self, tree: TreeShape) -> None:
+        """Draft `tree` from the next call on (a run gives each method the tree measured for it). Static
+        shapes pad every tree to the rows they were built for: a larger tree is refused."""
+        if self.target.static and tree.total_tokens + 1 > self.target.tree_rows:
+            raise ValueError(f"tree {tree.label} has more nodes than the static shapes were built for "
+                             f"({self.target.tree_rows - 1}): build the generator with the largest tree")
+        self.total_tokens, self.depth, self.branching = tree.total_tokens, tree.depth, tree.branching
+        self.adaptive, self.drafting = tree.adaptive, tree.drafting
 
     def samples_drafts(self, cfg: SamplingConfig) -> bool:
         """Whether a call with these sampling settings drafts sampled children (see `drafting`)."""

@@ -10,7 +10,7 @@ run's first lines (`describe`). Nothing re-derives a setting.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,15 @@ class TreeShape:
         return TreeShape(self.total_tokens, self.depth, self.branching, False, "sample")
 
 
+# Fixed trees by name (eval.run's `tree=` presets, `mars.tuned(..., tree=...)`).
+NAMED_TREES = {
+    "cpu": TreeShape(20, 4, 5),  # the embedded pair on 2 cores, before trees were measured
+    "paper": TreeShape(49, 7, 10),  # MARS / EAGLE-3 runs: depth K=7, top-k 10, total_token 50 with the root
+    "eagle": TreeShape(60, 6, 10),  # EAGLE-2's default dynamic tree
+    "adaptive": TreeShape(20, 6, 5, adaptive=True),  # sized per cycle from measured costs, at most 20 nodes / 6 levels
+}
+
+
 @dataclass(frozen=True)
 class Kernels:
     """How the target computes: its precision, whether verification attention is exact
@@ -75,6 +84,7 @@ class Setting:
 
     value: Any
     reason: str
+    calibration: dict | None = None  # the measurement it came from (`mars.calibrate`'s record), if one
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,17 @@ class DecodeSettings:
     placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
     head: Setting  # str: the draft head's directory or hub id (at temperature > 0 the model's sampling head, if any)
     calibration: dict | None = None
+    # {method name: Setting(TreeShape)}: a tree measured for that method's rule (a relaxed rule lengthens
+    # deep chains more than wide trees); every other method drafts `tree`.
+    method_trees: dict[str, Setting] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.drafting.value != self.tree.value.drafting:
             raise ValueError(f"drafting {self.drafting.value!r} disagrees with the tree's {self.tree.value.drafting!r}")
+
+    def tree_for(self, method: str) -> TreeShape:
+        """The tree `method` drafts: its own measured tree, else the run's."""
+        return self.method_trees[method].value if method in self.method_trees else self.tree.value
 
     @property
     def kernels(self) -> Kernels:
@@ -121,7 +138,8 @@ class DecodeSettings:
                 f"{on[self.prepack.value]} ({self.prepack.reason})",
                 f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.drafting.value} "
                 f"({self.drafting.reason}); placement: {self.placement.value} ({self.placement.reason})",
-                f"draft head: {self.head.value} ({self.head.reason})"]
+                f"draft head: {self.head.value} ({self.head.reason})",
+                *(f"tree of {name}: {t.value.label} ({t.reason})" for name, t in self.method_trees.items())]
 
     def record(self) -> dict:
         """The summary's (and W&B's) record of the settings: each value with its reason."""
@@ -131,4 +149,6 @@ class DecodeSettings:
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
                 "drafting": self.drafting.value, "drafting_reason": self.drafting.reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
-                "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration}
+                "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration,
+                "method_trees": {name: {"tree": asdict(t.value), "reason": t.reason, "calibration": t.calibration}
+                                 for name, t in self.method_trees.items()}}

@@ -12,6 +12,11 @@ EOS ignored: every request decodes `--tokens` tokens. All requests of a batch ar
 a request's latency runs from its batch's start to its last token.
 
     python scripts/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9] [--t1]
+                                  [--api]
+
+--api: the settings and generator of the Python API instead (`mars.tuned(target, draft, batch_size=B)`:
+what a researcher who imports the engine gets), strict's rows checked against that generator's `vanilla`
+of each prompt alone.
 
 --t1: temperature 1 instead (the run's `sampling=t1`: calibration among top-k and sampled drafts; every
 method seeded per batch; no identity check, sampling is compared in distribution by the tests).
@@ -40,7 +45,7 @@ from eval.runner.job import machine
 from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
 from eval.runner.plain import GenerateWorker, hf_generate_batch
 from eval.runner.settings import resolve_settings
-from mars import SamplingConfig
+from mars import SamplingConfig, tuned
 
 GREEDY = SamplingConfig()
 
@@ -63,6 +68,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--theta", type=float, default=0.9)
     parser.add_argument("--t1", action="store_true", help="temperature 1 instead of greedy")
+    parser.add_argument("--api", action="store_true", help="settings and generator from mars.tuned")
     args = parser.parse_args()
     if not args.out:
         parser.error("give the output JSON path")
@@ -104,11 +110,18 @@ def main() -> None:
               "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
     for size in sizes:
         config = run_config([f"batch_size={size}", *sampling])
-        settings = resolve_settings(config, fmt)
-        print(f"B={size}: " + " | ".join(settings.describe()))
-        model = models[settings.dtype.value]
-        alone = None if args.t1 else reference(settings, config)
-        gen = make_generator(model, load_head(settings.head, model), settings, config)
+        if args.api:
+            head = base.model.sampling_draft if args.t1 and base.model.sampling_draft else base.model.draft
+            gen = tuned(REPO_ROOT / base.model.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size)
+            record = gen.calibration
+            alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
+        else:
+            settings = resolve_settings(config, fmt)
+            print(f"B={size}: " + " | ".join(settings.describe()))
+            model = models[settings.dtype.value]
+            alone = None if args.t1 else reference(settings, config)
+            gen = make_generator(model, load_head(settings.head, model), settings, config)
+            record = settings.record()
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         # B = 1: the batch-1 loop (`generate` / `vanilla`), what a run with batch_size=1 decodes with.
         plain_ours = gen.vanilla_batch if size > 1 else lambda g, c, gen=gen, **kw: [gen.vanilla(g[0][None], c, **kw)]
@@ -141,13 +154,13 @@ def main() -> None:
         plains = {m: v for m, v in speed.items() if m.startswith("generate") or m == "vanilla"}
         fastest = max(plains, key=plains.get)
         result["batches"][str(size)] = {
-            "settings": settings.record(),
+            "settings": record, "from": "mars.tuned" if args.api else "eval.runner.settings.resolve_settings",
             "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
             "latency_p90": {m: round(p90(v), 4) for m, v in latency.items()},
             "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
             "tau": round(cycle_tokens / cycles, 3) if cycles else None,
             "identical_to_alone": None if args.t1 else f"{same}/{len(prompts)}",
-            "temperature": cfg.temperature, "drafting": settings.drafting.value,
+            "temperature": cfg.temperature, "drafting": gen.drafting,
             "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
             "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
             "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},

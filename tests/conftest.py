@@ -38,16 +38,28 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def folder_of_its_own(variable: str, tmp_path_factory) -> Iterator[None]:
+    """Point the environment `variable` at a new temporary folder for the session, then restore it."""
+    previous = os.environ.get(variable)
+    os.environ[variable] = str(tmp_path_factory.mktemp(variable.lower()))
+    yield
+    if previous is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = previous
+
+
 @pytest.fixture(autouse=True, scope="session")
 def calibration_cache(tmp_path_factory) -> Iterator[None]:
     """Tree calibrations (mars.calibrate) made by tests go to a temporary directory, not ~/.cache."""
-    previous = os.environ.get("MARS_CACHE_DIR")
-    os.environ["MARS_CACHE_DIR"] = str(tmp_path_factory.mktemp("mars-cache"))
-    yield
-    if previous is None:
-        os.environ.pop("MARS_CACHE_DIR", None)
-    else:
-        os.environ["MARS_CACHE_DIR"] = previous
+    yield from folder_of_its_own("MARS_CACHE_DIR", tmp_path_factory)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def job_locks(tmp_path_factory) -> Iterator[None]:
+    """The timing locks and job registry of the suite's runs (eval.runner.locks) in a folder of its own:
+    a test neither waits for a researcher's sweep timing on this machine nor marks its figures contended."""
+    yield from folder_of_its_own("MARS_LOCK_DIR", tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: tiny models of each architecture built from configs (no downloads),
-an oracle draft head, hand-built trees, exact tree-outcome distributions and a chi-square test."""
+an oracle draft head, hand-built trees, exact tree-outcome distributions, a chi-square test, and the
+rounding tolerances that comparisons of two computations of one quantity derive from their arithmetic."""
 
 from __future__ import annotations
 
@@ -137,6 +138,88 @@ def chi_square_pvalue(counts: Counter, probs: dict, min_expected: float = 5.0) -
     assert len(obs) >= 2, "too few cells for a chi-square test"
     scale = sum(obs) / sum(exp)  # guard rounding of the expected total
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def unit_roundoff(dtype: torch.dtype = torch.float32) -> float:
+    """u = eps / 2: the largest relative error of one rounded operation in `dtype` (2^-24 in float32)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def summation_tolerance(terms: int, magnitude, dtype: torch.dtype = torch.float32, term_error: float = 0.0):
+    """How far two computations of one floating-point sum may lie apart by rounding alone.
+
+    A sum of `terms` numbers x_i added in any order (one after another, pairwise, in vector lanes,
+    blocked: whatever a kernel picks on a given CPU) with unit roundoff u (`unit_roundoff(dtype)`) is
+    within (terms - 1) u sum|x_i| of the exact sum (the standard forward error bound, to first order;
+    Higham, Accuracy and Stability of Numerical Algorithms, section 4.2). When each x_i already carries
+    a relative error of up to `term_error` u (from the softmax, log or product that made it, or from
+    kernels upstream that order their own reductions differently), that grows to
+    (terms - 1 + term_error) u sum|x_i|. Two computations of the same sum each lie within this of the
+    exact value, so they differ by at most twice it: what this returns, an absolute tolerance (a
+    tensor of them for a tensor of magnitudes).
+
+    `magnitude` is sum|x_i| over everything added, or an upper bound of it. For a quantity computed by
+    cancellation (a TV distance, a KL divergence, a difference of log-probabilities) that is the size
+    of what cancels, not of the result: a small KL computed from O(1) log-probabilities has an error
+    of order u, however small it is. Sums of per-position sums: `terms` counts the terms of each
+    low-precision sum when the positions are added up in float64 (their addition then adds nothing
+    that matters), and `magnitude` adds up over all positions.
+    """
+    return 2.0 * (terms - 1 + term_error) * unit_roundoff(dtype) * magnitude
+
+
+def probability_error(vocab: int) -> int:
+    """The relative error, in units of u, of a float32 softmax probability over `vocab` logits: vocab - 1
+    from its normalising sum, and a few u for the exp, the division and the logits' own last bits (the
+    same logits from two forwards whose kernels order their reductions differently)."""
+    return vocab + 4
+
+
+def tv_tolerance(vocab: int, positions: float = 1.0, roundings: int = 0) -> float:
+    """Rounding tolerance of a sum of TV distances (`mars.cost`) over `positions` positions.
+
+    TV = 1/2 sum_v |pi_v - ref_v|: `vocab` float32 terms of magnitude 1/2 sum_v (pi_v + ref_v) = 1 per
+    position. pi and its reference are products and ratios of at most three softmax tables (the target's
+    p, the draft's q, strict's residual), so each entry is off by up to 3 `probability_error(vocab)` u
+    relative, plus `roundings` u more where the caller's pi went through further operations (an average
+    over draws: one rounding per draw).
+    """
+    return summation_tolerance(vocab, positions, term_error=3 * probability_error(vocab) + roundings)
+
+
+def kl_tolerance(vocab: int, kl: float, positions: float = 1.0, roundings: int = 0) -> float:
+    """Rounding tolerance of a sum `kl` of finite KL divergences (`mars.cost`) over `positions` positions.
+
+    KL = sum_v pi_v (log pi_v - log ref_v): `vocab` float32 terms, pi and ref off as in `tv_tolerance`.
+    A log's absolute error is its argument's relative error plus u times its size, so each position's
+    terms have magnitude sum_v pi_v (2 + |log pi_v| + |log ref_v|) = 2 + 2 H(pi) + KL <= 2 + 2 log vocab + KL:
+    the log-probabilities that cancel, whatever the (often much smaller) KL.
+    """
+    magnitude = positions * (2 + 2 * math.log(vocab)) + kl
+    return summation_tolerance(vocab, magnitude, term_error=3 * probability_error(vocab) + roundings)
+
+
+def longest_reduction(model: torch.nn.Module, *rows: int) -> int:
+    """The most terms one dot product of `model` adds: the widest input of its matrices (linear layers,
+    embeddings' transposes excluded: they are looked up, not multiplied), or one of `rows` (attention rows:
+    the keys a query reduces over)."""
+    widths = [m.weight.shape[-1] for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return max([*widths, *rows])
+
+
+def forward_tolerance(layers: int, terms: int, magnitude, dtype: torch.dtype = torch.float32):
+    """Tolerance between two computations of a network's values through `layers` layers whose longest
+    reduction (a matmul's inner dimension, an attention row, the MLP's width) adds `terms` terms, by
+    kernels that order their reductions differently (shapes, padding, batch, compiled or not, CPU).
+
+    `layers` times `summation_tolerance(terms, magnitude, dtype)`, `magnitude` being the size of the
+    values compared (their largest |value|; RMS normalisation keeps every layer's inputs at that
+    scale): each layer rounds like a sum of `terms` terms of that size and hands earlier layers' errors
+    on unamplified (residual connections add them, normalisation rescales them). A first-order
+    estimate, not a bound: a network's rounding has no short bound; this one is the sum bound's, layer
+    by layer.
+    """
+    return layers * summation_tolerance(terms, magnitude, dtype)
 
 
 def marginal(probs: dict[tuple[int, ...], float], positions: slice) -> dict[tuple[int, ...], float]:

@@ -258,3 +258,34 @@ def test_exact_attention_leaves_other_uses_of_the_model_alone_and_close_restores
     assert model.config._attn_implementation == before
     with pytest.raises(RuntimeError, match="no longer 'mars_exact'"):
         gen.generate(prompt, max_new_tokens=4)
+
+
+def test_tuned_gives_an_importing_researcher_the_settings_a_run_measures(tmp_path):
+    """mars.tuned: precision, kernels and tree measured (strict's jointly, then the rule's own tree),
+    cached, and a generator built with them whose strict greedy output is plain greedy decoding's."""
+    from helpers import save_standin_pair
+
+    from mars import tuned
+    from mars.settings import Kernels, TreeShape
+
+    pair = save_standin_pair(tmp_path / "pair")
+    prompts = [torch.tensor([[1, 5 + i, 9, 33, 7, 12]]) for i in range(3)]
+    args = (pair / "target", pair / "draft")
+    common = {"prompts": prompts, "cache_dir": tmp_path / "cache", "budget": 20.0, "log": lambda _: None}
+    gen = tuned(*args, rule="mars", theta=0.9, **common)
+    strict, relaxed = gen.calibration["strict"], gen.calibration["mars"]
+    assert not strict["cached"] and not relaxed["cached"] and relaxed["rule"]["theta"] == 0.9
+    kernels, tree = Kernels(**strict["kernels"]), TreeShape(**relaxed["tree"])
+    assert (gen.prepack, gen.target.model.dtype) == (kernels.prepack, kernels.torch_dtype)
+    assert (gen.total_tokens, gen.depth, gen.branching, gen.drafting) == (tree.total_tokens, tree.depth,
+                                                                           tree.branching, tree.drafting)
+    again = tuned(*args, **common)  # strict alone: its calibration is cached, nothing is timed
+    assert again.calibration["strict"]["cached"] and set(again.calibration) == {"strict"}
+    assert again.total_tokens == TreeShape(**strict["tree"]).total_tokens
+    with again:
+        out = again.generate(prompts[0], max_new_tokens=12)
+        assert out.tokens == again.vanilla(prompts[0], max_new_tokens=12).tokens
+    fixed = tuned(*args, tree="paper", dtype="float32", **common)  # a named tree, a fixed precision: nothing to time
+    assert (fixed.total_tokens, fixed.depth, fixed.branching) == (49, 7, 10) and "strict" in fixed.calibration
+    with pytest.raises(ValueError, match="tree must be 'auto'"):
+        tuned(*args, tree="huge", **common)

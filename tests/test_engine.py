@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 import transformers
-from helpers import OracleHead, hf_greedy, make_tree, random_prompt, tiny_model
+from helpers import OracleHead, forward_tolerance, hf_greedy, longest_reduction, make_tree, random_prompt, tiny_model
 from packaging.version import Version
 from transformers import DynamicCache
 
@@ -132,9 +132,13 @@ def test_kv_cache_after_each_cycle_equals_plain_decoding():
             emitted += accepted + 1
             # Plain decoding of the same tokens: the cache holds everything but the newest token.
             reference = plain_decode_cache(model, prompt[0].tolist() + out.tokens[: emitted - 1])
-            for (keys, values), ref_layer in zip(kv, reference.layers, strict=True):
-                torch.testing.assert_close(keys, ref_layer.keys, rtol=1e-4, atol=1e-5)
-                torch.testing.assert_close(values, ref_layer.values, rtol=1e-4, atol=1e-5)
+            # Tree forwards and one-token steps reduce in different kernels: layer l's cache entries went
+            # through l layers and their own projection, up to rounding (forward_tolerance).
+            terms = longest_reduction(model, prompt.shape[1] + emitted)
+            for layer, ((keys, values), ref_layer) in enumerate(zip(kv, reference.layers, strict=True)):
+                for got, ref in ((keys, ref_layer.keys), (values, ref_layer.values)):
+                    atol = forward_tolerance(layer + 1, terms, ref.abs().max().item())
+                    torch.testing.assert_close(got, ref, atol=atol, rtol=0)
 
 
 def test_tree_is_a_valid_eagle2_tree():
@@ -150,7 +154,9 @@ def test_tree_is_a_valid_eagle2_tree():
     for i in range(1, tree.size):
         parent = int(tree.parents[i])
         assert tree.depths[i] == tree.depths[parent] + 1
-        assert tree.scores[i] <= tree.scores[parent] + 1e-6
+        # A child's score is its parent's plus a log-probability <= 0 (log_softmax's normaliser is at least
+        # the max), and rounding is monotone: never above the parent's, on any CPU.
+        assert tree.scores[i] <= tree.scores[parent]
         assert tree.ancestors[i, parent] and tree.ancestors[i, i]
     # Siblings are distinct and ordered by draft probability.
     for kids in tree.children:

@@ -22,7 +22,6 @@ from mars.calibrate import (
     TreeShape,
     calibrate,
     kernel_candidates,
-    probe_trees,
     tree_candidates,
 )
 
@@ -137,14 +136,18 @@ def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path)
                       log=lambda _: None)
     assert not first["cached"] and set(first["kernel_candidates"]) == {k.label for k in kernels}
     figures = first["kernel_candidates"]
-    # the chosen kernels reproduce plain decoding and are the fastest of those that do
-    chosen = Kernels(**first["kernels"])
-    assert figures[chosen.label]["identical"]
-    fastest = max((f for f in figures.values() if f["identical"]), key=lambda f: max(f["trees"].values()))
-    assert figures[chosen.label] is fastest
-    assert TreeShape(**first["tree"]) in CANDIDATES
-    assert max(CANDIDATES, key=lambda c: first["tokens_per_s"][c.label]) == TreeShape(**first["tree"])
-    assert first["fastest_plain"]["kernels"] in figures
+    # the chosen kernels reproduce plain decoding; every kernels x tree pair was timed (precision and tree
+    # are searched together); the chosen pair was never dropped and is the fastest of those timed as long
+    chosen, tree = Kernels(**first["kernels"]), TreeShape(**first["tree"])
+    assert figures[chosen.label]["identical"] and tree in CANDIDATES
+    timed = first["timed_prompts"]
+    assert set(timed) == {f"{k.label} {t.label}" for k in kernels for t in CANDIDATES} and min(timed.values()) >= 1
+    label = f"{chosen.label} {tree.label}"
+    assert label not in first["dropped"] and timed[label] == max(timed.values())
+    speed = {f"{k} {t}": v for k, f in figures.items() for t, v in f["trees"].items()}
+    assert all(speed[c] <= speed[label] for c, n in timed.items() if n == timed[label])
+    assert all(d["tokens_per_s"] < d["best_tokens_per_s"] for d in first["dropped"].values())
+    assert first["fastest_plain"]["kernels"] in figures and first["rounds"][0]["candidates"] == len(timed)
     assert asked == ["float32", "bfloat16"]  # both held at once (they fit), timed interleaved, loaded once
     again = calibrate(load, kernels, prompts, SamplingConfig(), CANDIDATES, max_new_tokens=12, cache_dir=tmp_path,
                       log=lambda _: None)
@@ -160,27 +163,51 @@ def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path)
                      log=lambda _: None)["cache"] != first["cache"]
 
 
-def test_calibration_never_chooses_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
-    """The fastest candidate loses when its strict greedy output differed from its plain decoding."""
+def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
+    """Kernels whose strict greedy output differed from their plain decoding are not candidates."""
     from mars import calibrate as C
 
-    real = C.time_runs
+    real = C.check_kernels
 
-    def faster_but_wrong(gens, *args, check=False, **kwargs):
-        measured = real(gens, *args, check=check, **kwargs)
-        if check and "float32+packed" in measured:
-            measured["float32+packed"] = {"plain": 1.0, "trees": dict.fromkeys(measured["float32+packed"]["trees"],
-                                                                                  1e9), "identical": False}
-        return measured
+    def packed_is_wrong(gens, *args, **kwargs):
+        return {k: ok and not k.prepack for k, ok in real(gens, *args, **kwargs).items()}
 
-    monkeypatch.setattr(C, "time_runs", faster_but_wrong)
+    monkeypatch.setattr(C, "check_kernels", packed_is_wrong)
     load, _ = tiny_pair_loader()
     prompts = [random_prompt(random.Random(0), 16, 8)]
     kernels = [Kernels("float32", False, True), Kernels("float32", False, False)]
     record = calibrate(load, kernels, prompts, SamplingConfig(), None, fixed_tree=TreeShape(8, 4, 2),
                        max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
     assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
+    assert record["kernel_candidates"]["float32+packed"] == {"plain": None, "trees": {}, "identical": False}
     assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2).__dict__}
+
+
+def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budget(tmp_path, monkeypatch):
+    from mars import calibrate as C
+
+    real = C.decode
+
+    def wide_trees_are_slow(gen, plain, *args, **kwargs):
+        tokens, seconds = real(gen, plain, *args, **kwargs)
+        return tokens, seconds * (3 if not plain and gen.total_tokens >= 32 else 1)
+
+    monkeypatch.setattr(C, "decode", wide_trees_are_slow)
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(4)]
+    kernels = [Kernels("float32", False, False)]
+    record = calibrate(load, kernels, prompts, SamplingConfig(), CALIBRATED, max_new_tokens=12, cache_dir=tmp_path,
+                       log=lambda _: None, progress=False)
+    wide = [f"float32 {t.label}" for t in CALIBRATED if t.total_tokens >= 32]
+    assert all(record["dropped"][c]["round"] == 1 and record["dropped"][c]["prompts"] == 1 for c in wide)
+    assert [r["prompts"] for r in record["rounds"]] == [1, 2, 4][: len(record["rounds"])]
+    assert record["rounds"][0]["kept"] <= -(-len(CALIBRATED) // 2)  # at most half go on
+    # A budget spent before the first round ends: the first candidate (a chain) is timed, the rest dropped untimed.
+    spent = calibrate(load, kernels, prompts, SamplingConfig(), CALIBRATED, max_new_tokens=12,
+                      cache_dir=tmp_path / "spent", log=lambda _: None, progress=False, budget=0.0)
+    assert len(spent["rounds"]) == 1 and not spent["cached"] and spent["budget_s"] == 0.0
+    assert TreeShape(**spent["tree"]) == CALIBRATED[0] and len(spent["dropped"]) == len(CALIBRATED) - 1
+    assert all(d["reason"] == "not timed within the budget" for d in spent["dropped"].values())
 
 
 def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_path):
@@ -203,11 +230,6 @@ def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_
     assert only["tree"]["drafting"] == "sample" and set(only["kernel_candidates"]["float32"]["trees"]) == {
         "8/4/2 sampled"}
     assert tree_candidates(True, "auto") == CALIBRATED + SAMPLED_CANDIDATES
-    # stage 1 times the kernels at the shapes the run may draft: sampled chains too when sampling
-    assert {t.drafting for t in probe_trees(True, "auto")} == {"topk", "sample"}
-    assert {t.drafting for t in probe_trees(True, "sample")} == {"sample"}
-    greedy_probes, topk_probes = probe_trees(False, "auto"), probe_trees(True, "topk")
-    assert {t.drafting for t in greedy_probes} == {t.drafting for t in topk_probes} == {"topk"}
     assert tree_candidates(False, "sample") == CALIBRATED and tree_candidates(True, "topk") == CALIBRATED
     with pytest.raises(ValueError, match="a sampled tree's shape must not depend on its draws"):
         TreeShape(20, 6, 5, adaptive=True, drafting="sample")

@@ -399,3 +399,34 @@ def test_a_batch_sweep_reports_each_batch_size_against_its_own_baselines_and_plo
     out = tmp_path / "report"
     assert main([str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert png_size(out / "batch_model-a_humaneval_T0.png")[0] > 600
+
+
+def test_speed_figures_timed_under_contention_are_marked(tmp_path):
+    from test_tracking import record  # an answer record as eval.run writes it
+
+    from eval.reporting.metrics import summarize
+
+    def timed(rec: dict, others_cpu_s: float) -> dict:
+        wall = sum(rec["choices"][0]["wall_time"])
+        return {**rec, "timing": {"waited_s": 0.0, "exclusive": others_cpu_s == 0, "wall_s": wall,
+                                  "others_cpu_s": others_cpu_s, "contended": others_cpu_s > 0}}
+
+    calm = [timed(record(q, [20], [5], [1.0]), 0.0) for q in range(4)]
+    # strict: one of four seconds shared with another job's half a core (share 0.125 > CONTENDED_SHARE)
+    busy = [timed(record(q, [40], [5], [1.0]), 0.5 if q == 0 else 0.0) for q in range(4)]
+    figures = summarize({"vanilla": calm, "strict": busy}, plain=["vanilla"])
+    assert figures["strict"]["contended_share"] == pytest.approx(0.125) and figures["strict"]["speed_contended"]
+    assert figures["vanilla"]["contended_share"] == 0 and not figures["vanilla"]["speed_contended"]
+    assert figures["strict"]["contended_questions"] == 1 and figures["strict"]["unchecked_questions"] == 0
+    # The speedup of a calm method over a contended baseline is contended too.
+    figures = summarize({"vanilla": busy, "strict": calm}, plain=["vanilla"])
+    assert figures["strict"]["speed_contended"]
+
+    summary = fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict"])
+    summary["methods"]["strict"]["speed_contended"] = True
+    write_run(tmp_path / "run", summary)
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    rows = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| model-a |")}
+    assert "×†" in rows["strict"] and "†" not in rows["vanilla"]
+    assert "`†`: timed while another process of ours computed" in text

@@ -5,6 +5,7 @@ built from configs."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -193,7 +194,8 @@ def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, t
     # long enough jobs (48 tokens) that both are still running once the slower worker has imported torch
     args = [*overrides(standin, out, "num_prompts=3", "max_new_tokens=48"), "method.theta=0.8,0.95",
             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A lock folder of their own: whether the two jobs time each other's work, not whether the machine is idle.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MARS_LOCK_DIR": str(tmp_path / "locks")}
     done = subprocess.run([sys.executable, "-m", "eval.run", "-m", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -206,6 +208,43 @@ def test_two_jobs_of_a_sweep_run_in_parallel_with_the_joblib_launcher(standin, t
         assert sorted(r["question_id"] for r in answers(directory, m)) == [0, 1, 2]
     assert sorted(sum((j["answered"] for j in jobs), [])) == sorted([*PLAIN_METHODS, "strict", "mars@0.8",
                                                                      "mars@0.95"])
+    # Timed one job at a time (eval.runner.locks): every answer held the timing lock, none contended.
+    for summary in (json.loads(p.read_text()) for p in out.glob("mars@*/summary.json")):
+        for name, fig in summary["methods"].items():
+            assert fig["timed_exclusive"] and fig["unchecked_questions"] == 0 and not fig["speed_contended"], name
+
+
+def loky_leftovers(pid: int) -> list[str]:
+    """The semaphores and memmapping folders of the joblib pool started by process `pid`."""
+    import tempfile
+
+    return sorted({*glob.glob(f"/dev/shm/sem.loky-{pid}-*"), *glob.glob(f"/dev/shm/joblib_memmapping_folder_{pid}_*"),
+                   *glob.glob(f"{tempfile.gettempdir()}/joblib_memmapping_folder_{pid}_*")})
+
+
+def test_a_sweep_killed_outright_leaves_no_job_semaphore_or_folder_behind(standin, tmp_path):
+    locks = tmp_path / "locks"  # the jobs register here once they are answering (eval.runner.locks)
+    args = [*overrides(standin, tmp_path / "out", "num_prompts=3", "max_new_tokens=400"), "method.theta=0.8,0.95",
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MARS_LOCK_DIR": str(locks)}
+    sweep = subprocess.Popen([sys.executable, "-m", "eval.run", "-m", *args], cwd=REPO_ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len([f for f in locks.glob("jobs/*.json") if "ended" not in f.read_text()]) < 2:
+            assert sweep.poll() is None and time.monotonic() < deadline, "the jobs never started answering"
+            time.sleep(0.2)
+        assert loky_leftovers(sweep.pid)  # the pool's semaphores exist while it runs
+        sweep.kill()  # SIGKILL: the sweep cannot tell its workers
+        sweep.wait()
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pgrep", "-g", str(sweep.pid)], capture_output=True).stdout:
+            assert time.monotonic() < deadline, "the sweep's workers outlived it"
+            time.sleep(0.2)
+        assert not loky_leftovers(sweep.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
 
 
 def test_bad_settings_fail_before_any_model_loads(standin, tmp_path):

@@ -38,6 +38,7 @@ from eval.config.methods import (
     rule_schema,
 )
 from mars.rules import RULES, make_rule
+from mars.settings import NAMED_TREES
 
 if TYPE_CHECKING:
     from mars.sampling import SamplingConfig
@@ -133,10 +134,12 @@ class TreeConfig:
     # rejection sampling), "auto" whichever the calibration times faster here (sample where nothing is timed).
     # Greedy runs always draft top-k.
     drafting: str = "auto"
-    # Time mars.calibrate's candidate trees on these prompts (never the benchmark's) and use the fastest;
-    # cached per machine, model and kind of decoding, so it runs once (~1 min for the embedded pair).
+    # Time mars.calibrate's candidate trees (jointly with the precision when model.dtype=auto) on these
+    # prompts (never the benchmark's) and use the fastest; cached per machine, model, kind of decoding and
+    # method, so it runs once per method. Each method of a run (strict, each rule) gets the tree measured for it.
     calibrate: bool = False
     calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"  # train-split functions of the stdlib
+    calibration_budget: float = 120.0  # seconds per calibration: successive halving stops when they are spent
 
 
 @dataclass
@@ -192,6 +195,10 @@ class RunConfig:
     out_dir: str = MISSING  # run directories go under it (eval/runner/directories.py)
     summary_path: str | None = None  # an extra copy of the job's summary.json
     gpus_per_job: int | None = None  # claim this many free GPUs of the node by lock file (joblib launcher)
+    # Timed answers hold a machine-wide lock (per GPU set on GPUs), so parallel jobs of a sweep never time
+    # each other's work; loading and scoring wait while another job times (eval/runner/locks.py). false:
+    # time at once; answers during which another job computed are then marked contended.
+    exclusive_timing: bool = True
 
 
 def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
@@ -233,6 +240,8 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
     tree = run.tree
     for name in ("total_tokens", "depth", "branching"):
         _positive(f"tree.{name}", getattr(tree, name))
+    if not tree.calibration_budget >= 0:
+        raise ValueError(f"tree.calibration_budget is seconds >= 0, got {tree.calibration_budget!r}")
     if tree.drafting not in ("auto", "topk", "sample"):
         raise ValueError(f"tree.drafting must be auto, topk or sample, got {tree.drafting!r}")
     if tree.drafting == "sample" and tree.adaptive:
@@ -262,11 +271,8 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
 
 # --- presets ------------------------------------------------------------------------------------
 
-TREES = {
-    "cpu": TreeConfig(20, 4, 5),  # the embedded pair on 2 cores (configs/model/embedded.yaml has the sweep)
-    "paper": TreeConfig(49, 7, 10),  # MARS / EAGLE-3 runs: depth K=7, top-k 10, total_token 50 with the root
-    "eagle": TreeConfig(60, 6, 10),  # EAGLE-2's default dynamic tree
-    "adaptive": TreeConfig(20, 6, 5, adaptive=True),  # sized per cycle from measured costs, at most 20 nodes / 6 levels
+TREES = {  # the fixed trees of mars.settings.NAMED_TREES, and the measured one
+    **{name: TreeConfig(t.total_tokens, t.depth, t.branching, adaptive=t.adaptive) for name, t in NAMED_TREES.items()},
     "calibrated": TreeConfig(calibrate=True),  # the fastest candidate on this machine (mars/calibrate.py), cached
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}

@@ -26,6 +26,11 @@ Definitions (all pooled over the questions every method answered):
                            and each phase's share of the loop's total; phase_seconds also holds
                            `accounting`, settling the cost accounting after the timed loop (outside
                            tokens_per_s and the shares)
+  contended_share          CPU seconds other processes of ours used while the method was timed / its timed
+                           wall seconds (`eval.runner.locks.timed`; 0 when timing held the machine's
+                           timing lock); contended_questions: answers over CONTENDED_SHARE each;
+                           speed_contended: the share of the method or of a baseline its speedups divide
+                           by exceeds CONTENDED_SHARE (the report marks those figures)
 Task quality and its recovery (method / strict) are added by `eval.runner.job.score_quality`.
 """
 
@@ -36,6 +41,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from eval.config.methods import GENERATE, VANILLA
+from eval.runs.layout import CONTENDED_SHARE
 from eval.scoring.quality import token_prob
 from mars.output import ACCOUNTING
 from mars.stats import VerifyStats
@@ -111,6 +117,15 @@ def method_figures(records: list[dict]) -> dict:
         "phase_share": {k: v / sum(loop.values()) for k, v in loop.items()} if sum(loop.values()) else {},
         **stats.cost(),  # the relaxation's exact cost per token: tv/kl_per_token, argmax_mismatch, logprob_regret
     }
+    # Whether anything else of ours computed while this method was timed (eval.runner.locks.timed);
+    # answers from before that check have no "timing" and count as unchecked.
+    timings = [r.get("timing") for r in records]
+    checked = [t for t in timings if t is not None and t.get("others_cpu_s") is not None]
+    wall = sum(t["wall_s"] for t in checked)
+    figures["contended_share"] = sum(t["others_cpu_s"] for t in checked) / wall if wall else None
+    figures["contended_questions"] = sum(bool(t and t.get("contended")) for t in timings)
+    figures["unchecked_questions"] = sum(t is None or t.get("contended") is None for t in timings)
+    figures["timed_exclusive"] = bool(timings) and all(t is not None and t.get("exclusive") for t in timings)
     if parses:
         figures["parse_rate"] = _mean(parses)
     if loglik_tokens:
@@ -181,6 +196,11 @@ def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate:
         for fig in figures.values():
             fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
             fig["fastest_plain"] = fastest
+    # A speed figure is contended when its method's timing or the timing it is divided by was.
+    compared = {m for m in (baseline, generate, fastest if timed else None) if m in figures}
+    for method, fig in figures.items():
+        shares = [figures[m]["contended_share"] or 0.0 for m in {method, *compared}]
+        fig["speed_contended"] = max(shares) > CONTENDED_SHARE
     if categories:
         for method, per in by_category(kept, categories, baseline, timed).items():
             figures[method]["by_category"] = per
@@ -211,7 +231,7 @@ def format_table(figures: dict[str, dict], quality_metric: str | None = None) ->
         ("tau", "tau", "{:.2f}"),
         ("relaxed", "relaxed_frac", "{:.1%}"),
         (quality_metric or "quality", "quality", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
-        ("=vanilla", "identical_to_vanilla", "{:.0%}"),
+        ("=vanilla", "identical_to_vanilla", "{:.0%}"), ("contended", "contended_questions", "{}"),
     ]
     rows = [[name for name, _, _ in columns]]
     for method, fig in figures.items():

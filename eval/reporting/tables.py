@@ -31,9 +31,16 @@ def format_quality(value: float | None, metric: str | None) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3f}"
 
 
+CONTENDED = "†"  # after a speed figure timed while another process of ours computed (eval.runner.locks)
+SPEED_FIGURES = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest")
+
+
 def _fmt(e: Entry, name: str, suffix: str = "") -> str:
     v = e.value(name)
-    return DASH if v is None else f"{v:.2f}{suffix}" + ("*" if name in e.derived else "")
+    if v is None:
+        return DASH
+    contended = CONTENDED if name in SPEED_FIGURES and e.fig.get("speed_contended") else ""
+    return f"{v:.2f}{suffix}" + ("*" if name in e.derived else "") + contended
 
 
 def cell(e: Entry | None) -> str:
@@ -188,6 +195,9 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
               "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss).",
               "- `*`: computed against the baseline (vanilla or strict) from another run dir, i.e. a separate "
               "job: not interleaved question by question, so machine drift is not controlled.",
+              f"- `{CONTENDED}`: timed while another process of ours computed (contended_questions > 0 for the "
+              "method or the baseline it is divided by; `exclusive_timing=false`, or work outside the timing "
+              "lock): not a figure to quote.",
               "- `–`: figure not available."]
     notes = [f"- {e.model} / {e.bench} / T={e.temperature:g} / {e.method}: {n}" for e in entries for n in e.notes]
     if notes:

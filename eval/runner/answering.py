@@ -16,6 +16,7 @@ from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
 from eval.config.methods import GENERATE, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
+from eval.runner import locks
 from eval.runner.directories import answer_path
 from eval.runner.plain import GenerateWorker, hf_generate, hf_generate_batch
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
@@ -23,12 +24,15 @@ from eval.scoring import quality
 from mars.adapter import context_length
 from mars.generate import GenerationOutput, SpeculativeGenerator
 from mars.sampling import SamplingConfig
+from mars.settings import TreeShape
 
 
 def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
-             max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> GenerationOutput:
+             max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
+             tree: TreeShape | None = None) -> GenerationOutput:
     """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target),
-    or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`)."""
+    or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`); a rule drafts `tree` (None: the
+    generator's current one)."""
     if isinstance(plain_model, GenerateWorker):
         return plain_model.answer(ids, sampling, max_new_tokens, eos, seed)
     if method.kind == GENERATE:
@@ -37,12 +41,15 @@ def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: Sampling
     rng = None
     if not sampling.greedy:
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
+    if tree is not None and method.kind != VANILLA:
+        gen.use_tree(tree)
     decode = gen.vanilla if method.kind == VANILLA else gen.generate
     return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
 
 
 def generate_batch(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
-                   max_new_tokens: int, eos: list[int], seed: int, plain_model=None) -> list[GenerationOutput]:
+                   max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
+                   tree: TreeShape | None = None) -> list[GenerationOutput]:
     """`generate` for several prompts at once: `model.generate` left-padded, `vanilla_batch` or
     `generate_batch` (`mars.batch`); one output per prompt, its `seconds` the time to its last token."""
     if isinstance(plain_model, GenerateWorker):
@@ -52,6 +59,8 @@ def generate_batch(gen: SpeculativeGenerator, method: MethodConfig, sampling: Sa
     rng = None
     if not sampling.greedy:
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
+    if tree is not None and method.kind != VANILLA:
+        gen.use_tree(tree)
     decode = gen.vanilla_batch if method.kind == VANILLA else gen.generate_batch
     return decode([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling, max_new_tokens=max_new_tokens,
                   eos_token_id=eos, generator=rng)
@@ -65,8 +74,11 @@ class Evaluator:
     """Runs one method on one question (all its turns) and builds its answer record."""
 
     def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
-                 plain_models: dict[str, object] | None = None):
+                 plain_models: dict[str, object] | None = None, timing_device: str = "cpu",
+                 trees: dict[str, TreeShape] | None = None):
         self.cfg, self.gen, self.tokenizer, self.fmt = cfg, gen, tokenizer, fmt
+        self.trees = trees or {}  # {method: the tree it drafts} (DecodeSettings.tree_for); others: the generator's
+        self.timing_device = timing_device  # the timing lock its answers hold (eval.runner.locks.timed)
         # generate@<dtype> baselines: the target loaded in that dtype, or a worker process (eval.runner.plain)
         self.plain_models = plain_models or {}
         self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
@@ -109,10 +121,11 @@ class Evaluator:
             ids = [encode(self.tokenizer, questions[i], texts[i], self.fmt) for i in rows]
             budgets = [self.budget(x) for x in ids]
             plain = self.plain_models.get(method.name)
+            tree = self.trees.get(method.name)
             if batched:
-                outs = generate_batch(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain)
+                outs = generate_batch(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree)
             else:
-                outs = [generate(self.gen, method, sampling, ids[0], budgets[0], self.eos, seed + turn, plain)]
+                outs = [generate(self.gen, method, sampling, ids[0], budgets[0], self.eos, seed + turn, plain, tree)]
             wall = max(o.seconds for o in outs)
             tokens = sum(len(o.tokens) for o in outs) or 1
             for i, x, out in zip(rows, ids, outs, strict=True):
@@ -163,18 +176,9 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
 
     todo = [(i, q) for i, q in questions if not all(done(m, q.question_id) for m in methods)]
     size = config.batch_size
-    if config.warmup and todo:  # first calls pay for allocation and kernel selection
-        for m in methods:
-            try:
-                ids = [encode(evaluator.tokenizer, q, [], evaluator.fmt) for _, q in todo[:size]]
-                budget = min(16, *(evaluator.budget(x) for x in ids))
-                plain = evaluator.plain_models.get(m.name)
-                if size > 1:
-                    generate_batch(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain)
-                else:
-                    generate(evaluator.gen, m, samplings[m.name], ids[0], budget, evaluator.eos, config.seed, plain)
-            except Skip:
-                break
+    if config.warmup and todo:  # first calls pay for allocation and kernel selection; untimed, so not while others time
+        with locks.busy(evaluator.timing_device, config.exclusive_timing):
+            warm_up(config, evaluator, methods, todo, samplings)
     speed = {m.name: [0, 0.0] for m in methods}
     answered: set[str] = set()
     names = ", ".join(m.name for m in methods)
@@ -189,20 +193,41 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
             evaluator.start(question)
         for m in methods[i % len(methods):] + methods[: i % len(methods)]:
             pending = [(j, q) for j, q in group if not done(m, q.question_id)]
-            for record in answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003,
-                                       skipped[m.name]):
+            if not pending:
+                continue
+            # Timed alone on the machine (or marked contended): eval.runner.locks
+            with locks.timed(evaluator.timing_device, config.exclusive_timing) as timing:
+                records = answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003,
+                                       skipped[m.name])
+            for record in records:
+                record["timing"] = timing.record()
                 files[m.name].append(record)
                 tracker.log_question(m.name, record, finished + len(group), len(todo))
                 choice = record["choices"][0]
                 speed[m.name][0] += sum(choice["new_tokens"])
                 speed[m.name][1] += sum(choice["wall_time"])
-            if pending:
-                answered.add(m.name)
+            answered.add(m.name)
         finished += len(group)
         bar.update(len(group))
         bar.set_postfix({name: f"{t / s:.0f}t/s" for name, (t, s) in speed.items() if s})
     bar.close()
     return answered
+
+
+def warm_up(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig], todo: list[tuple[int, Question]],
+            samplings: dict[str, SamplingConfig]) -> None:
+    """One short untimed run of every method on the first questions."""
+    size = config.batch_size
+    for m in methods:
+        try:
+            ids = [encode(evaluator.tokenizer, q, [], evaluator.fmt) for _, q in todo[:size]]
+            budget = min(16, *(evaluator.budget(x) for x in ids))
+            plain = evaluator.plain_models.get(m.name)
+            args = (samplings[m.name], ids if size > 1 else ids[0], budget, evaluator.eos, config.seed, plain,
+                    evaluator.trees.get(m.name))
+            (generate_batch if size > 1 else generate)(evaluator.gen, m, *args)
+        except Skip:
+            break
 
 
 def answer_group(evaluator: Evaluator, method: MethodConfig, sampling: SamplingConfig,

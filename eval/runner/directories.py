@@ -4,8 +4,6 @@ affects its answers), claiming and locking a directory, and what it already hold
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +15,7 @@ from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, R
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard
 from eval.runner.settings import on_cpu, run_device
-from eval.runs.layout import ANSWERS, IDENTITY, LOCK, SKIPPED, answers_file, directory_name, read_answers, write_atomic
+from eval.runs.layout import ANSWERS, IDENTITY, SKIPPED, answers_file, directory_name, read_answers, write_atomic
 from mars.settings import DecodeSettings
 
 # On a CPU `model.generate` is timed in both precisions: which decodes one token at a time faster
@@ -72,7 +70,7 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
             # differ in the last bits only; its directories never named the kernels and keep their names.)
             identity["prepack"] = True
     if isinstance(method, RuleMethod):
-        tree = asdict(settings.tree.value)  # the tree used, however it was chosen
+        tree = asdict(settings.tree_for(method.name))  # the tree used, however it was chosen
         if tree["drafting"] == "topk":  # what every tree was before sampled drafting: earlier runs keep their names
             del tree["drafting"]
         identity.update(draft=settings.head.value, tree=tree)  # the head used
@@ -105,21 +103,6 @@ def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path, s
         return
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(identity, indent=2) + "\n")
-
-
-@contextlib.contextmanager
-def directory_lock(directory: Path, wait: bool):
-    """An exclusive lock on a run directory (held until exit); yields False if not waiting and it is taken."""
-    with open(directory / LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def answered(directory: Path, method: MethodConfig, ids: set) -> bool:

@@ -40,12 +40,12 @@ from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard, validate
 from eval.reporting.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
 from eval.reporting.tracking import start_tracking
+from eval.runner import locks
 from eval.runner.answering import Evaluator, answer_questions
 from eval.runner.directories import (
     answer_path,
     answered,
     claim_run_directory,
-    directory_lock,
     job_methods,
     job_records,
     method_dtype,
@@ -60,7 +60,7 @@ from eval.runner.models import (
     model_source,
 )
 from eval.runner.plain import GenerateWorker
-from eval.runner.settings import resolve_settings
+from eval.runner.settings import on_cpu, resolve_settings
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality, sandbox
 from mars.settings import DecodeSettings
@@ -243,13 +243,15 @@ def run(cfg: DictConfig | RunConfig) -> dict:
                        "answered": answered_now},  # the methods this job added answers to
                "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
                                     categories=question_categories(config, questions))}
-    summary["quality_metric"] = score_quality(config, records, summary["methods"])
+    with locks.busy("cpu", config.exclusive_timing):  # scoring computes (HumanEval's programs): not while others time
+        summary["quality_metric"] = score_quality(config, records, summary["methods"])
     margins = {name: merged_stats(recs).gates for name, recs in records.items()}
     for m in methods:
         fig = summary["methods"][m.name]
         fig["run_dir"] = str(directories[m.name])
         if isinstance(m, RuleMethod):
             fig["rule"] = {"name": m.kind, **m.rule().params()}
+            fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
             fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
     write_atomic(job_dir / SUMMARY, text)
@@ -266,11 +268,14 @@ def run(cfg: DictConfig | RunConfig) -> dict:
 def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptFormat,
                    questions: list[tuple[int, Question]], pending: list[MethodConfig], directories: dict[str, Path],
                    tracker) -> list[str]:
-    """Load the models and answer the pending methods: first those no other job is answering, together
-    (interleaved), then each of the others once the job answering it has let go of its directory.
+    """Load the models and answer the pending methods, each under its run directory's lock, taken in
+    turn so that parallel jobs never wait for each other (`eval.runner.locks.answer_in_turn`): those no
+    other job is answering together (interleaved), the others once their job has let go. Loading
+    waits while another job times (`locks.busy`); each timed answer holds the timing lock.
     Returns the methods that got new answers."""
     torch.set_num_threads(config.threads or cores())
     torch.manual_seed(config.seed)
+    answered: set[str] = set()
     with contextlib.ExitStack() as stack:
         gpus = None
         if config.gpus_per_job or chosen_launcher() == "gpus":
@@ -278,27 +283,40 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
             for handle in handles:
                 stack.callback(handle.close)
             print(f"job GPUs: {gpus}")
-        tokenizer = load_tokenizer(config)
-        rows = resolved.tree.value.total_tokens + 1
-        target = load_target(config, resolved.torch_dtype, gpus, rows)
-        head = load_head(resolved.head, target)
-        gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
-        plain_models = {}
-        for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process
-            if isinstance(m, GenerateConfig) and m.isa:
-                plain_models[m.name] = stack.enter_context(GenerateWorker(config, method_dtype(m, resolved), m.isa))
-            elif method_dtype(m, resolved) != resolved.dtype.value:
-                plain_models[m.name] = load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows)
-        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models)
-        held, waiting = [], []
-        for m in pending:
-            (held if stack.enter_context(directory_lock(directories[m.name], wait=False)) else waiting).append(m)
-        answered = answer_questions(config, evaluator, held, questions, directories, tracker) if held else set()
-        for m in waiting:
-            print(f"waiting for {directories[m.name]}: another job is answering {m.name}")
-            with directory_lock(directories[m.name], wait=True):
-                answered |= answer_questions(config, evaluator, [m], questions, directories, tracker)
+        device = timing_device(config, gpus)
+        register = stack.enter_context(locks.registered(device))
+        with locks.busy(device, config.exclusive_timing):
+            tokenizer = load_tokenizer(config)
+            trees = {m.name: resolved.tree_for(m.name) for m in pending if isinstance(m, RuleMethod)}
+            rows = max(t.total_tokens for t in [resolved.tree.value, *trees.values()]) + 1
+            target = load_target(config, resolved.torch_dtype, gpus, rows)
+            head = load_head(resolved.head, target)
+            gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
+            plain_models = {}
+            for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process
+                if isinstance(m, GenerateConfig) and m.isa:
+                    worker = stack.enter_context(GenerateWorker(config, method_dtype(m, resolved), m.isa))
+                    register(worker.process.pid)  # its CPU time is this job's
+                    plain_models[m.name] = worker
+                elif method_dtype(m, resolved) != resolved.dtype.value:
+                    plain_models[m.name] = load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows)
+        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees)
+        by_name = {m.name: m for m in pending}
+
+        def answer(names: list[str]) -> None:
+            answered.update(answer_questions(config, evaluator, [by_name[n] for n in names], questions,
+                                             directories, tracker))
+
+        locks.answer_in_turn({m.name: directories[m.name] for m in pending}, answer)
     return [m.name for m in pending if m.name in answered]
+
+
+def timing_device(run: RunConfig, gpus: list[int] | None) -> str:
+    """What a timed answer of this job contends for: the CPU, or the GPUs it holds (jobs on other GPUs
+    time in parallel; without a claim, every GPU)."""
+    if on_cpu(run):
+        return "cpu"
+    return "cuda" + ("-" + "-".join(map(str, gpus)) if gpus else "")
 
 
 def chosen_launcher() -> str | None:

@@ -11,6 +11,7 @@ decoding (bf16/fp16), off in float32 and with static shapes. The draft head foll
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -19,11 +20,12 @@ import torch
 from eagle.precision import needs_exact_attention, resolve_dtype
 from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import PromptFormat, encode
-from eval.config.methods import STRICT, method_spec
+from eval.config.methods import STRICT, RuleMethod, method_spec
 from eval.config.schema import RunConfig, TreeConfig, sampling_of
+from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, model_source
 from eval.runner.placement import parameter_count
-from mars.calibrate import calibrate, kernel_candidates, tree_candidates
+from mars.calibrate import calibrate, fixed_candidates, kernel_candidates, tree_candidates
 from mars.generate import drafting_mode
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
@@ -101,8 +103,9 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
         return "auto: torch.compile chooses the kernels of the compiled forwards"
     same = [k for k in options if k.dtype == kernels.dtype]
     if len(same) > 1 and record and record.get("kernel_candidates"):
-        speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values()) for k in same}
-        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" for label, v in speed.items())
+        speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values(), default=None) for k in same}
+        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" if v else f"{label} not timed (output differed)"
+                                        for label, v in speed.items())
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
@@ -119,7 +122,7 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
         figures = record["kernel_candidates"]
         best = max(figures[kernels.label]["trees"].values())
         others = {label: max(f["trees"].values()) for label, f in figures.items()
-                  if not label.startswith(kernels.dtype)}
+                  if not label.startswith(kernels.dtype) and f["trees"]}
         verdict = "" if record.get("kernels_reproduce_plain", True) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
         return (f"measured: strict {best:.1f} tok/s in calibration against "
@@ -144,6 +147,29 @@ def head_setting(run: RunConfig, sampled: bool) -> Setting:
     return Setting(m.draft, "model.draft")
 
 
+class Budget:
+    """A run's calibration budget (seconds) shared by its calibrations in turn, each its weight's share of
+    what is left (weights: the candidates each times); one that ends early (cached) leaves its share to
+    the rest."""
+
+    def __init__(self, seconds: float, weights: list[int]):
+        self.deadline, self.weights = time.perf_counter() + seconds, list(weights)
+
+    def next(self) -> float:
+        weight = self.weights.pop(0)
+        left = max(0.0, self.deadline - time.perf_counter())
+        return left * weight / (weight + sum(self.weights)) if weight else left
+
+
+def rule_methods(run: RunConfig) -> list[RuleMethod]:
+    """The job's methods verified by a rule other than strict's (each gets a tree measured for it)."""
+    found = {}
+    for method in [*(method_spec(b) for b in run.baselines), run.method]:
+        if isinstance(method, RuleMethod) and method.name != STRICT:
+            found.setdefault(method.name, method)
+    return list(found.values())
+
+
 def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
     """The run's target and the draft head `head` in `dtype` (what `mars.calibrate.calibrate` times)."""
     target = load_target(run, getattr(torch, dtype))
@@ -161,9 +187,16 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     measure = run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
+    # Calibrations time: no other job of ours may time meanwhile (eval.runner.locks)
+    exclusive = partial(locks.exclusive, "cpu" if on_cpu(run) else "cuda", run.exclusive_timing)
+    others = rule_methods(run) if run.tree.calibrate and not run.model.static else []  # static: one tree size
+    budget = Budget(run.tree.calibration_budget,
+                    [len(options) * len(trees or fixed_candidates(tree, sampled, run.tree.drafting))]
+                    + [len(trees or ())] * len(others))
     if len(options) > 1 or run.tree.calibrate:
         record = calibrate(partial(load_pair, run, head), options, calibration_prompts(run, fmt), sampling,
-                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting, batch=run.batch_size)
+                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting, batch=run.batch_size,
+                           budget=budget.next(), exclusive=exclusive)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
     else:
         kernels = options[0]
@@ -173,9 +206,18 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
                                      f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
     else:
         tree_setting = Setting(tree, "set in the config (tree=...)")
+    method_trees = {}
+    for method in others:  # each rule's own tree, at the chosen kernels
+        own = calibrate(partial(load_pair, run, head), [kernels], calibration_prompts(run, fmt),
+                        sampling_of(method, run.sampling), trees=trees, log=log, drafting=run.tree.drafting,
+                        batch=run.batch_size, budget=budget.next(), exclusive=exclusive)
+        method_trees[method.name] = Setting(
+            TreeShape(**own["tree"]), f"measured for {method.name}: the fastest of {len(trees)} candidates with "
+            f"{kernels.label}, {own['speedup_over_plain']:.2f}x plain decoding in calibration "
+            f"({'cached: ' if own['cached'] else 'saved to '}{own['cache']})", own)
     return DecodeSettings(
         dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
         prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
         tree=tree_setting, drafting=Setting(tree.drafting, drafting_reason(run, tree, sampled, record)),
-        placement=placement_of(run), head=head, calibration=record)
+        placement=placement_of(run), head=head, calibration=record, method_trees=method_trees)

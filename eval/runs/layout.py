@@ -53,6 +53,10 @@ def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int
 
 SUMMARY, IDENTITY, CONFIG, LOCK = "summary.json", "identity.json", "config.yaml", ".lock"
 ANSWERS, SKIPPED = "answers", "skipped"  # the kinds of answer file
+# An answer record's "timing" (eval.runner.locks.timed) holds the CPU seconds other processes of ours used
+# while it was timed. More than this share of one core of its wall time marks it contended, and a method
+# whose answers add up to more marks its speed figures contended (eval.reporting.metrics).
+CONTENDED_SHARE = 0.1
 
 
 def run_id(identity: dict) -> str:
