@@ -14,7 +14,8 @@ kernels and tree is a candidate, since which precision wins depends on how many 
 multiplies (with AMX, 64 bf16 rows cost 1.8 single rows, 64 float32 rows 11). Kernels whose strict
 greedy output differs from their own plain greedy decoding on the first prompts are not timed (the
 correctness every strict run promises). The rest are timed by successive halving within a budget
-(default 2 minutes): round by round on twice as many prompts, interleaved with plain decoding,
+(default 2 minutes): round by round on twice as many prompts (the first, every candidate on one
+prompt, at half the tokens), interleaved with plain decoding,
 candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`).
 Candidates of one precision share one loaded model; every precision's models are held at once where
 they fit in memory, one precision at a time otherwise. The record keeps every figure and which
@@ -71,11 +72,12 @@ SAMPLED_CANDIDATES = tuple(TreeShape(*shape, drafting="sample") for shape in (
 
 
 def tree_candidates(sampled: bool, drafting: str = "auto") -> tuple[TreeShape, ...]:
-    """The trees a calibration times: top-k trees when greedy; when sampling, those of `drafting`
-    ("topk", "sample", or both for "auto")."""
+    """The trees a calibration times, in the order of their prior (the first timed first, should the
+    budget run out): top-k trees when greedy; when sampling, those of `drafting` ("topk", "sample", or
+    both for "auto", sampled first: a first draw is accepted far more often than a top-k sibling)."""
     if not sampled or drafting == "topk":
         return CANDIDATES
-    return SAMPLED_CANDIDATES if drafting == "sample" else CANDIDATES + SAMPLED_CANDIDATES
+    return SAMPLED_CANDIDATES if drafting == "sample" else SAMPLED_CANDIDATES + CANDIDATES
 
 
 def batchable(tree: TreeShape) -> bool:
@@ -88,7 +90,7 @@ def fixed_candidates(tree: TreeShape, sampled: bool, drafting: str = "auto") -> 
     topk = replace(tree, drafting="topk")
     if not sampled or tree.adaptive or drafting == "topk":
         return (topk,)
-    return (topk.sampled(),) if drafting == "sample" else (topk, topk.sampled())
+    return (topk.sampled(),) if drafting == "sample" else (topk.sampled(), topk)
 
 
 def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_attention: bool | None = None,
@@ -220,13 +222,13 @@ class Halving:
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
 
-    def _decode(self, arm: Arm, unit: list[torch.Tensor], seed: int, bar) -> None:
+    def _decode(self, arm: Arm, unit: list[torch.Tensor], seed: int, tokens: int, bar) -> None:
         gen = self.gens[arm.kernels]
         bar.set_postfix_str(arm.label)
         rng = None if self.sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
         if arm.tree is not None:
             gen.use_tree(arm.tree)
-        out, took = decode(gen, arm.tree is None, unit, self.sampling, self.max_new_tokens, rng)
+        out, took = decode(gen, arm.tree is None, unit, self.sampling, tokens, rng)
         arm.tokens += sum(map(len, out))
         arm.seconds += took
         arm.units += 1
@@ -238,13 +240,15 @@ class Halving:
 
         kernels = list(dict.fromkeys(a.kernels for a in alive))
         total = len(units) * (len(alive) + len(kernels))
+        # The first round, every candidate on one prompt, only has to find the clear losers: half the tokens.
+        tokens = max(8, self.max_new_tokens // 2) if r == 0 else self.max_new_tokens
         with tqdm(total=total, desc=f"calibrating: round {r + 1}, {len(alive)} candidates x {len(units)} prompts",
                   unit="run", disable=not self.progress, leave=False, dynamic_ncols=True) as bar:
             for index, unit in units:
                 turn = kernels[index % len(kernels):] + kernels[:index % len(kernels)]
                 order = sorted(alive, key=lambda a: (self.prior[a.tree], turn.index(a.kernels)))
                 for k in turn:
-                    self._decode(self.plains[k], unit, index, bar)
+                    self._decode(self.plains[k], unit, index, tokens, bar)
                 for arm in order:
                     if time.perf_counter() > self.deadline and arm.units == 0 and any(a.units for a in alive):
                         untimed = [a for a in alive if a.units == 0]
@@ -254,7 +258,7 @@ class Halving:
                                          "elapsed_s": round(time.perf_counter() - started, 1)}
                         self.log(f"calibration budget spent in round {r + 1}: {len(untimed)} candidates not timed")
                         return False
-                    self._decode(arm, unit, index, bar)
+                    self._decode(arm, unit, index, tokens, bar)
         return True
 
     def run(self, started: float) -> Arm:

@@ -229,7 +229,7 @@ def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_
                      max_new_tokens=12, cache_dir=tmp_path, log=lambda _: None, drafting="sample")
     assert only["tree"]["drafting"] == "sample" and set(only["kernel_candidates"]["float32"]["trees"]) == {
         "8/4/2 sampled"}
-    assert tree_candidates(True, "auto") == CALIBRATED + SAMPLED_CANDIDATES
+    assert tree_candidates(True, "auto") == SAMPLED_CANDIDATES + CALIBRATED  # sampled first: the better prior
     assert tree_candidates(False, "sample") == CALIBRATED and tree_candidates(True, "topk") == CALIBRATED
     with pytest.raises(ValueError, match="a sampled tree's shape must not depend on its draws"):
         TreeShape(20, 6, 5, adaptive=True, drafting="sample")

@@ -58,6 +58,7 @@ def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: dict
         if other:
             label, v = max(other, key=lambda item: item[1])
             return f"measured: {tree.label} {speeds[tree.label]:.1f} tok/s, the best of the other mode {label} {v:.1f}"
+        return f"measured: {tree.label} {speeds[tree.label]:.1f} tok/s; no tree of the other mode was timed"
     if run.tree.adaptive:
         return "auto: the adaptive tree drafts top-k"
     return "auto: sampled children when sampling (accepted with probability sum min(p, q), not p's mass on k tokens)"
