@@ -20,8 +20,8 @@ candidates that lose clearly are dropped and the time left goes to the close one
 Candidates of one precision share one loaded model; every precision's models are held at once where
 they fit in memory, one precision at a time otherwise. The record keeps every figure and which
 candidates were dropped when, and is cached under `cache_dir` by a key of the machine, the models,
-the candidates, the decoding (greedy or sampled, and the rule: each method can have its tree) and
-the budget, so a machine calibrates once.
+the candidates and the decoding (greedy or sampled, and the rule: each method can have its tree), so a
+machine calibrates once (not by the budget, which only bounds how long).
 
 The tree and the kernels change only how fast verification runs: strict verification stays exact
 (greedy) and lossless (sampling) with any of them.
@@ -198,7 +198,7 @@ class Arm:
 # times twice as many prompts as the one before. One prompt of 64 tokens times a candidate to a
 # few percent on an idle machine; a candidate 20% slower after one prompt, 10% after four, loses clearly.
 SLACK = 0.2
-DEFAULT_BUDGET = 120.0  # seconds for a calibration on 2 cores (the models' loading not included)
+DEFAULT_BUDGET = 120.0  # seconds for the calibrations of a run on 2 cores, loading the models included
 
 
 class Halving:
@@ -294,6 +294,20 @@ class Halving:
                 break
             size, r = size * 2, r + 1
         return max(self.alive(), key=lambda a: a.speed)
+
+
+class Budget:
+    """A calibration budget (seconds) shared by several calibrations in turn (a run's, or `mars.tuned`'s:
+    strict's, then each rule's), each its weight's share of what is left (weights: the candidates each
+    times); one that ends early (cached) leaves its share to the rest."""
+
+    def __init__(self, seconds: float, weights: list[int]):
+        self.deadline, self.weights = time.perf_counter() + seconds, list(weights)
+
+    def next(self) -> float:
+        weight = self.weights.pop(0)
+        left = max(0.0, self.deadline - time.perf_counter())
+        return left * weight / (weight + sum(self.weights)) if weight else left
 
 
 def check_kernels(gens: dict[Kernels, SpeculativeGenerator], tree: TreeShape, units: list[list[torch.Tensor]],

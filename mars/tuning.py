@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from mars.calibrate import DEFAULT_BUDGET, calibrate, kernel_candidates, tree_candidates
+from mars.calibrate import DEFAULT_BUDGET, Budget, calibrate, kernel_candidates, tree_candidates
 from mars.generate import SpeculativeGenerator
 from mars.rules import make_rule
 from mars.sampling import SamplingConfig
@@ -86,19 +86,19 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     trees = tree_candidates(sampled, drafting)
     strict = SamplingConfig(temperature=temperature)
     # Strict first, precision and tree together; then the rule's own tree at those kernels (as a run).
-    weights = [len(options) * (len(trees) if fixed is None else 1), len(trees) if rule != "strict" else 0]
+    shares = Budget(budget, [len(options) * (len(trees) if fixed is None else 1),
+                             len(trees) if rule != "strict" and fixed is None else 0])
     records = {}
     if len(options) > 1 or fixed is None:
         records["strict"] = calibrate(load, options, prompts, strict, trees=None if fixed else trees,
-                                      fixed_tree=fixed, budget=budget * weights[0] / sum(weights), **common)
+                                      fixed_tree=fixed, budget=shares.next(), **common)
         kernels = Kernels(**records["strict"]["kernels"])
         shape = TreeShape(**records["strict"]["tree"])
     else:
         kernels, shape = options[0], fixed
     if rule != "strict" and fixed is None:
         cfg = SamplingConfig(temperature=temperature, rule=make_rule(rule, **rule_params))
-        left = budget - sum(r.get("seconds", 0) for r in records.values() if not r["cached"])
-        records[rule] = calibrate(load, [kernels], prompts, cfg, trees=trees, budget=max(0.0, left), **common)
+        records[rule] = calibrate(load, [kernels], prompts, cfg, trees=trees, budget=shares.next(), **common)
         shape = TreeShape(**records[rule]["tree"])
     model, head = load(kernels.dtype)
     gen = SpeculativeGenerator(model, head, shape.total_tokens, shape.depth, shape.branching,

@@ -60,7 +60,7 @@ from eval.runner.models import (
     model_source,
 )
 from eval.runner.plain import GenerateWorker
-from eval.runner.settings import on_cpu, resolve_settings
+from eval.runner.settings import resolve_settings, timing_device
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality, sandbox
 from mars.settings import DecodeSettings
@@ -309,14 +309,6 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
 
         locks.answer_in_turn({m.name: directories[m.name] for m in pending}, answer)
     return [m.name for m in pending if m.name in answered]
-
-
-def timing_device(run: RunConfig, gpus: list[int] | None) -> str:
-    """What a timed answer of this job contends for: the CPU, or the GPUs it holds (jobs on other GPUs
-    time in parallel; without a claim, every GPU)."""
-    if on_cpu(run):
-        return "cpu"
-    return "cuda" + ("-" + "-".join(map(str, gpus)) if gpus else "")
 
 
 def chosen_launcher() -> str | None:

@@ -11,7 +11,6 @@ decoding (bf16/fp16), off in float32 and with static shapes. The draft head foll
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -25,7 +24,7 @@ from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, model_source
 from eval.runner.placement import parameter_count
-from mars.calibrate import calibrate, fixed_candidates, kernel_candidates, tree_candidates
+from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates
 from mars.generate import drafting_mode
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
@@ -37,6 +36,14 @@ def on_cpu(run: RunConfig) -> bool:
 def run_device(run: RunConfig) -> str:
     m = run.model
     return "cuda" if (m.device_map or m.device.startswith("cuda")) else m.device
+
+
+def timing_device(run: RunConfig, gpus: list[int] | None) -> str:
+    """What a timed answer of this job contends for (its timing lock, eval.runner.locks): the CPU, or the
+    GPUs it holds (jobs on other GPUs time in parallel; without a claim, every GPU)."""
+    if on_cpu(run):
+        return "cpu"
+    return "cuda" + ("-" + "-".join(map(str, gpus)) if gpus else "")
 
 
 def fixed_tree(tree: TreeConfig, sampled: bool) -> TreeShape:
@@ -148,20 +155,6 @@ def head_setting(run: RunConfig, sampled: bool) -> Setting:
     return Setting(m.draft, "model.draft")
 
 
-class Budget:
-    """A run's calibration budget (seconds) shared by its calibrations in turn, each its weight's share of
-    what is left (weights: the candidates each times); one that ends early (cached) leaves its share to
-    the rest."""
-
-    def __init__(self, seconds: float, weights: list[int]):
-        self.deadline, self.weights = time.perf_counter() + seconds, list(weights)
-
-    def next(self) -> float:
-        weight = self.weights.pop(0)
-        left = max(0.0, self.deadline - time.perf_counter())
-        return left * weight / (weight + sum(self.weights)) if weight else left
-
-
 def rule_methods(run: RunConfig) -> list[RuleMethod]:
     """The job's methods verified by a rule other than strict's (each gets a tree measured for it)."""
     found = {}
@@ -189,13 +182,14 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     if not measure:
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
     # Calibrations time: no other job of ours may time meanwhile (eval.runner.locks)
-    exclusive = partial(locks.exclusive, "cpu" if on_cpu(run) else "cuda", run.exclusive_timing)
+    exclusive = partial(locks.exclusive, timing_device(run, None), run.exclusive_timing)
+    prompts = calibration_prompts(run, fmt) if len(options) > 1 or run.tree.calibrate else []
     others = rule_methods(run) if run.tree.calibrate and not run.model.static else []  # static: one tree size
     budget = Budget(run.tree.calibration_budget,
                     [len(options) * len(trees or fixed_candidates(tree, sampled, run.tree.drafting))]
                     + [len(trees or ())] * len(others))
     if len(options) > 1 or run.tree.calibrate:
-        record = calibrate(partial(load_pair, run, head), options, calibration_prompts(run, fmt), sampling,
+        record = calibrate(partial(load_pair, run, head), options, prompts, sampling,
                            trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting, batch=run.batch_size,
                            budget=budget.next(), exclusive=exclusive)
         kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
@@ -209,9 +203,9 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         tree_setting = Setting(tree, "set in the config (tree=...)")
     method_trees = {}
     for method in others:  # each rule's own tree, at the chosen kernels
-        own = calibrate(partial(load_pair, run, head), [kernels], calibration_prompts(run, fmt),
-                        sampling_of(method, run.sampling), trees=trees, log=log, drafting=run.tree.drafting,
-                        batch=run.batch_size, budget=budget.next(), exclusive=exclusive)
+        own = calibrate(partial(load_pair, run, head), [kernels], prompts, sampling_of(method, run.sampling),
+                        trees=trees, log=log, drafting=run.tree.drafting, batch=run.batch_size, budget=budget.next(),
+                        exclusive=exclusive)
         method_trees[method.name] = Setting(
             TreeShape(**own["tree"]), f"measured for {method.name}: the fastest of {len(trees)} candidates with "
             f"{kernels.label}, {own['speedup_over_plain']:.2f}x plain decoding in calibration "
