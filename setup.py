@@ -8,7 +8,7 @@ setup(
     packages=find_packages(include=["mars*", "eagle*", "eval*"]),
     install_requires=[line.split("#")[0].strip() for line in open("requirements.txt") if line.split("#")[0].strip()],
     extras_require={
-        "test": ["pytest>=9", "hypothesis>=6", "scipy>=1.10", "ruff>=0.5", "pytest-timeout>=2.4"],
+        "test": ["pytest>=9", "hypothesis>=6", "scipy>=1.10", "ruff>=0.5", "pytest-timeout>=2.4", "pytest-xdist>=3.6"],
         "flash": ["flash-attn>=2.5"],
     },
 )

@@ -24,8 +24,7 @@ from omegaconf import DictConfig
 
 from eval.config.paths import REPO_ROOT
 from eval.runner.job import run
-
-SWEEP_PID = "MARS_SWEEP_PID"  # the process that started the sweep, for its workers (set in __main__ below)
+from eval.runner.locks import SWEEP_PID  # the process that started the sweep, for its workers (set below)
 
 
 def end_with_the_sweep(poll: float = 0.5) -> None:

@@ -43,6 +43,7 @@ import torch
 
 from eagle.kernels import packed_copy_fits, packs
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
+from eagle.sources import cache_root
 from mars.generate import SpeculativeGenerator
 from mars.sampling import SamplingConfig
 from mars.settings import Kernels, TreeShape
@@ -52,7 +53,7 @@ Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name ->
 
 def default_cache() -> Path:
     """Where calibrations are kept: $MARS_CACHE_DIR/trees, default ~/.cache/mars-spec/trees."""
-    return Path(os.environ.get("MARS_CACHE_DIR", Path.home() / ".cache" / "mars-spec")) / "trees"
+    return cache_root() / "trees"
 
 
 # From a narrow chain-like tree to EAGLE-2's GPU default; the adaptive policy (mars.adaptive) as the

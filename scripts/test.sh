@@ -4,4 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 ruff check .
-python -m pytest -q "$@"
+# One pytest-xdist worker per core (at most 4), each on one torch thread (tests/conftest.py); work stealing
+# evens out the long statistical tests. MARS_TEST_WORKERS=0 runs the suite in this one process.
+cores=$(python -c 'import os; print(len(os.sched_getaffinity(0)))')
+workers=${MARS_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+if [[ "$workers" -gt 1 ]]; then
+    python -m pytest -q -n "$workers" --dist worksteal "$@"
+else
+    python -m pytest -q "$@"
+fi

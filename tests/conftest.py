@@ -11,7 +11,12 @@ import pytest
 import torch
 from helpers import ARCHITECTURES
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (scripts/test.sh: one worker per core) each worker computes on one thread, and so do the
+# jobs and subprocesses its tests start: two workers of two threads each on two cores would spin against
+# each other (see `single_thread`).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 # Nothing in the suite downloads: a hub lookup (datasets, transformers) fails at once instead of waiting
 # for a network that CI may not have. Subprocesses the tests start inherit it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -190,3 +190,76 @@ def test_untimed_work_waits_while_another_job_times(tmp_path, monkeypatch):
     release.set()
     assert entered.wait(30)
     holder.join(30)
+
+
+def starting_sibling(spinning, stop) -> None:
+    """A sweep's worker that has not registered yet (importing the engine): computes, then idles."""
+    spinning.set()
+    spin(1.0)
+    stop.wait(60)
+
+
+def job_timing_once(lock_dir: str, out) -> None:
+    """A registered job timing one 0.3 s section with `run_timed`: reports its attempts and the timing kept."""
+    os.environ["MARS_LOCK_DIR"] = lock_dir
+    attempts = []
+
+    def work() -> str:
+        attempts.append(time.monotonic())
+        spin(0.3)
+        return "answer"
+
+    with locks.registered("cpu"):
+        result, timing = locks.run_timed("cpu", work, log=lambda _: None)
+    out.put((result, len(attempts), timing.retimed, timing.contended, timing.exclusive))
+
+
+@pytest.mark.parametrize("in_sweep", [True, False])
+def test_a_timed_answer_contended_by_a_starting_sweep_worker_is_answered_again_once_it_is_quiet(
+        tmp_path, monkeypatch, in_sweep):
+    # The test process stands for the sweep's process: both children are its workers (MARS_SWEEP_PID).
+    if in_sweep:
+        monkeypatch.setenv(locks.SWEEP_PID, str(os.getpid()))
+    else:
+        monkeypatch.delenv(locks.SWEEP_PID, raising=False)
+    context = multiprocessing.get_context("fork")
+    spinning, stop, out = context.Event(), context.Event(), context.Queue()
+    sibling = context.Process(target=starting_sibling, args=(spinning, stop))
+    sibling.start()
+    assert spinning.wait(30)
+    job = context.Process(target=job_timing_once, args=(str(tmp_path), out))
+    job.start()
+    result, attempts, retimed, contended, exclusive = out.get(timeout=90)
+    stop.set()
+    for p in (job, sibling):
+        p.join(30)
+        assert p.exitcode == 0
+    assert result == "answer" and exclusive
+    if in_sweep:
+        # Seen although it never registered: the contended attempt was discarded, the repeat ran alone.
+        assert (attempts, retimed, contended) == (2, 1, False)
+    else:
+        # Not ours (no registry entry, no sweep): invisible, so timed once -- what the sibling rule adds.
+        assert (attempts, retimed, contended) == (1, 0, False)
+
+
+def test_without_the_timing_lock_a_contended_answer_is_kept_and_marked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARS_LOCK_DIR", str(tmp_path))
+    context = multiprocessing.get_context("fork")
+    spinning, stop = context.Event(), context.Event()
+
+    def registered_spinner() -> None:
+        with locks.registered("cpu"):
+            spinning.set()
+            spin(1.5)
+            stop.wait(60)
+
+    other = context.Process(target=registered_spinner)
+    other.start()
+    assert spinning.wait(30)
+    calls = []
+    result, timing = locks.run_timed("cpu", lambda: calls.append(spin(0.3)) or len(calls), enabled=False)
+    stop.set()
+    other.join(30)
+    # exclusive_timing=false: a parallel job is expected, so nothing is repeated; the figure says so.
+    assert (result, timing.retimed, timing.exclusive, timing.contended) == (1, 0, False, True)

@@ -78,7 +78,10 @@ class PromptConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    target: str = MISSING  # a directory (absolute or relative to the repository) or a hub id
+    # A directory (absolute or relative to the repository), a hub id, or a GGUF file: a .gguf path or
+    # package:<module>/<file>.gguf in an installed package, converted once into the cache (eagle.sources).
+    target: str = MISSING
+    target_sha256: str | None = None  # a GGUF target's pinned checksum, checked when it is first converted
     draft: str = MISSING
     # A head for temperature > 0, used instead of `draft` when sampling (eval.runner.settings.head_setting);
     # null: `draft` at every temperature.
@@ -186,7 +189,7 @@ class RunConfig:
     num_prompts: int | None = 12  # the first N questions of the set; null = all
     shard: str | None = None  # "i/n": this job answers questions i, i+n, i+2n, ... (eval.report merges)
     seed: int = 0
-    threads: int | None = None  # torch threads; null = all cores
+    threads: int | None = None  # torch threads; null = $OMP_NUM_THREADS if set, else all cores
     warmup: bool = True  # one short untimed run of every method first
     # Time the decoding loop's phases (phase_seconds in the summary). It synchronises the devices at
     # every phase boundary, which slows a GPU run: for diagnosis, not for speed figures.

@@ -30,7 +30,8 @@ Definitions (all pooled over the questions every method answered):
                            wall seconds (`eval.runner.locks.timed`; 0 when timing held the machine's
                            timing lock); contended_questions: answers over CONTENDED_SHARE each;
                            speed_contended: the share of the method or of a baseline its speedups divide
-                           by exceeds CONTENDED_SHARE (the report marks those figures)
+                           by exceeds CONTENDED_SHARE (the report marks those figures); retimed_questions:
+                           answers whose first timing was contended and was repeated alone (`run_timed`)
 Task quality and its recovery (method / strict) are added by `eval.runner.job.score_quality`.
 """
 
@@ -125,6 +126,7 @@ def method_figures(records: list[dict]) -> dict:
     figures["contended_share"] = sum(t["others_cpu_s"] for t in checked) / wall if wall else None
     figures["contended_questions"] = sum(bool(t and t.get("contended")) for t in timings)
     figures["unchecked_questions"] = sum(t is None or t.get("contended") is None for t in timings)
+    figures["retimed_questions"] = sum(bool(t and t.get("retimed")) for t in timings)
     figures["timed_exclusive"] = bool(timings) and all(t is not None and t.get("exclusive") for t in timings)
     if parses:
         figures["parse_rate"] = _mean(parses)

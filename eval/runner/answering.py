@@ -195,10 +195,16 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
             pending = [(j, q) for j, q in group if not done(m, q.question_id)]
             if not pending:
                 continue
-            # Timed alone on the machine (or marked contended): eval.runner.locks
-            with locks.timed(evaluator.timing_device, config.exclusive_timing) as timing:
-                records = answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003,
-                                       skipped[m.name])
+            # Timed alone on the machine (answered again if another process of ours computed meanwhile,
+            # else marked contended): eval.runner.locks. Seeded, so a repeat gives the same answers.
+            def attempt(m: MethodConfig = m, pending: list = pending) -> tuple[list[dict], list[dict]]:
+                skips: list[dict] = []  # kept from the attempt that counts only
+                return answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003, skips), skips
+
+            (records, skips), timing = locks.run_timed(evaluator.timing_device, attempt, config.exclusive_timing,
+                                                       log=bar.write)
+            for skip in skips:
+                skipped[m.name].append(skip)
             for record in records:
                 record["timing"] = timing.record()
                 files[m.name].append(record)
@@ -231,7 +237,7 @@ def warm_up(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig]
 
 
 def answer_group(evaluator: Evaluator, method: MethodConfig, sampling: SamplingConfig,
-                 pending: list[tuple[int, Question]], seed: int, skipped: AnswerFile) -> list[dict]:
+                 pending: list[tuple[int, Question]], seed: int, skipped: list[dict]) -> list[dict]:
     """The answer records of `pending` (index in the whole set, question) by one method, as one batch
     (or alone, for one question); a question that cannot be answered is recorded in `skipped`. Seeds:
     `seed` + the first question's index (each question's own when alone)."""

@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle.precision import DTYPES, cpu_name
+from eagle.sources import provenance
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat, prompt_format
 from eval.benchmarks.questions import Question
@@ -58,6 +59,7 @@ from eval.runner.models import (
     load_tokenizer,
     make_generator,
     model_source,
+    target_source,
 )
 from eval.runner.plain import GenerateWorker
 from eval.runner.settings import resolve_settings, timing_device
@@ -115,6 +117,13 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def threads(run: RunConfig) -> int:
+    """The job's torch threads: `threads`, else $OMP_NUM_THREADS where the user set it (e.g. one per job of a
+    parallel sweep), else every core."""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return run.threads or (int(omp) if omp.isdigit() and int(omp) > 0 else cores())
+
+
 def machine() -> str:
     text = f"{cpu_name()}, {cores()} cores, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
     if torch.cuda.is_available():
@@ -134,13 +143,21 @@ def sandbox_level(run: RunConfig) -> str | None:
     return sandbox.isolation()
 
 
+def target_origin(run: RunConfig) -> dict:
+    """Where the target's weights came from: a converted GGUF's provenance (file, sha256, package, tensor
+    types), else the directory or hub id loaded."""
+    source = target_source(run)
+    return provenance(source) or {"format": "transformers", "spec": run.model.target, "loaded_from": source}
+
+
 def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, directories: dict[str, Path]) -> dict:
     """The summary's settings: the run's configuration with every resolved choice and its reason."""
     import transformers
 
     m = run.model
     return {
-        "model": m.name, "target": m.target, **resolved.record(), "dtype_requested": m.dtype.value,
+        "model": m.name, "target": m.target, "target_source": target_origin(run), **resolved.record(),
+        "dtype_requested": m.dtype.value,
         "tree_requested": plain(run.tree), "device": m.device_map or m.device, "bench": run.bench.name,
         "questions": questions, "max_new_tokens": run.max_new_tokens, "batch_size": run.batch_size,
         **plain(run.sampling),
@@ -189,7 +206,7 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
     shard = parse_shard(run.shard)
     if shard:
         questions = questions[shard[0]::shard[1]]
-    model_source(run.model.target, "target model")  # a missing local path or malformed hub id, before any load
+    target_source(run)  # a missing local path, malformed hub id or wrong GGUF checksum, before any load
     model_source(run.model.draft, "draft model")
     if run.model.sampling_draft:
         model_source(run.model.sampling_draft, "sampling draft model (model.sampling_draft)")
@@ -273,7 +290,7 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
     other job is answering together (interleaved), the others once their job has let go. Loading
     waits while another job times (`locks.busy`); each timed answer holds the timing lock.
     Returns the methods that got new answers."""
-    torch.set_num_threads(config.threads or cores())
+    torch.set_num_threads(threads(config))
     torch.manual_seed(config.seed)
     answered: set[str] = set()
     with contextlib.ExitStack() as stack:

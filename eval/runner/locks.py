@@ -17,9 +17,13 @@ Two kinds of lock, both `flock`s on files, so a lock dies with the process that 
 so each lock file is opened once per process (`_Held`); taking a lock the process already holds is
 a no-op.
 
-Every timed answer also measures the CPU time the other registered processes of ours used while it
-ran (Linux `/proc`): with the timing lock that is ~0; without it (`exclusive_timing=false`, or work
-that is not ours to lock) the answer is marked `contended`, and so are its figures downstream.
+Every timed answer also measures the CPU time the other processes of ours used while it ran (Linux
+`/proc`): the registered jobs, and the other worker processes of this job's sweep (`MARS_SWEEP_PID`),
+registered or not: a launcher's fresh worker imports torch and the engine before its job can take any
+lock. With the timing lock that is ~0 once every job is registered; otherwise (`exclusive_timing=false`,
+a sibling still starting, work that is not ours to lock) the answer is marked `contended`, and so are
+its figures downstream. Under the timing lock a contended answer is answered again (`run_timed`) once
+the others are quiet, at most `RETIMES` times; its record says how often.
 """
 
 from __future__ import annotations
@@ -33,10 +37,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from eval.runs.layout import CONTENDED_SHARE, LOCK
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SWEEP_PID = "MARS_SWEEP_PID"  # the process that started a sweep (set by eval.run), parent of its launcher's workers
+RETIMES = 2  # at most this many repeats of a contended timed answer (`run_timed`)
+QUIET_WAIT_S = 60.0  # how long a repeat waits for the others to go quiet before it times anyway
+T = TypeVar("T")
 
 
 def lock_dir() -> Path:
@@ -145,13 +154,14 @@ def exclusive(device: str, enabled: bool = True) -> contextlib.AbstractContextMa
 class Timing:
     """How one timed section ran: seconds waited for the lock, whether it held it (`exclusive`), the CPU
     seconds other registered processes of ours used during it (None where /proc is missing), and the
-    verdict `contended` (None: unknown)."""
+    verdict `contended` (None: unknown), and how many contended attempts were discarded (`retimed`)."""
 
     waited_s: float = 0.0
     exclusive: bool = False
     wall_s: float = 0.0
     others_cpu_s: float | None = None
     contended: bool | None = None
+    retimed: int = 0  # contended attempts answered again before this one (`run_timed`)
 
     def record(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -173,9 +183,50 @@ def timed(device: str, enabled: bool = True) -> Iterator[Timing]:
         # A process registered meanwhile counts with all its CPU time so far (it may have started computing
         # just before registering: conservatively, contended); one that ended meanwhile drops out of `after`.
         timing.others_cpu_s = sum(after[p] - before.get(p, 0) for p in after) / TICK
-        # Slack of two clock ticks: the kernel charges CPU time a tick at a time (an idle job waiting for a
-        # lock uses ~0, but a few milliseconds of bookkeeping can be charged a whole tick).
-        timing.contended = timing.others_cpu_s > CONTENDED_SHARE * timing.wall_s + 2 / TICK
+        timing.contended = _busy_share(timing.others_cpu_s, timing.wall_s)
+
+
+def _busy_share(cpu_s: float, wall_s: float) -> bool:
+    # Slack of two clock ticks: the kernel charges CPU time a tick at a time (an idle job waiting for a
+    # lock uses ~0, but a few milliseconds of bookkeeping can be charged a whole tick).
+    return cpu_s > CONTENDED_SHARE * wall_s + 2 / TICK
+
+
+def run_timed(device: str, work: Callable[[], T], enabled: bool = True, retimes: int = RETIMES,
+              log: Callable[[str], None] = print) -> tuple[T, Timing]:
+    """`work()` as one timed section (`timed`). With the timing lock (`enabled`), a contended attempt is
+    discarded and `work()` runs again once the others are quiet (`wait_quiet`), at most `retimes` times,
+    all under the one lock (a job that keeps the protocol cannot start meanwhile; what still computes is
+    a sibling worker starting up, or a process that is not ours to lock). `work` must give the same
+    result when repeated (the answers are seeded). Returns the last attempt's result and timing."""
+    start = time.perf_counter()
+    with exclusive(device, enabled):
+        waited = time.perf_counter() - start
+        for attempt in range(retimes + 1):
+            with timed(device, enabled) as timing:  # the lock is held already: no wait
+                result = work()
+            if not (enabled and timing.contended) or attempt == retimes:
+                break
+            log(f"timing: another process of ours used {timing.others_cpu_s:.2f} s of CPU in {timing.wall_s:.2f} s; "
+                "answering again once it is quiet")
+            wait_quiet(device)
+    timing.waited_s, timing.retimed = waited, attempt
+    return result, timing
+
+
+def wait_quiet(device: str, window: float = 0.25, limit: float = QUIET_WAIT_S) -> bool:
+    """Wait until the other processes of ours (`others_cpu`) use less than CONTENDED_SHARE of a CPU over
+    `window` seconds; False if they did not within `limit` seconds (or /proc is missing)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        before = others_cpu(device)
+        time.sleep(window)
+        after = others_cpu(device)
+        if before is None or after is None:
+            return False
+        if not _busy_share(sum(after[p] - before.get(p, 0) for p in after) / TICK, window):
+            return True
+    return False
 
 
 # --- the registry of running jobs ---------------------------------------------------------------
@@ -222,12 +273,34 @@ def _cpu_ticks(pid: int) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of proc(5))
 
 
+def sweep_siblings() -> list[int]:
+    """The other worker processes of this process's sweep: children of $MARS_SWEEP_PID (a launcher's
+    workers, idle or answering) other than this one; [] outside a sweep or without /proc."""
+    sweep = os.environ.get(SWEEP_PID)
+    if not sweep or int(sweep) == os.getpid():
+        return []
+    try:  # the kernel's list of children (CONFIG_PROC_CHILDREN), thread by thread
+        tasks = Path(f"/proc/{sweep}/task").iterdir()
+        children = {int(pid) for t in tasks for pid in (t / "children").read_text().split()}
+    except OSError:
+        children = set()
+        for entry in Path("/proc").iterdir():  # fallback: every process's parent
+            try:
+                if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == sweep:
+                    children.add(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    return sorted(children - {os.getpid()})
+
+
 def others_cpu(device: str) -> dict[int, int] | None:
     """CPU ticks so far of every process registered by another job on `device` (an ended job's final
-    ticks); None without /proc."""
+    ticks), and of this sweep's other workers that no job registered for a device (starting up, or
+    between jobs); None without /proc."""
     if not Path("/proc/self/stat").exists():
         return None
     ticks = {}
+    elsewhere = set()  # registered for another device: theirs to count
     for entry in _registry().glob("*.json"):
         if entry.stem == str(os.getpid()):
             continue
@@ -239,11 +312,21 @@ def others_cpu(device: str) -> dict[int, int] | None:
             if time.time() - job["ended"] > KEEP_ENDED:
                 entry.unlink(missing_ok=True)
             elif job["device"] == device:
-                ticks.update({int(pid): value for pid, value in job["final"].items()})
+                # Its final ticks once gone; a process still alive (a launcher's worker between jobs) counts on.
+                for pid, final in job["final"].items():
+                    now = _cpu_ticks(int(pid))
+                    ticks[int(pid)] = now if now is not None and now >= final else final
+            else:
+                elsewhere.update(int(pid) for pid in job["final"])
             continue
         if _cpu_ticks(int(entry.stem)) is None:  # a job killed before it could unregister
             entry.unlink(missing_ok=True)
             continue
         if job.get("device") == device:
             ticks.update({pid: value for pid in job["pids"] if (value := _cpu_ticks(pid)) is not None})
+        else:
+            elsewhere.update(job.get("pids", []))
+    for pid in sweep_siblings():
+        if pid not in ticks and pid not in elsewhere and (value := _cpu_ticks(pid)) is not None:
+            ticks[pid] = value
     return ticks

