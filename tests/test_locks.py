@@ -38,10 +38,12 @@ def hold_and_wait(directories: dict[str, Path], answer) -> None:
 PROTOCOLS = {"answer_in_turn": locks.answer_in_turn, "hold_and_wait": hold_and_wait}
 
 
-def job(protocol: str, names: list[str], root: str, seed: int) -> None:
-    """One job: after a random delay, answer `names` (directories under `root`) by `protocol`; each answer
-    marks its directory busy while it sleeps, and fails if another job's mark is there."""
+def job(protocol: str, names: list[str], root: str, seed: int, go) -> None:
+    """One job: once every job of the round has started (`go`: on a busy machine process start-up alone
+    would space them apart), after a random delay, answer `names` (directories under `root`) by
+    `protocol`; each answer marks its directory busy while it sleeps, and fails if another job's mark is there."""
     rng = random.Random(seed)
+    go.wait(30)
     time.sleep(rng.uniform(0, 0.05))
     directories = {n: Path(root) / n for n in names}
 
@@ -68,9 +70,12 @@ def run_round(protocol: str, root: Path, seed: int) -> tuple[bool, dict[str, lis
         (root / n).mkdir(parents=True)
     plans = {f"job{j}": rng.sample(names, rng.randint(2, DIRECTORIES)) for j in range(JOBS)}
     context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=job, args=(protocol, plan, str(root), rng.random())) for plan in plans.values()]
+    go = context.Event()
+    procs = [context.Process(target=job, args=(protocol, plan, str(root), rng.random(), go))
+             for plan in plans.values()]
     for p in rng.sample(procs, len(procs)):
         p.start()
+    go.set()
     deadline = time.monotonic() + BOUND
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -93,7 +98,8 @@ def test_jobs_with_overlapping_directories_answer_each_once_without_deadlock(tmp
 
 def test_the_harness_catches_the_deadlock_of_holding_while_waiting(tmp_path):
     # The same rounds under the protocol this replaced: some round hangs (which is why the test above can fail).
-    assert any(not run_round("hold_and_wait", tmp_path / f"round{r}", seed=r)[0] for r in range(ROUNDS))
+    # Up to three times as many rounds, stopping at the first hang: how often a cycle forms depends on the load.
+    assert any(not run_round("hold_and_wait", tmp_path / f"round{r}", seed=r)[0] for r in range(3 * ROUNDS))
 
 
 def test_a_process_takes_a_lock_it_holds_again_without_blocking_and_others_wait(tmp_path):
@@ -128,10 +134,13 @@ def spin(seconds: float) -> None:
         pass
 
 
-def timer(lock_dir: str, exclusive: bool, sections: int, out) -> None:
-    """A job that registers and times `sections` CPU-bound sections, reporting each one's interval and verdict."""
+def timer(lock_dir: str, exclusive: bool, sections: int, out, ready) -> None:
+    """A job that registers, waits until the other has (`ready`: a job registered while another times
+    counts against it with all its CPU so far), then times `sections` CPU-bound sections, reporting each
+    one's interval and verdict."""
     os.environ["MARS_LOCK_DIR"] = lock_dir
     with locks.registered("cpu"):
+        ready.wait(30)
         for _ in range(sections):
             with locks.timed("cpu", exclusive) as timing:
                 start = time.monotonic()
@@ -144,7 +153,8 @@ def timer(lock_dir: str, exclusive: bool, sections: int, out) -> None:
 def test_timed_sections_of_parallel_jobs_are_exclusive_or_marked_contended(tmp_path, exclusive):
     context = multiprocessing.get_context("fork")
     out = context.Queue()
-    procs = [context.Process(target=timer, args=(str(tmp_path), exclusive, 4, out)) for _ in range(2)]
+    ready = context.Barrier(2)
+    procs = [context.Process(target=timer, args=(str(tmp_path), exclusive, 4, out, ready)) for _ in range(2)]
     for p in procs:
         p.start()
     results = [out.get(timeout=60) for _ in range(8)]
@@ -157,7 +167,7 @@ def test_timed_sections_of_parallel_jobs_are_exclusive_or_marked_contended(tmp_p
     shared = [max(overlap(a, b) for b in results if b[0] != a[0]) for a in results]
     if exclusive:
         assert max(shared) == 0  # one section at a time on the machine
-        assert all(r[3] and r[4] is False for r in results)  # held the lock, nothing of ours ran meanwhile
+        assert all(r[3] and r[4] is False for r in results), results  # held the lock, nothing of ours ran meanwhile
     else:
         # Both spin at once: a section that ran alongside the other job for most of its time saw its CPU time.
         mostly = [r for r, share in zip(results, shared, strict=True) if share > 0.5]

@@ -110,3 +110,17 @@ def test_strict_greedy_on_the_real_model_equals_model_generate(converted, accept
         out = gen.generate(prompt, max_new_tokens=40)
         assert out.tokens == expected, q.turns[0]
         assert (max(out.accept_lengths) >= 2) == (acceptance > 0)
+
+
+def test_the_target_writes_user_prompts_from_its_own_template(converted):
+    """Magpie: the template up to a user turn, then the model's own words until its end-of-turn token."""
+    from eval.chat_prompts import self_prompts, user_turn_prefix
+
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    prefix = user_turn_prefix(tokenizer)
+    assert prefix.endswith("<|im_start|>user\n") and "You are a helpful AI assistant named SmolLM" in prefix
+    model = AutoModelForCausalLM.from_pretrained(converted[0], dtype=torch.bfloat16).eval()
+    prompts = self_prompts(model, tokenizer, 6, batch=8, max_tokens=64, log=lambda _: None)
+    assert len(prompts) == 6 and len(set(prompts)) == 6
+    assert all(len(p.split()) >= 3 and "<|im" not in p for p in prompts)
+    assert prompts == self_prompts(model, tokenizer, 6, batch=8, max_tokens=64, log=lambda _: None)  # seeded

@@ -49,7 +49,10 @@ def _export_head(src: Path, dst: Path, target) -> None:
     save_file(state, str(dst / "model.safetensors"))
 
 
-def export_pair(target_dir: Path, draft_dir: Path, out: Path, sampling_dir: Path | None = None) -> dict:
+def export_pair(target_dir: Path, draft_dir: Path, out: Path, sampling_dir: Path | None = None,
+                copy_target: bool = True) -> dict:
+    """The heads (and, with `copy_target`, the target) under `out`, each loaded back strictly. Without
+    `copy_target` the target stays where it is (a converted GGUF: the package is its source)."""
     from transformers import AutoModelForCausalLM
 
     from eagle.checkpoint import load_draft
@@ -61,19 +64,21 @@ def export_pair(target_dir: Path, draft_dir: Path, out: Path, sampling_dir: Path
                              "or to another --out")
     for part in ("target", "draft", "draft_sampling"):  # a head not exported now must not linger from before
         shutil.rmtree(out / part, ignore_errors=True)
-    (out / "target").mkdir(parents=True, exist_ok=True)
-    _copy(target_dir, out / "target", TARGET_FILES, ("config.json", "model.safetensors", "tokenizer.json"))
-    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.bfloat16)
+    parts = ("target", *heads) if copy_target else tuple(heads)
+    if copy_target:
+        (out / "target").mkdir(parents=True, exist_ok=True)
+        _copy(target_dir, out / "target", TARGET_FILES, ("config.json", "model.safetensors", "tokenizer.json"))
+    target = AutoModelForCausalLM.from_pretrained(out / "target" if copy_target else target_dir, dtype=torch.bfloat16)
     loaded = {}
     for part, src in heads.items():
         _export_head(src, out / part, target)
         loaded[part] = load_draft(out / part, target)  # strict: every key present, shapes and sizes match
-    sizes = {part: sum(f.stat().st_size for f in (out / part).iterdir()) / 1e6 for part in ("target", *heads)}
+    sizes = {part: sum(f.stat().st_size for f in (out / part).iterdir()) / 1e6 for part in parts}
     total = sum(sizes.values())
     if total > SIZE_BUDGET_MB:
         raise ValueError(f"the models take {total:.1f} MB, over the {SIZE_BUDGET_MB:.0f} MB budget: shrink a model")
     head = loaded["draft"]
-    return {"target_mb": round(sizes["target"], 2), **{f"{part}_mb": round(sizes[part], 2) for part in heads},
+    return {**{f"{part}_mb": round(sizes[part], 2) for part in parts},
             "target_params": sum(p.numel() for p in target.parameters()),
             "draft_params": sum(p.numel() for p in head.parameters()),
             "draft_kind": head.config.kind, "draft_vocab_size": head.config.draft_vocab_size}
@@ -86,8 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sampling-draft", type=Path, default=None,
                     help="a head for temperature > 0 (its final/ directory), exported to <out>/draft_sampling")
     ap.add_argument("--out", type=Path, default=Path("data/models"))
+    ap.add_argument("--heads-only", action="store_true", help="leave the target where it is (e.g. a converted GGUF)")
     args = ap.parse_args(argv)
-    print(json.dumps(export_pair(args.target, args.draft, args.out, args.sampling_draft), indent=2))
+    print(json.dumps(export_pair(args.target, args.draft, args.out, args.sampling_draft, not args.heads_only),
+                     indent=2))
 
 
 if __name__ == "__main__":

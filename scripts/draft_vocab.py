@@ -1,0 +1,107 @@
+"""Choose an EAGLE-3 draft vocabulary size for a target by measurement: what each size covers and costs.
+
+A draft head predicts over the N most frequent tokens of the target's own answers (`d2t` maps them back).
+A token outside them can never be drafted, so the share of answer tokens inside the top N bounds the
+acceptance per step; the head's output layer costs N x hidden per drafted row, on a small target a large
+share of a target decode. This script: the target answers `--prompts` chat prompts greedily (bf16,
+batched), token frequencies are counted on half of the answers and coverage measured on the other half,
+and the output layer's time at each size (float32 and bf16, 1 and 8 rows, the rows a draft step expands)
+is set beside one float32 target decode. Writes JSON.
+
+    python scripts/draft_vocab.py --target DIR --prompts runs/smollm2/prompts.jsonl --out vocab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle.train.data import read_jsonl, record_prompt
+
+SIZES = (4096, 8192, 16384, 32768)
+
+
+def best_ms(fn, repeats: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * sorted(times)[len(times) // 4]  # the lower quartile: the cost without the machine's noise
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--prompts", required=True, help="JSONL of chat records (eval.chat_prompts)")
+    ap.add_argument("--count", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval()
+    prompts = [record_prompt(r, tokenizer) for _, r in zip(range(args.count), read_jsonl(args.prompts), strict=False)]
+    eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
+    answers: list[list[int]] = []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    start = time.perf_counter()
+    for b in range(0, len(prompts), args.batch):
+        group = prompts[b: b + args.batch]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=args.tokens,
+                                 pad_token_id=pad)[:, width:].tolist()
+        for row in out:
+            cut = next((i for i, t in enumerate(row) if t in eos), len(row))
+            answers.append(row[:cut])
+        print(f"answered {len(answers)}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", flush=True)
+    half = len(answers) // 2
+    counts = torch.bincount(torch.tensor([t for a in answers[:half] for t in a]), minlength=model.config.vocab_size)
+    order = counts.argsort(descending=True)
+    scored = torch.tensor([t for a in answers[half:] for t in a])
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    full = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    ids = torch.tensor([prompts[0]])
+    with torch.inference_mode():
+        past = full(ids, use_cache=True).past_key_values
+        step = torch.tensor([[prompts[0][-1]]])
+
+        def decode() -> None:
+            full(step, past_key_values=past, use_cache=True)
+            past.crop(ids.shape[1])
+
+        decode_ms = best_ms(decode)
+        sizes = {}
+        for n in (*SIZES, vocab):
+            if n > vocab:
+                continue
+            inside = torch.zeros(vocab, dtype=torch.bool)
+            inside[order[:n]] = True
+            row = {"coverage": inside[scored].float().mean().item()}
+            for dtype in (torch.float32, torch.bfloat16):
+                layer = torch.nn.Linear(hidden, n, bias=False, dtype=dtype)
+                for rows in (1, 8):
+                    x = torch.randn(rows, hidden, dtype=dtype)
+                    name = f"lm_head_ms_{str(dtype).removeprefix('torch.')}_{rows}"
+                    row[name] = best_ms(lambda layer=layer, x=x: layer(x))
+            sizes[n] = row
+            print(n, row, flush=True)
+    result = {"target": args.target, "prompts": len(prompts), "answer_tokens": sum(map(len, answers)),
+              "counted_on": half, "scored_on": len(answers) - half, "decode_ms_float32": decode_ms,
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+              "sizes": sizes}
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
