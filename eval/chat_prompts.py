@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from eagle.precision import resolve_dtype
 from eagle.train.corpus import read_source, stdlib_files, stdlib_root
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.config.paths import bench_path
@@ -226,6 +227,7 @@ def main() -> None:
     ap.add_argument("--bench-dir", help="benchmark question files (default: $MARS_BENCH_DIR or ../shared/data/bench)")
     ap.add_argument("--heldout", type=int, default=64, help="prompts kept out of training, written to OUT's "
                     ".heldout.jsonl (the head's held-out scores, strict-equals-plain checks)")
+    ap.add_argument("--dtype", default="auto", help="the target's precision for the self prompts (eagle.precision)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -233,7 +235,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     sources = {}
     if args.self_count:
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval()
+        dtype = resolve_dtype(args.dtype).dtype  # auto: bf16 where the CPU multiplies it natively, else float32
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
         sources["self"] = self_prompts(model, tokenizer, args.self_count, seed=args.seed)
     if not args.no_chatterbot:
         sources["chatterbot"] = chatterbot_prompts()

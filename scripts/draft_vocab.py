@@ -3,10 +3,10 @@
 A draft head predicts over the N most frequent tokens of the target's own answers (`d2t` maps them back).
 A token outside them can never be drafted, so the share of answer tokens inside the top N bounds the
 acceptance per step; the head's output layer costs N x hidden per drafted row, on a small target a large
-share of a target decode. This script: the target answers `--prompts` chat prompts greedily (bf16,
-batched), token frequencies are counted on half of the answers and coverage measured on the other half,
-and the output layer's time at each size (float32 and bf16, 1 and 8 rows, the rows a draft step expands)
-is set beside one float32 target decode. Writes JSON.
+share of a target decode. This script: the target answers `--prompts` chat prompts greedily (batched,
+in the precision eagle.precision picks), token frequencies are counted on half of the answers and
+coverage measured on the other half, and the output layer's time at each size (float32 and bf16, 1 and
+8 rows, the rows a draft step expands) is set beside one float32 target decode. Writes JSON.
 
     python scripts/draft_vocab.py --target DIR --prompts runs/smollm2/prompts.jsonl --out vocab.json
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle.precision import resolve_dtype
 from eagle.train.data import read_jsonl, record_prompt
 
 SIZES = (4096, 8192, 16384, 32768)
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=resolve_dtype("auto").dtype).eval()
     prompts = [record_prompt(r, tokenizer) for _, r in zip(range(args.count), read_jsonl(args.prompts), strict=False)]
     eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
     answers: list[list[int]] = []

@@ -319,6 +319,33 @@ def test_generated_sequences_mask_the_prompt(target_dir):
         assert logits[len(prompt) - 1 :].argmax(-1).tolist() == seqs.input_ids[n, len(prompt) : length].tolist()
 
 
+def test_generation_killed_between_batches_resumes_to_what_one_run_writes(target_dir, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    prompts = [[5 + i, 6, 7 + i % 3][: 2 + i % 2] for i in range(7)]
+    whole = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                               log=lambda _: None)
+
+    class Killed(Exception):
+        pass
+
+    def killed_after_two_batches(message: str) -> None:
+        if message.startswith("generated 4/"):
+            raise Killed
+
+    progress = tmp_path / "generating.pt"
+    with pytest.raises(Killed):
+        generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                           log=killed_after_two_batches, progress=progress)
+    said = []
+    resumed = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                                 log=said.append, progress=progress)
+    assert said[0] == "resuming generation: 4/7 responses already written"
+    assert [m for m in said if m.startswith("generated")] == ["generated 6/7 responses", "generated 7/7 responses"]
+    for name in ("input_ids", "lengths", "loss_mask"):
+        assert torch.equal(getattr(resumed, name), getattr(whole, name)), name
+
+
 def test_batches_cover_each_epoch_once():
     seen = torch.cat([batch_indices(step, 10, 3, seed=0) for step in range(3)])
     assert sorted(seen.tolist()) == sorted(set(seen.tolist())) and len(seen) == 9

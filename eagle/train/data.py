@@ -237,12 +237,15 @@ def _response(row: torch.Tensor, eos_ids: frozenset[int]) -> list[int]:
 def generate_sequences(
     model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
     temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
+    progress: Path | None = None,
 ) -> Sequences:
     """The target continues each prompt (greedy at temperature 0, else sampled) up to `seq_len` tokens.
 
     This is how EAGLE-3 builds its data: responses written by the target itself, so the draft
     learns the distribution it will be asked to predict. The loss mask covers the response only.
-    Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded.
+    Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded. With `progress`,
+    the finished batches are saved there after each batch and skipped when rerun (each batch is seeded
+    by its position, so a resumed run writes what an uninterrupted one would).
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
@@ -250,9 +253,16 @@ def generate_sequences(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     rows: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
+    if progress is not None and progress.exists():
+        saved = torch.load(progress)
+        if saved["prompts"] == prompts and saved["temperature"] == temperature and saved["seed"] == seed:
+            rows, starts = saved["rows"], saved["starts"]
+            log(f"resuming generation: {len(rows)}/{len(prompts)} responses already written")
     device = next(model.parameters()).device
     for b in range(0, len(order), batch_size):
         group = order[b : b + batch_size]
+        if all(i in rows for i in group):
+            continue
         ids, mask = _pad_left([prompts[i] for i in group], pad_id)
         torch.manual_seed(seed + b)
         sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
@@ -263,6 +273,9 @@ def generate_sequences(
         for row, i in enumerate(group):
             rows[i] = (prompts[i] + _response(out[row, ids.shape[1]:], eos_ids))[:seq_len]
             starts[i] = len(prompts[i])
+        if progress is not None:
+            atomic_save({"prompts": prompts, "temperature": temperature, "seed": seed, "rows": rows,
+                         "starts": starts}, progress)
         log(f"generated {min(b + batch_size, len(order))}/{len(order)} responses")
     return _pad_sequences([rows[i] for i in range(len(prompts))], [starts[i] for i in range(len(prompts))],
                           seq_len, pad_id)

@@ -240,7 +240,8 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
             temperatures = args.gen_temperature
             part = Sequences.concat([
                 generate_sequences(target, tokenizer, prompts[i :: len(temperatures)], args.seq_len, args.gen_batch,
-                                   t, args.seed + rank * len(temperatures) + i, log)
+                                   t, args.seed + rank * len(temperatures) + i, log,
+                                   progress=data_dir / f"generating.rank{rank}.part{i}.pt")
                 for i, t in enumerate(temperatures)])
             part.save(data_dir / f"sequences.rank{rank}.pt")
             accelerator.wait_for_everyone()
