@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from eagle.config import eos_token_ids
 from eagle.precision import resolve_dtype
 from eagle.train.corpus import read_source, stdlib_files, stdlib_root
 from eval.benchmarks import BENCHMARKS, load_questions
@@ -67,8 +68,7 @@ def self_prompts(model, tokenizer, count: int, batch: int = 32, max_tokens: int 
     """`count` user messages the target writes at temperature 1 from `user_turn_prefix` (Magpie), kept when
     they end with its end-of-turn token within `max_tokens`."""
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    eos = [t for t in {end, tokenizer.eos_token_id} if t is not None]
+    eos = sorted(eos_token_ids(model, tokenizer))  # its end-of-turn token(s), as the engine stops on them
     out: list[str] = []
     generator_seed = seed
     while len(out) < count:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle.config import eos_token_ids
 from eagle.precision import resolve_dtype
 from eagle.train.data import read_jsonl, record_prompt
 from mars.adapter.cache import cache_keyword
@@ -50,7 +51,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=resolve_dtype("auto").dtype).eval()
     prompts = [record_prompt(r, tokenizer) for _, r in zip(range(args.count), read_jsonl(args.prompts), strict=False)]
-    eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
+    eos = eos_token_ids(model, tokenizer)
     answers: list[list[int]] = []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start = time.perf_counter()
