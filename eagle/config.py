@@ -60,7 +60,7 @@ class DraftConfig:
     bias: bool = True  # EAGLE-1 `fc` bias
     feature_layers: list[int] = field(default_factory=list)
     # Ours: the temperature the head's log-probabilities are taken at when they *rank* tree nodes
-    # (EAGLE-2's draft confidence, `eagle.tree.confidence`), fitted so that a candidate's confidence
+    # (EAGLE-2's draft confidence, `eagle.tree.confidence_logprobs`), fitted so that a candidate's confidence
     # matches its chance of acceptance (`python -m eagle.train.confidence`). 1.0: the head as trained.
     confidence_temperature: float = 1.0
 

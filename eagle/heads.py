@@ -98,8 +98,9 @@ class DraftHead(nn.Module):
 
     # --- batched decoding: B sequences of different lengths (`eagle.rows`) --------------------
     def reset_rows(self, batch: int, device: torch.device) -> None:
-        """Forget everything and start B empty sequences."""
-        self.cache.reset(RowLengths.of([0] * batch, device))
+        """Forget everything and start B empty sequences. One is a single sequence (`reset`): the `*_rows`
+        calls then run `extend` and `propose`, the computations of one sequence."""
+        self.cache.reset(RowLengths.of([0] * batch, device) if batch > 1 else None)
 
     def select_rows(self, rows: list[int], rows_device: torch.Tensor) -> None:
         """Keep only these sequences of the batch (finished ones leave)."""
@@ -112,6 +113,9 @@ class DraftHead(nn.Module):
         """`extend` for every row at once: row b commits its first counts[b] positions of
         features [B, m, F] and tokens [B, m] (the rest is padding). Returns each row's hidden [B, H]
         and logprobs [B, V_d] at its last new position."""
+        if self.cache.rows is None:  # one sequence (`reset_rows(1)`)
+            hidden, logprobs = self.extend(features[0, : counts[0]], tokens[0, : counts[0]])
+            return hidden[None], logprobs[None]
         self.cache.rollback()
         rows, start = self.cache.rows, self.cache.length
         b, m = tokens.shape
@@ -132,6 +136,10 @@ class DraftHead(nn.Module):
                      ancestor_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`propose` for every row at once: hidden [B, k, H], tokens [B, k], ancestor_mask [B, k, t + k]
         (or [k, t + k], the same for every row). Returns (hidden [B, k, H], logprobs [B, k, V_d])."""
+        if self.cache.rows is None:  # one sequence (`reset_rows(1)`)
+            mask = ancestor_mask if ancestor_mask.dim() == 2 else ancestor_mask[0]
+            hidden, logprobs = self.propose(hidden[0], tokens[0], depth, mask)
+            return hidden[None], logprobs[None]
         rows, committed = self.cache.rows, self.cache.length
         b, k = tokens.shape
         positions = (rows.device + depth - 1)[:, None].expand(b, k)

@@ -6,7 +6,8 @@ mass on `sequence[i + 2]` (the token that position predicts) with probability `a
 decided once per position, and otherwise on a wrong token; past the end of `sequence` it is
 uniform. With `sequence` = prompt + the target's greedy continuation, greedy acceptance along the
 true path is ~`acceptance` per level (every draft right at 1.0, the default).
-Batched decoding (`extend_rows` / `propose_rows`): row b drafts from `sequences[b]` likewise.
+Batched decoding (`extend_rows` / `propose_rows`): row b drafts from `sequences[b]` likewise (a batch
+of one is a single sequence: `sequences[0]`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class ScriptedHead(Eagle3Head):
         self.live: list[int] = []  # the prompt each row of the batch decodes
 
     def _proposals(self, position: int, rows: int, sequence: list[int] | None = None) -> torch.Tensor:
-        sequence = self.sequence if sequence is None else sequence
+        if sequence is None:  # one sequence: `sequence`, or the one of a batch of one
+            sequence = self.sequence if self.sequence or not self.sequences else self.sequences[self.live[0]]
         vocab = self.config.draft_vocab_size
         logprobs = torch.full((rows, vocab), -30.0, device=self.device)
         index = position + 2
@@ -51,11 +53,15 @@ class ScriptedHead(Eagle3Head):
         self.live = list(range(batch))
 
     def extend_rows(self, features, tokens, counts, counts_device):
+        if self.cache.rows is None:  # one sequence: `extend` scripted it
+            return super().extend_rows(features, tokens, counts, counts_device)
         hidden, _ = super().extend_rows(features, tokens, counts, counts_device)
         rows = zip(self.cache.rows.host, self.live, strict=True)
         return hidden, torch.cat([self._proposals(n - 1, 1, self.sequences[i]) for n, i in rows])
 
     def propose_rows(self, hidden, tokens, depth, ancestor_mask):
+        if self.cache.rows is None:  # one sequence: `propose` scripted it
+            return super().propose_rows(hidden, tokens, depth, ancestor_mask)
         out, _ = super().propose_rows(hidden, tokens, depth, ancestor_mask)
         rows = zip(self.cache.rows.host, self.live, strict=True)
         return out, torch.stack([self._proposals(n + depth - 1, tokens.shape[1], self.sequences[i]) for n, i in rows])

@@ -1,13 +1,14 @@
 """Draft trees: EAGLE-2 dynamic top-k trees, and trees of sampled children for temperature > 0.
 
-EAGLE-2 (deterministic children, what greedy verification wants). Two phases:
-- `expand` (growth): the root's children are the draft's `branching` most likely next tokens. For
+EAGLE-2 (deterministic children, what greedy verification wants). `grow_trees` drafts one tree per
+sequence of a batch with the same head calls (`grow_tree`: one sequence, the batch of one), in two phases:
+- growth (`_draft`): the root's children are the draft's `branching` most likely next tokens. For
   `depth - 1` more levels, the `branching` nodes of the newest level with the highest cumulative
   draft log-probability are fed to the draft head, each proposing its own `branching` children.
-- `rerank`: all candidates are ranked by cumulative log-probability and the best `total_tokens`
-  form the tree that the target verifies.
-`grow_tree` is the two in sequence. The log-probabilities that rank are the head's at its fitted
-confidence temperature (`confidence`), so that they track acceptance.
+- reranking (`_rerank`): all candidates are ranked by cumulative log-probability and the best
+  `total_tokens` form the tree that the target verifies.
+The log-probabilities that rank are the head's at its fitted confidence temperature
+(`confidence_logprobs`), so that they track acceptance.
 
 Sampled drafting (`sample_tree`, temperature > 0): each node's children are drawn from the head's
 processed distribution q without replacement (Gumbel-top-k), into a shape fixed before any draw
@@ -116,12 +117,25 @@ class DraftTree:
         """B trees of n nodes each, given row by row (tokens, parents with -1 at the root, depths,
         scores [B, n], draft_probs [B, n, V]), as one forest."""
         b, n = tokens.shape
-        offset = torch.arange(b, device=parents.device)[:, None] * n
         own = ancestor_matrix(parents)  # [B, n, n], tree by tree: (B n)^2 work, not (B n)^3
-        block = torch.eye(b, dtype=torch.bool, device=parents.device)[:, None, :, None] & own[:, :, None, :]
-        return cls(tokens.reshape(-1), torch.where(parents < 0, -1, parents + offset).reshape(-1), depths.reshape(-1),
-                   scores.reshape(-1), levels, None if draft_probs is None else draft_probs.reshape(b * n, -1),
-                   width, b, block.reshape(b * n, b * n))
+        if b == 1:  # one tree (decoding one sequence, the hot path): nothing to offset or lay out
+            ancestors = own[0]
+        else:
+            parents = torch.where(parents < 0, -1, parents + torch.arange(b, device=parents.device)[:, None] * n)
+            block = torch.eye(b, dtype=torch.bool, device=parents.device)[:, None, :, None] & own[:, :, None, :]
+            ancestors = block.reshape(b * n, b * n)
+        return cls(tokens.reshape(-1), parents.reshape(-1), depths.reshape(-1), scores.reshape(-1), levels,
+                   None if draft_probs is None else draft_probs.reshape(b * n, -1), width, b, ancestors)
+
+    @classmethod
+    def roots_only(cls, tokens: int | torch.Tensor) -> DraftTree:
+        """A forest of lone roots, one per row: tokens [B] (or an int, one root), on the device the forest
+        should live on. What a plain decoding step verifies (nothing drafted)."""
+        roots = torch.as_tensor(tokens).reshape(-1)
+        b, device = roots.shape[0], roots.device
+        zero = torch.zeros(b, dtype=torch.long, device=device)
+        alone = torch.eye(b, dtype=torch.bool, device=device)  # each root is its own only ancestor
+        return cls(roots, zero - 1, zero, zero.float(), 0, batch=b, ancestors=alone)
 
     @property
     def children(self) -> list[list[int]]:
@@ -149,36 +163,38 @@ class DraftTree:
         return cls(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths),
                    torch.tensor(scores) if scores is not None else torch.zeros(len(tokens)), max(depths))
 
-    @classmethod
-    def root_only(cls, token: int | torch.Tensor) -> DraftTree:
-        """A lone root: `token` an int, or a one-element tensor on the device the tree should live on."""
-        root = torch.as_tensor(token).reshape(1)
-        zero = torch.zeros(1, dtype=torch.long, device=root.device)
-        return cls(root, zero - 1, zero, zero.float(), 0)
+
+def _stable_order(first: torch.Tensor, second: torch.Tensor, descending: tuple[bool, bool]) -> torch.Tensor:
+    """[B, m] indices sorting each row by first [B, m], ties by second [B, m] (stable: ties of both keep
+    their order): a stable sort by the second key, then a stable sort of that order by the first."""
+    order = torch.sort(second, dim=1, descending=descending[1], stable=True).indices
+    return order.gather(1, torch.sort(first.gather(1, order), dim=1, descending=descending[0], stable=True).indices)
 
 
-def _stable_order(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
-    """Indices sorting by keys[0], then keys[1], ... (lexicographic, stable)."""
-    order = torch.arange(keys[0].shape[0], device=keys[0].device)
-    for key, desc in reversed(list(zip(keys, descending, strict=True))):
-        order = order[torch.sort(key[order], descending=desc, stable=True).indices]
-    return order
+# propose(hidden [B, k, H], tokens [B, k], depth, ancestor_mask [B, k, t + k] or [k, t + k] for every row)
+#   -> (hidden [B, k, H], logprobs [B, k, V_d]): one tentative level of the head for every row.
+Propose = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
-class Candidates:
-    """Every node `expand` drafted, in drafting order: level by level, each frontier node's children
-    by decreasing draft probability. `parents[i]` indexes these candidates (-1: a child of the root).
-    Tensors on the draft's device."""
+def _proposer(head: DraftHead) -> Propose:
+    """The head's level call for rows: `propose_rows` when its cache holds a batch of sequences
+    (`reset_rows`), else its one-sequence `propose` around a batch of one (decoding one prompt)."""
+    if head.cache.rows is not None:
+        return head.propose_rows
 
-    tokens: torch.Tensor  # [m] target token ids
-    parents: torch.Tensor  # [m]
-    depths: torch.Tensor  # [m], >= 1
-    scores: torch.Tensor  # [m] cumulative draft log-probability
-    levels: int  # levels drafted
+    def propose(hidden, tokens, depth, mask):
+        out, lp = head.propose(hidden[0], tokens[0], depth, mask.view(mask.shape[-2:]))
+        return out[None], lp[None]
+
+    return propose
 
 
-def confidence(head: DraftHead, logprobs: torch.Tensor) -> torch.Tensor:
+def _one_row(x: torch.Tensor | None) -> torch.Tensor | None:
+    """x as a batch of one row; None (no head output: a cycle that drafts nothing) stays None."""
+    return None if x is None else x[None]
+
+
+def confidence_logprobs(head: DraftHead, logprobs: torch.Tensor) -> torch.Tensor:
     """[..., V_d] the log-probabilities that rank top-k candidates: the head's `logprobs` [..., V_d]
     at its fitted `confidence_temperature` T (log_softmax(logprobs / T) = log_softmax(logits / T)).
 
@@ -193,170 +209,139 @@ def confidence(head: DraftHead, logprobs: torch.Tensor) -> torch.Tensor:
     return logprobs if temperature == 1.0 else torch.log_softmax(logprobs / temperature, dim=-1)
 
 
-@torch.inference_mode()
-def expand(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int,
-           keep_growing: Callable[[int, torch.Tensor], bool | torch.Tensor] | None = None) -> Candidates:
-    """Draft `depth` levels below the root with the head (EAGLE-2 growth); see the module docstring.
+# keep_growing(level, frontier_scores [B, k]) -> a host bool, or a 0-dim bool on the head's device:
+# whether to draft `level` (>= 2), asked with the cumulative log-probabilities of the nodes it would expand.
+KeepGrowing = Callable[[int, torch.Tensor], bool | torch.Tensor]
 
-    hidden [H], logprobs [V_d]: the head's output at its last committed position, which predicts
-    the root's child. `keep_growing(level, frontier_scores)`, if given, is asked before each level
-    after the first with the cumulative log-probabilities of the nodes that level would expand, and
-    the tree keeps the levels before the first refusal. A Python bool is a decision made on the host
-    (growth stops at once; reading the scores costs a sync per level on a GPU). A tensor (a one-element
-    bool on the device) defers: every level is drafted and the decisions are read together after the
-    last, one sync per tree, then the refused levels are dropped. Everything else stays on the head's
-    device. Leaves the head's tentative cache rolled back.
+
+@dataclass
+class Candidates:
+    """Every node `_draft` drafted per row, in drafting order: level by level, each frontier node's
+    children by decreasing draft probability. `parents[b, i]` indexes row b's candidates (-1: a child
+    of the root). Tensors on the draft's device."""
+
+    tokens: torch.Tensor  # [B, m] target token ids
+    parents: torch.Tensor  # [B, m]
+    depths: torch.Tensor  # [B, m], >= 1
+    scores: torch.Tensor  # [B, m] cumulative draft log-probability
+    levels: int  # levels drafted
+
+    def prefix(self, m: int, levels: int) -> Candidates:
+        """The first m candidates of each row: the first `levels` levels when m is their count."""
+        return Candidates(self.tokens[:, :m], self.parents[:, :m], self.depths[:, :m], self.scores[:, :m], levels)
+
+
+def _draft(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int, branching: int,
+           keep_growing: KeepGrowing | None) -> Candidates:
+    """EAGLE-2 growth of every row's tree (see the module docstring); hidden [B, H], logprobs [B, V_d].
+
+    `keep_growing`, if given, is asked before each level after the first and the trees keep the levels
+    before the first refusal. A Python bool is a decision made on the host (growth stops at once;
+    reading the scores costs a sync per level on a GPU). A tensor (a 0-dim bool on the device, one for
+    all rows) defers: every level is drafted and the decisions are read together after the last, one
+    sync per forest, then the refused levels are dropped. Leaves the head's tentative cache rolled back.
     """
-    device = logprobs.device
-    k = min(branching, logprobs.shape[-1])
-    lp, ids = confidence(head, logprobs).topk(k)
+    propose, (b, vocab), device = _proposer(head), logprobs.shape, logprobs.device
+    k = min(branching, vocab)
+    lp, ids = confidence_logprobs(head, logprobs).topk(k, dim=-1)  # [B, k]
     tokens, scores = [head.to_target_ids(ids)], [lp]
-    parents = [torch.full((k,), -1, device=device)]
-    depths = [torch.ones(k, dtype=torch.long, device=device)]
-    frontier = torch.arange(k, device=device)  # candidate indices to expand next
-    frontier_hidden = hidden[None].expand(k, -1)
+    parents = [torch.full((b, k), -1, device=device)]
+    depths = [torch.ones(b, k, dtype=torch.long, device=device)]
+    # The frontier, the nodes to expand next, is always k nodes: the root's children, then the best k of
+    # the k * k children the previous frontier proposed. Its candidate indices, tokens, scores [B, k] and
+    # the head outputs that predicted them [B, k, H]:
+    frontier, frontier_tokens, frontier_scores = torch.arange(k, device=device).expand(b, k), tokens[0], lp
+    frontier_hidden = hidden[:, None].expand(b, k, hidden.shape[-1])
     # The head's tentative cache holds the nodes fed so far (one slot each, level by level);
-    # `fed[s, t]`: slot t is slot s or one of its ancestors. `parent_slot`: each frontier node's
-    # parent's slot (None while the frontier is the root's children, whose parent was never fed).
-    fed = torch.zeros(0, 0, dtype=torch.bool, device=device)
+    # `fed[b, s, t]`: in row b, slot t is slot s or one of its ancestors. `parent_slot` [B, k]: each
+    # frontier node's parent's slot (None while the frontier is the root's children, whose parent was never fed).
+    fed = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)
+    itself = torch.eye(k, dtype=torch.bool, device=device).expand(b, k, k)
     parent_slot: torch.Tensor | None = None
     count, levels = k, 1
-    drafted = [k]  # candidates drafted by the end of each level
+    drafted = [k]  # candidates per row by the end of each level
     deferred: list[tuple[int, torch.Tensor]] = []  # (level, device decision), read after drafting
     for level in range(2, depth + 1):
-        frontier_scores = torch.cat(scores)[frontier]
         if keep_growing is not None:
             grow = keep_growing(level, frontier_scores)
             if isinstance(grow, torch.Tensor):
                 deferred.append((level, grow.reshape(())))
             elif not grow:
                 break
-        t, kf = fed.shape[0], frontier.shape[0]
-        seen = fed[parent_slot] if parent_slot is not None else fed.new_zeros(kf, t)
-        mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device)], dim=1)  # [kf, t + kf]
-        fed = torch.cat([torch.cat([fed, fed.new_zeros(t, kf)], dim=1), mask], dim=0)
-        out_hidden, out_lp = head.propose(frontier_hidden, torch.cat(tokens)[frontier], level - 1, mask)
-        child_lp, child_ids = confidence(head, out_lp).topk(k, dim=-1)  # [kf, k]
-        child_scores = (frontier_scores[:, None] + child_lp).flatten()
-        tokens.append(head.to_target_ids(child_ids).flatten())
+        t = fed.shape[1]
+        # What each frontier node sees of the cache [B, k, t + k]: its parent's slot and its ancestors', then itself.
+        seen = fed.new_zeros(b, k, t) if parent_slot is None else fed.gather(1, parent_slot[..., None].expand(b, k, t))
+        mask = torch.cat([seen, itself], dim=2)
+        fed = torch.cat([torch.cat([fed, fed.new_zeros(b, t, k)], dim=2), mask], dim=1)  # [B, t + k, t + k]
+        out_hidden, out_lp = propose(frontier_hidden, frontier_tokens, level - 1, mask)
+        child_lp, child_ids = confidence_logprobs(head, out_lp).topk(k, dim=-1)  # [B, k, k]
+        child_scores = (frontier_scores[:, :, None] + child_lp).flatten(1)  # [B, k * k]
+        tokens.append(head.to_target_ids(child_ids).flatten(1))
         scores.append(child_scores)
-        parents.append(frontier[:, None].expand(kf, k).flatten())
-        depths.append(torch.full((kf * k,), level, device=device))
-        best = child_scores.topk(min(k, child_scores.shape[0])).indices
-        frontier, parent_slot = count + best, t + best // k
-        frontier_hidden = out_hidden[best // k]
-        count, levels = count + kf * k, level
+        parents.append(frontier[:, :, None].expand(b, k, k).flatten(1))
+        depths.append(torch.full((b, k * k), level, device=device))
+        frontier_scores, best = child_scores.topk(k, dim=-1)  # [B, k] the next frontier, by index in this level
+        proposer = best // k  # [B, k] which frontier node proposed each
+        frontier, frontier_tokens, parent_slot = count + best, tokens[-1].gather(1, best), t + proposer
+        frontier_hidden = out_hidden.gather(1, proposer[..., None].expand(-1, -1, out_hidden.shape[-1]))
+        count, levels = count + k * k, level
         drafted.append(count)
     head.rollback()
-    candidates = Candidates(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores), levels)
+    candidates = Candidates(*(torch.cat(x, dim=1) for x in (tokens, parents, depths, scores)), levels)
     if deferred:
-        grown = torch.stack([grow for _, grow in deferred]).tolist()  # the tree's one read
+        grown = torch.stack([grow for _, grow in deferred]).tolist()  # the forest's one read
         refused = [level for (level, _), ok in zip(deferred, grown, strict=True) if not ok]
-        if refused:
-            # Candidates come level by level and parents before children: a prefix is a whole tree.
-            levels = refused[0] - 1
-            n = drafted[levels - 1]
-            candidates = Candidates(candidates.tokens[:n], candidates.parents[:n], candidates.depths[:n],
-                                    candidates.scores[:n], levels)
+        if refused:  # candidates come level by level, parents before children: a prefix is a whole tree
+            candidates = candidates.prefix(drafted[refused[0] - 2], refused[0] - 1)
     return candidates
 
 
-def rerank(candidates: Candidates, root_token: int | torch.Tensor, total_tokens: int) -> DraftTree:
-    """The `total_tokens` best candidates by cumulative log-probability, as a tree below `root_token`
-    (an int, or a one-element tensor on the candidates' device).
+def _rerank(c: Candidates, roots: torch.Tensor, total_tokens: int) -> DraftTree:
+    """Each row's `total_tokens` best candidates by cumulative log-probability, as a tree below its
+    root (roots [B], moved to the candidates' device), the rows a forest.
 
     A child's score never exceeds its parent's (log-probs <= 0) and ties go to the shallower node,
     so every kept node's parent is kept too. Nodes come out breadth-first, siblings in draft order.
     """
-    c = candidates
-    device = c.tokens.device
-    keep = _stable_order([c.scores, c.depths], [True, False])[:total_tokens]
-    keep = keep[_stable_order([c.depths[keep], c.scores[keep]], [False, True])]
-    new_index = torch.zeros(c.tokens.shape[0], dtype=torch.long, device=device)
-    new_index[keep] = torch.arange(1, keep.shape[0] + 1, device=device)
-    kept_parents = c.parents[keep]
-    root = torch.as_tensor(root_token, device=device).reshape(1)
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    return DraftTree(
-        tokens=torch.cat([root, c.tokens[keep]]),
-        parents=torch.cat([zero - 1, torch.where(kept_parents < 0, 0, new_index[kept_parents.clamp(min=0)])]),
-        depths=torch.cat([zero, c.depths[keep]]),
-        scores=torch.cat([zero.float(), c.scores[keep]]),
-        levels=c.levels,
-    )
-
-
-def grow_tree(head: DraftHead, root_token: int | torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
-              depth: int, branching: int, total_tokens: int,
-              keep_growing: Callable[[int, torch.Tensor], bool] | None = None) -> DraftTree:
-    """An EAGLE-2 tree below `root_token`: `expand` for up to `depth` levels, then `rerank` to `total_tokens` nodes."""
-    if depth < 1 or total_tokens < 1:
-        return DraftTree.root_only(root_token)
-    return rerank(expand(head, hidden, logprobs, depth, branching, keep_growing), root_token, total_tokens)
-
-
-def _stable_order_rows(keys: list[torch.Tensor], descending: list[bool]) -> torch.Tensor:
-    """[B, m] indices sorting each row by keys[0], then keys[1], ... ([B, m] each; lexicographic, stable)."""
-    order = torch.arange(keys[0].shape[1], device=keys[0].device).expand_as(keys[0])
-    for key, desc in reversed(list(zip(keys, descending, strict=True))):
-        order = order.gather(1, torch.sort(key.gather(1, order), dim=1, descending=desc, stable=True).indices)
-    return order
+    (b, _), device = c.tokens.shape, c.tokens.device
+    keep = _stable_order(c.scores, c.depths, (True, False))[:, :total_tokens]  # [B, m] the best
+    keep = keep.gather(1, _stable_order(c.depths.gather(1, keep), c.scores.gather(1, keep), (False, True)))
+    m = keep.shape[1]
+    new_index = torch.zeros_like(c.tokens).scatter_(1, keep, torch.arange(1, m + 1, device=device).expand(b, m))
+    kept_parents = c.parents.gather(1, keep)
+    local = torch.where(kept_parents < 0, 0, new_index.gather(1, kept_parents.clamp(min=0)))
+    zero = torch.zeros(b, 1, dtype=torch.long, device=device)
+    return DraftTree.forest(torch.cat([roots.to(device)[:, None], c.tokens.gather(1, keep)], dim=1),
+                            torch.cat([zero - 1, local], dim=1), torch.cat([zero, c.depths.gather(1, keep)], dim=1),
+                            torch.cat([zero.float(), c.scores.gather(1, keep)], dim=1), c.levels)
 
 
 @torch.inference_mode()
-def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor, depth: int,
-               branching: int, total_tokens: int) -> DraftTree:
-    """`grow_tree` for B sequences at once (batched decoding): one EAGLE-2 tree per row, every row
-    drafted by the same head calls (`DraftHead.propose_rows`), returned as a forest of B trees of one
-    size (`DraftTree.forest`). roots [B] the root tokens; hidden [B, H], logprobs [B, V_d] each row's
-    head output at its last committed position. The same growth and reranking as `expand` / `rerank`,
-    row by row in the tensors' first dimension; reads nothing."""
-    b, device = roots.shape[0], roots.device
+def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor | None, logprobs: torch.Tensor | None,
+               depth: int, branching: int, total_tokens: int, *,
+               keep_growing: KeepGrowing | None = None) -> DraftTree:
+    """One EAGLE-2 tree per row, every row drafted by the same head calls, returned as a forest of B
+    trees of one size (`DraftTree.forest`): up to `depth` levels of `branching` children (`_draft`),
+    then each row's best `total_tokens` candidates (`_rerank`). See the module docstring.
+
+    roots [B] the root tokens; hidden [B, H], logprobs [B, V_d] each row's head output at its last
+    committed position, which predicts the root's child (None when nothing is drafted: depth or
+    total_tokens 0). A head holding a batch (`reset_rows`) drafts with `propose_rows`, one holding one
+    sequence with `propose` (B = 1). `keep_growing`: the adaptive policy's per-level decisions (`_draft`),
+    one for all rows; decisions on the device are read once per forest, after drafting. Reads nothing else.
+    """
     if depth < 1 or total_tokens < 1:
-        zero = torch.zeros(b, 1, dtype=torch.long, device=device)
-        return DraftTree.forest(roots[:, None], zero - 1, zero, zero.float(), 0)
-    k = min(branching, logprobs.shape[-1])
-    lp, ids = confidence(head, logprobs).topk(k, dim=-1)  # [B, k]
-    tokens, scores = [head.to_target_ids(ids)], [lp]
-    parents = [torch.full((b, k), -1, device=device)]
-    depths = [torch.ones(b, k, dtype=torch.long, device=device)]
-    frontier = torch.arange(k, device=device).expand(b, k)  # candidate indices to expand next, per row
-    frontier_hidden = hidden[:, None].expand(b, k, hidden.shape[-1])
-    fed = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)  # as in `expand`, per row
-    parent_slot: torch.Tensor | None = None
-    count, levels = k, 1
-    for level in range(2, depth + 1):
-        frontier_scores = torch.cat(scores, dim=1).gather(1, frontier)  # [B, kf]
-        t, kf = fed.shape[1], frontier.shape[1]
-        seen = fed.gather(1, parent_slot[:, :, None].expand(b, kf, t)) if parent_slot is not None \
-            else fed.new_zeros(b, kf, t)
-        mask = torch.cat([seen, torch.eye(kf, dtype=torch.bool, device=device).expand(b, kf, kf)], dim=2)
-        fed = torch.cat([torch.cat([fed, fed.new_zeros(b, t, kf)], dim=2), mask], dim=1)
-        out_hidden, out_lp = head.propose_rows(frontier_hidden, torch.cat(tokens, dim=1).gather(1, frontier),
-                                               level - 1, mask)
-        child_lp, child_ids = confidence(head, out_lp).topk(k, dim=-1)  # [B, kf, k]
-        child_scores = (frontier_scores[:, :, None] + child_lp).flatten(1)
-        tokens.append(head.to_target_ids(child_ids).flatten(1))
-        scores.append(child_scores)
-        parents.append(frontier[:, :, None].expand(b, kf, k).flatten(1))
-        depths.append(torch.full((b, kf * k), level, device=device))
-        best = child_scores.topk(min(k, child_scores.shape[1]), dim=-1).indices  # [B, k]
-        frontier, parent_slot = count + best, t + best // k
-        frontier_hidden = out_hidden.gather(1, (best // k)[:, :, None].expand(-1, -1, out_hidden.shape[-1]))
-        count, levels = count + kf * k, level
-    head.rollback()
-    c_tokens, c_parents, c_depths, c_scores = (torch.cat(x, dim=1) for x in (tokens, parents, depths, scores))
-    # Rerank each row (as `rerank`): the best `total_tokens` by score, then breadth-first.
-    keep = _stable_order_rows([c_scores, c_depths], [True, False])[:, :total_tokens]
-    keep = keep.gather(1, _stable_order_rows([c_depths.gather(1, keep), c_scores.gather(1, keep)], [False, True]))
-    m = keep.shape[1]
-    new_index = torch.zeros_like(c_tokens).scatter_(1, keep, torch.arange(1, m + 1, device=device).expand(b, m))
-    kept_parents = c_parents.gather(1, keep)
-    local = torch.where(kept_parents < 0, 0, new_index.gather(1, kept_parents.clamp(min=0)))
-    zero = torch.zeros(b, 1, dtype=torch.long, device=device)
-    return DraftTree.forest(torch.cat([roots[:, None], c_tokens.gather(1, keep)], dim=1),
-                            torch.cat([zero - 1, local], dim=1), torch.cat([zero, c_depths.gather(1, keep)], dim=1),
-                            torch.cat([zero.float(), c_scores.gather(1, keep)], dim=1), levels)
+        return DraftTree.roots_only(roots)
+    return _rerank(_draft(head, hidden, logprobs, depth, branching, keep_growing), roots, total_tokens)
+
+
+def grow_tree(head: DraftHead, root_token: int | torch.Tensor, hidden: torch.Tensor | None,
+              logprobs: torch.Tensor | None, depth: int, branching: int, total_tokens: int,
+              keep_growing: KeepGrowing | None = None) -> DraftTree:
+    """`grow_trees` for one sequence: root_token an int or a one-element tensor (on the head's device to
+    upload nothing), hidden [H], logprobs [V_d]; `keep_growing` is given frontier scores [1, k]."""
+    return grow_trees(head, torch.as_tensor(root_token).reshape(1), _one_row(hidden), _one_row(logprobs), depth,
+                      branching, total_tokens, keep_growing=keep_growing)
 
 
 # P(the r-th drawn child is the one accepted | its parent has children), by rank, for sampled drafting
@@ -460,12 +445,12 @@ class _Level:
 
 @dataclass(frozen=True)
 class SampledShape:
-    """A `Topology` laid out on a device for `sample_tree` (built once per shape: no upload per tree)."""
+    """A `Topology` laid out on a device for `sample_trees` (built once per shape: no upload per tree)."""
 
     topology: Topology
     parents: torch.Tensor  # [n]
     depths: torch.Tensor  # [n]
-    levels: tuple[_Level, ...]
+    by_level: tuple[_Level, ...]  # levels 1, 2, ... (`levels` is a count elsewhere: `Topology.levels`)
 
 
 def _ancestors(parents: tuple[int, ...], node: int) -> set[int]:
@@ -482,7 +467,7 @@ def sampled_shape(topology: Topology, device: torch.device) -> SampledShape:
     and the head's attention mask over its tentative cache (ancestors and self)."""
     parents, ranks, depths = topology.parents, topology.ranks, topology.depths
     fed: list[int] = []  # nodes in the head's tentative cache, in feeding order
-    levels = []
+    by_level = []
     for d in range(1, topology.levels + 1):
         members = [i for i in range(topology.size) if depths[i] == d]
         feed = sorted({parents[i] for i in members}) if d > 1 else []
@@ -490,12 +475,13 @@ def sampled_shape(topology: Topology, device: torch.device) -> SampledShape:
         if feed:
             fed = fed + feed
             mask = torch.tensor([[slot in _ancestors(parents, f) for slot in fed] for f in feed], device=device)
-        levels.append(_Level(slice(members[0], members[-1] + 1), torch.tensor(feed, device=device) if feed else None,
-                             torch.tensor([feed.index(parents[i]) if feed else 0 for i in members], device=device),
-                             torch.tensor([ranks[i] for i in members], device=device),
-                             max(ranks[i] for i in members) + 1, mask))
+        by_level.append(_Level(slice(members[0], members[-1] + 1),
+                               torch.tensor(feed, device=device) if feed else None,
+                               torch.tensor([feed.index(parents[i]) if feed else 0 for i in members], device=device),
+                               torch.tensor([ranks[i] for i in members], device=device),
+                               max(ranks[i] for i in members) + 1, mask))
     return SampledShape(topology, torch.tensor(parents, device=device), torch.tensor(depths, device=device),
-                        tuple(levels))
+                        tuple(by_level))
 
 
 def gumbel_top(probs: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -506,63 +492,40 @@ def gumbel_top(probs: torch.Tensor, count: int, generator: torch.Generator | Non
     return keys.topk(count, dim=-1).indices
 
 
-@torch.inference_mode()
-def sample_tree(head: DraftHead, root_token: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
-                shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
+def sample_tree(head: DraftHead, root_token: torch.Tensor, hidden: torch.Tensor | None,
+                logprobs: torch.Tensor | None, shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
                 generator: torch.Generator | None = None) -> DraftTree:
-    """A tree of `shape` (`sampled_shape(topology, head's device)`) below `root_token` (a one-element
-    tensor on the head's device), each node's children drawn without replacement from
-    q = softmax(process(the head's log-probs there)).
-
-    hidden [H], logprobs [V_d]: the head's output at its last committed position (as for `expand`).
-    `process` applies the sampling settings (temperature, top-k, top-p) to log-probabilities [.., V_d].
-    The tree keeps q of every node with children, over target ids (`DraftTree.draft_probs`), for the
-    strict trial (`mars.rejection`). Leaves the head's tentative cache rolled back; reads nothing.
-    """
-    if shape.topology.size == 1:
-        return DraftTree.root_only(root_token)
-
-    def propose(node_hidden, tokens, depth, mask):  # one tree: the head's own calls, a batch of one around them
-        out, lp = head.propose(node_hidden[0], tokens[0], depth, mask)
-        return out[None], lp[None]
-
-    tokens, scores, draft = _draw(head, propose, root_token.reshape(1), hidden[None], logprobs[None], shape, process,
-                                  generator)
-    topology = shape.topology
-    return DraftTree(tokens[0], shape.parents, shape.depths, scores[0], topology.levels, draft[0], topology.width)
+    """`sample_trees` for one sequence: root_token a one-element tensor on the head's device,
+    hidden [H], logprobs [V_d]."""
+    return sample_trees(head, root_token.reshape(1), _one_row(hidden), _one_row(logprobs), shape, process, generator)
 
 
 @torch.inference_mode()
-def sample_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+def sample_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor | None, logprobs: torch.Tensor | None,
                  shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
                  generator: torch.Generator | None = None) -> DraftTree:
-    """`sample_tree` for B sequences at once (batched decoding): one tree of `shape` per row below
-    roots [B], every row drafted by the same head calls (`DraftHead.propose_rows`), as a forest
-    (`DraftTree.forest`). hidden [B, H], logprobs [B, V_d]: each row's head output at its last
-    committed position. Each row's children are drawn from its own q, independently of the other rows."""
-    b, topology = roots.shape[0], shape.topology
+    """One tree of `shape` (`sampled_shape(topology, head's device)`) per row below roots [B], each
+    node's children drawn without replacement from q = softmax(process(the head's log-probs there)),
+    every row drafted by the same head calls, as a forest (`DraftTree.forest`).
+
+    hidden [B, H], logprobs [B, V_d]: each row's head output at its last committed position (as for
+    `grow_trees`; None when the shape is the root alone). `process` applies the sampling settings
+    (temperature, top-k, top-p) to log-probabilities [.., V_d]. Each row's children are drawn from its
+    own q, independently of the other rows. The forest keeps q of every node with children, over
+    target ids (`DraftTree.draft_probs`), for the strict trial (`mars.rejection`). Leaves the head's
+    tentative cache rolled back; reads nothing.
+    """
+    topology, propose = shape.topology, _proposer(head)
     if topology.size == 1:
-        zero = torch.zeros(b, 1, dtype=torch.long, device=roots.device)
-        return DraftTree.forest(roots[:, None], zero - 1, zero, zero.float(), 0)
-    tokens, scores, draft = _draw(head, head.propose_rows, roots, hidden, logprobs, shape, process, generator)
-    return DraftTree.forest(tokens, shape.parents.expand(b, -1), shape.depths.expand(b, -1), scores,
-                            topology.levels, draft, topology.width)
-
-
-def _draw(head: DraftHead, propose: Callable, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
-          shape: SampledShape, process: Callable[[torch.Tensor], torch.Tensor],
-          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The draws of `sample_tree` / `sample_trees` for rows [B]: (tokens [B, n], scores [B, n], q over target
-    ids [B, n, V]). propose(hidden [B, kf, H], tokens [B, kf], depth, mask [kf, t + kf]) -> ([B, kf, H],
-    [B, kf, V_d]): the head's tentative level for every row."""
-    topology, device = shape.topology, logprobs.device
+        return DraftTree.roots_only(roots)
+    device = logprobs.device
     b, n, vocab = roots.shape[0], topology.size, head.config.vocab_size
     to_target = head.to_target_ids(torch.arange(logprobs.shape[-1], device=device))
     tokens = torch.cat([roots[:, None], roots.new_zeros(b, n - 1)], dim=1)
     scores = torch.zeros(b, n, device=device)
     draft = torch.zeros(b, n, vocab, device=device)
     node_hidden = hidden[:, None].expand(b, n, -1).clone()  # the head output that predicted each node's children
-    for d, level in enumerate(shape.levels, start=1):
+    for d, level in enumerate(shape.by_level, start=1):
         if level.feed is None:  # the root's children: the head's prediction at the committed position
             parent_nodes, out_hidden, parents_lp = shape.parents[:1].clamp(min=0), hidden[:, None], logprobs[:, None]
         else:
@@ -577,4 +540,5 @@ def _draw(head: DraftHead, propose: Callable, roots: torch.Tensor, hidden: torch
         scores[:, level.nodes] = scores[:, parent_nodes[level.row]] + chosen.log()
         node_hidden[:, level.nodes] = out_hidden[:, level.row]
     head.rollback()
-    return tokens, scores, draft
+    return DraftTree.forest(tokens, shape.parents.expand(b, -1), shape.depths.expand(b, -1), scores,
+                            topology.levels, draft, topology.width)

@@ -64,11 +64,11 @@ from eval.reporting.paper_jobs import (
     Command,
     Job,
     NotRunnable,
-    _key,
     check_runnable,
     commands,
     expand,
     hydra_unquote,
+    override_key,
     report_argv,
 )
 
@@ -112,8 +112,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     for override in extra:
         if "=" not in override and not override.startswith("~"):
             parser.error(f"extra overrides after -- are key=value, got {override!r}")
-        if _key(override) in FIXED_KEYS:
-            parser.error(f"{_key(override)} is set by {FIXED_KEYS[_key(override)]}, not by an override")
+        if override_key(override) in FIXED_KEYS:
+            parser.error(f"{override_key(override)} is set by {FIXED_KEYS[override_key(override)]}, not by an override")
     args.models = models
     return args, extra
 
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmds = commands(exp, args.models, out, args.launcher, args.num_prompts, args.target, args.draft, extra)
     jobs = [job for cmd in cmds for job in expand(cmd)]
     if not args.dry_run:
-        data_dir = next((hydra_unquote(o.split("=", 1)[1]) for o in extra if _key(o) == "bench.data_dir"), None)
+        data_dir = next((hydra_unquote(o.split("=", 1)[1]) for o in extra if override_key(o) == "bench.data_dir"), None)
         try:
             check_runnable(exp, cmds, args.launcher, data_dir)
         except NotRunnable as e:

@@ -47,9 +47,9 @@ def end_with_the_sweep(poll: float = 0.5) -> None:
 
 
 @hydra.main(version_base=None, config_path=str(REPO_ROOT / "configs"), config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(composed: DictConfig) -> None:
     end_with_the_sweep()
-    run(cfg)
+    run(composed)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,6 @@ from collections.abc import Sequence
 from eval.benchmarks import BENCHMARKS, benchmark
 from eval.benchmarks.scoring import read_answer_file, score
 
-SANDBOXED = ("humaneval",)  # benchmarks whose answers run as programs in eval.scoring.sandbox
-
 
 def _describe(result: dict) -> list[str]:
     lines = [f"{result['bench']}: {result['n']} questions scored"]
@@ -78,14 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:  # shown as one line each, without source lines
             warnings.simplefilter("always")
             try:
-                benchmark(args.bench)  # before reading files, so a typo is reported as such
+                spec = benchmark(args.bench)  # before reading files, so a typo is reported as such
                 records = read_answer_file(args.answers)
                 baseline = read_answer_file(args.baseline) if args.baseline else None
-                if benchmark(args.bench).name in SANDBOXED:
+                if spec.sandboxed:
                     level = sandbox.isolation()  # refuses (SandboxUnavailable) before anything is scored
                 result = score(args.bench, records, args.data_dir, baseline=baseline, judge=judge or None,
                                per_question=args.per_question, source=args.source)
-                if benchmark(args.bench).name in SANDBOXED:
+                if spec.sandboxed:
                     result["sandbox"] = level
             finally:
                 for warning in caught:

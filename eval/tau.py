@@ -24,6 +24,7 @@ import torch
 from eagle.train.data import corpus_prompts, read_jsonl, record_prompt
 from eagle.train.evaluate import heldout_data, load_pair, pair_arguments
 from mars.generate import SpeculativeGenerator
+from mars.settings import TreeShape
 
 
 @torch.inference_mode()
@@ -43,7 +44,8 @@ def measure_tau(gen: SpeculativeGenerator, prompts: list[list[int]], max_new_tok
         if timing:
             vanilla_s += gen.vanilla(ids, max_new_tokens=max_new_tokens).seconds
     figures = {"tau": cycle_tokens / cycles if cycles else 1.0, "prompts": len(prompts), "new_tokens": max_new_tokens,
-               "tree": {"depth": gen.depth, "branching": gen.branching, "total_tokens": gen.total_tokens},
+               "tree": {"depth": gen.tree.depth, "branching": gen.tree.branching,
+                        "total_tokens": gen.tree.total_tokens},
                "per_prompt_cycles_tokens": per_prompt}
     if timing:
         figures.update({"speedup": vanilla_s / spec_s, "spec_tokens_per_s": tokens / spec_s,
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         _, tokens = heldout_data(tokenizer, args.jsonl, args.prompt_len, 1, cache_dir)
         prompts = corpus_prompts(tokens, args.prompts, args.prompt_len, seed=1)
-    with SpeculativeGenerator(target, head, args.total_tokens, args.depth, args.branching) as gen:
+    with SpeculativeGenerator(target, head, TreeShape(args.total_tokens, args.depth, args.branching)) as gen:
         figures = measure_tau(gen, prompts, args.new_tokens, timing=not args.no_timing)
     figures["dtype"] = str(target.dtype)
     if args.prompts_jsonl:

@@ -21,7 +21,7 @@ nodes, scaled by how well that confidence has predicted acceptance so far) pays 
 
 Host reads: the policy's survival estimates and plans live on the host and are fed host integers (a
 verdict's accepted length), so planning costs no synchronisation. What the draft says is on the
-device and stays there: `grow_level` answers with a device bool and `eagle.tree.expand` reads a
+device and stays there: `grow_level` answers with a device bool and `eagle.tree.grow_trees` reads a
 tree's decisions in one transfer after drafting its planned levels, then drops the levels from the first
 refused one on: the tree verified is the one that a read per level, stopping at the first refusal,
 gave (and no later level would have paid: a level's best nodes never carry more probability than
@@ -156,9 +156,9 @@ class AdaptiveTree:
 
     def grow_level(self, level: int, best_scores: torch.Tensor, depth: int) -> torch.Tensor:
         """Whether drafting `level` pays: its expected accepted tokens (the draft's probability of its
-        best candidates, scaled by the confidence calibration) against what the level costs. A 0-dim
-        bool on the scores' device, computed without a host read (`eagle.tree.expand` reads a tree's
-        decisions together)."""
+        best candidates, best_scores [1, k] their cumulative log-probabilities, scaled by the confidence
+        calibration) against what the level costs. A 0-dim bool on the scores' device, computed without a
+        host read (`eagle.tree.grow_trees` reads a tree's decisions together)."""
         expected = (self.confidence_scale * best_scores.float().exp().sum()).clamp(max=1.0)
         seconds_per_token = self.cost(depth) / (1 + sum(self.survival[:depth]))
         return expected * seconds_per_token >= self.costs.draft_level

@@ -61,11 +61,9 @@ def default_cache() -> Path:
 # Chains first: on a CPU a verification's cost grows with every row, and a chain of 5-7 drafts
 # beats any tree there (embedded pair, bf16, AVX-512: 6/6/1 383 tok/s, 8/4/2 332, 20/4/5 258);
 # wider trees pay where extra rows are nearly free (a GPU, a larger model).
-CANDIDATES = (
-    TreeShape(4, 4, 1), TreeShape(6, 6, 1), TreeShape(8, 8, 1), TreeShape(8, 4, 2), TreeShape(12, 4, 3),
-    TreeShape(16, 4, 4), TreeShape(20, 4, 5), TreeShape(24, 5, 5),
-    TreeShape(32, 5, 6), TreeShape(32, 6, 6), TreeShape(48, 6, 8), TreeShape(60, 6, 10), TreeShape(20, 6, 5, True),
-)
+CANDIDATES = tuple(TreeShape(*shape, drafting="topk") for shape in (
+    (4, 4, 1), (6, 6, 1), (8, 8, 1), (8, 4, 2), (12, 4, 3), (16, 4, 4), (20, 4, 5), (24, 5, 5),
+    (32, 5, 6), (32, 6, 6), (48, 6, 8), (60, 6, 10), (20, 6, 5, True)))
 # At temperature > 0, sampled children (eagle.tree.sample_tree): a first draw is accepted far more
 # often than any later sibling, so deep chains and narrow trees, deeper than top-k trees go.
 SAMPLED_CANDIDATES = tuple(TreeShape(*shape, drafting="sample") for shape in (
@@ -146,9 +144,8 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
     """One generator per kernel candidate on the same model (closed in reverse order, so the model
     gets its own attention implementation back)."""
     with ExitStack() as stack:
-        yield {k: stack.enter_context(SpeculativeGenerator(
-            target, head, tree.total_tokens, tree.depth, tree.branching, adaptive=tree.adaptive,
-            drafting=tree.drafting, exact_attention=k.exact_attention, prepack=k.prepack)) for k in kernels}
+        yield {k: stack.enter_context(SpeculativeGenerator(target, head, tree, exact_attention=k.exact_attention,
+                                                           prepack=k.prepack)) for k in kernels}
 
 
 def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tensor]]:
@@ -162,14 +159,9 @@ def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tenso
 
 def decode(gen: SpeculativeGenerator, plain: bool, group: list[torch.Tensor], sampling: SamplingConfig,
            max_new_tokens: int, rng: torch.Generator | None) -> tuple[list[list[int]], float]:
-    """Each prompt's tokens and the call's seconds: plain decoding or strict speculation of one prompt
-    (`vanilla` / `generate`), or of a batch of them at once (`vanilla_batch` / `generate_batch`)."""
-    if len(group) == 1:
-        out = (gen.vanilla if plain else gen.generate)(group[0], sampling, max_new_tokens=max_new_tokens,
-                                                       generator=rng)
-        return [out.tokens], out.seconds
-    outs = (gen.vanilla_batch if plain else gen.generate_batch)(group, sampling, max_new_tokens=max_new_tokens,
-                                                                generator=rng)
+    """Each prompt's tokens and the call's seconds: plain decoding or strict speculation of the prompts of
+    `group`, decoded together (`vanilla` / `generate`)."""
+    outs = (gen.vanilla if plain else gen.generate)(group, sampling, max_new_tokens=max_new_tokens, generator=rng)
     return [o.tokens for o in outs], max(o.seconds for o in outs)
 
 
@@ -350,14 +342,14 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     {tree label: tok/s when last timed}, "identical"}}, "tokens_per_s": the chosen kernels' trees and
     plain decoding, "speedup_over_plain", "fastest_plain", "dropped": {candidate: when and at what
     speed}, "rounds", "seconds", "budget_s", "cache", "cached", ...}. cache_dir: default
-    `default_cache()`. batch: the batch size the run decodes at (`generate_batch`): candidates are
+    `default_cache()`. batch: the batch size the run decodes at (`generate` of a list): candidates are
     timed on batches of that many prompts (the best tree shrinks as the batch grows). exclusive: held
     while timing (not on a cache hit), e.g. a machine-wide lock that keeps other jobs from timing at
     once (eval.runner.locks).
     """
     if not kernels:
         raise ValueError("no kernel candidates to calibrate")
-    if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.generate_batch`): no adaptive tree
+    if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.check_batching`): no adaptive tree
         if trees:
             trees = tuple(t for t in trees if batchable(t)) or (TreeShape(6, 6, 1),)
         if fixed_tree is not None and not batchable(fixed_tree):

@@ -18,7 +18,7 @@ greedy: whether the token is not the argmax, and the regret log p_1 - log p(x) u
 
 This is measurement, not decision: verification never reads it, and a deployment of a rule would not
 compute it. The decoding loops therefore defer it out of their timed loop (`mars.verify`'s
-`defer_cost`, settled by `mars.stats.VerifyStats.settle` after the call's `seconds` is taken).
+`defer_cost`, settled by `mars.accounting` after the call's `seconds` is taken).
 """
 
 from __future__ import annotations

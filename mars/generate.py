@@ -1,19 +1,33 @@
-"""The speculative decoding loop: draft a tree, score it in one target forward, keep a path.
+"""The speculative decoding loop, over B >= 1 prompts at once: draft a tree per prompt, score them all in
+one target forward, keep a path per prompt.
 
-    prefill prompt -> first token x (plain decoding)            head.extend(prompt features, tokens)
-    repeat:  tree    = grow_tree(head, root=x)                    # EAGLE-2 dynamic tree (eagle.tree)
-             logits  = target.score_tree(tree)                    # one forward, tree attention mask
-             verdict = accept(process(logits), tree, sampling)    # strict / MARS, greedy / sampling
-             emit the accepted tokens + verdict.next_token;  target.keep_path(verdict.path)
-             head.extend(features[path], accepted tokens + next)  # the draft catches up
+    prefill each prompt -> its first token x_b (plain decoding)   head.extend_rows(prompt features, tokens)
+    repeat:  forest   = grow_trees(head, roots x)                   # one EAGLE-2 dynamic tree per row (eagle.tree),
+                        or sample_trees(head, roots x)              #   or children sampled into a fixed shape
+             logits   = target.score_rows(forest)                   # one forward, tree attention masks
+             verdicts = accept_rows(process(logits), forest, ...)   # any rule, greedy / sampling, one read
+             row b emits its accepted tokens + its next token;  target.keep_rows(paths)
+             head.extend_rows(features[paths], tokens after them)   # each row's draft catches up
+             finished rows leave the batch (their slots are not refilled: a static batch)
+
+One prompt is a forest of one: the adapter and the head then run their single-sequence code
+(`TargetModel.prefill_rows` of one prompt), which static shapes, compile and exact attention's plans
+are built for, and which the adaptive tree needs (`check_batching` says what several prompts refuse).
+Several prompts share one cache of ragged rows (`eagle.rows`): row b's tokens first, then a gap its
+masks hide, then the block every row writes at the same place. Per cycle the host reads the verdicts
+once and uploads the paths, next tokens and kept rows once, whatever B (`tests/test_batch.py` counts
+it); the device work has no loop over rows; per-row Python is the bookkeeping of emitted tokens
+(`GenerationOutput.emit`, `record_cycle`).
 
 Counting: `num_cycles` counts draft-verify cycles (the prefill that emits the first token is not a
 cycle); `accept_lengths[i]` the drafted tokens cycle i emitted. A cycle emits its accepted tokens
 plus the target's own, unless EOS or `max_new_tokens` cuts it short, so `tau` = tokens emitted by
 cycles / cycles = (len(tokens) - 1) / num_cycles.
 
-Timing: `seconds` times the decoding alone. The relaxation's cost accounting (`mars.cost`, measurement
-only) is deferred out of the loop and settled after it (`mars.output.CostLedger`, its time in
+Timing: `seconds` times the decoding alone: each row's, from the call's start to its last token (all
+requests submitted at once); a batch's throughput is its tokens over the call's wall time. The
+relaxation's cost accounting (`mars.cost`, measurement only) is deferred out of the loop and settled
+after it (`mars.accounting.CostLedger`, one read for the batch, its time in the first output's
 `phase_seconds["accounting"]`), except with static shapes, where it is computed in the cycle.
 
 Devices: token ids enter at the target's input embeddings, logits and the RNG live on its lm_head's
@@ -25,38 +39,34 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
 from eagle.kernels import PackedLinears, choose_packing
-from eagle.tree import RANK_ACCEPTANCE, Topology, best_topology, grow_tree, sample_tree, sampled_shape
-from mars import batch
+from eagle.tree import RANK_ACCEPTANCE, DraftTree, Topology, best_topology, grow_trees, sample_trees, sampled_shape
+from mars.accounting import CostLedger
 from mars.adapter import TargetModel
 from mars.adaptive import AdaptiveTree, measure_costs
-from mars.output import CostLedger, GenerationOutput, PhaseClock, frozen_heap
-from mars.sampling import SamplingConfig, next_token, process_logits, resolve_sampling
+from mars.output import GenerationOutput
+from mars.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
 from mars.settings import TreeShape
-from mars.verify import accept
+from mars.timing import PhaseClock, frozen_heap
+from mars.verify import accept_rows
 
-DRAFTING = ("auto", "topk", "sample")
-
-
-def drafting_mode(drafting: str, sampled: bool, adaptive: bool) -> str:
-    """What `drafting` ("auto", "topk", "sample") drafts: "sample" only when sampling, and for "auto"
-    only without an adaptive tree (which sizes top-k trees from their draft scores)."""
-    if not sampled:
-        return "topk"
-    return drafting if drafting != "auto" else "topk" if adaptive else "sample"
+# EAGLE-2's dynamic tree (its GPU setting); `mars.tuned` measures the fastest tree for a machine.
+DEFAULT_TREE = TreeShape(60, 6, 10)
 
 
 def _while_decoding(method):
     """Run a decoding method with the generator's packed kernels and feature hooks on the models,
     taken off again after (between calls the models are as the caller gave them), and the heap that
-    exists at the call frozen out of garbage collections (`mars.output.frozen_heap`)."""
+    exists at the call frozen out of garbage collections (`mars.timing.frozen_heap`)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped(), \
@@ -68,8 +78,11 @@ def _while_decoding(method):
 class SpeculativeGenerator:
     """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by any rule of `mars.rules`.
 
-    Tree: `total_tokens` drafted nodes verified per cycle, `depth` draft steps per cycle, `branching`
-    children per expanded node (EAGLE's "top_k"; `top_k=` is accepted as a deprecated alias).
+    tree: the draft tree's shape and drafting mode, a `mars.settings.TreeShape` (which checks them):
+    `total_tokens` drafted nodes verified per cycle, `depth` draft levels, `branching` children per
+    expanded node, `adaptive` sizing, `drafting` ("auto": sampled children when sampling). Default
+    `DEFAULT_TREE`, EAGLE-2's 60/6/10. `rank_acceptance`: the per-rank acceptance a sampled tree's
+    shape is chosen for (`eagle.tree.best_topology`).
     exact_attention: compute verification attention per query row over exactly its visible keys
     (`mars.adapter.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
     decoding bit for bit instead of up to rounding. It switches the model's attention
@@ -83,18 +96,9 @@ class SpeculativeGenerator:
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
     profile: time the loop's phases into `GenerationOutput.phase_seconds` (synchronising the devices
     at every phase boundary; off by default, for the loop's sake on a GPU).
-    adaptive: size each cycle's tree (up to these maxima, down to a plain decoding step) from costs
-    measured on this machine at the first `generate` and the acceptance observed so far
-    (`mars.adaptive`); the estimates carry over from call to call.
-    drafting: how a cycle's children are drafted when sampling (temperature > 0). "topk": the head's
-    most likely tokens, EAGLE-2's dynamic tree (`eagle.tree.grow_tree`); strict verification then
-    accepts a child of a node with the target's probability of it, so tau stays near
-    1 / (1 - the target's mass on k tokens). "sample": children drawn from the head's processed
-    distribution without replacement into a fixed shape (`eagle.tree.sample_tree`, verified by
-    recursive rejection sampling, `mars.rejection`): a child is accepted with probability
-    sum_x min(p, q) and more. "auto" (default): "sample" when sampling. Greedy decoding always
-    drafts top-k. `rank_acceptance`: the per-rank acceptance the sampled tree's shape is chosen for
-    (`eagle.tree.best_topology`).
+    An adaptive tree (`tree.adaptive`) is sized each cycle (up to the tree's maxima, down to a plain
+    decoding step) from costs measured on this machine at the first `generate` and the acceptance
+    observed so far (`mars.adaptive`); the estimates carry over from call to call.
     static: fixed shapes for the target (`mars.adapter.static`): a KV cache of `max_cache_len` entries
     allocated once and reused by every call (default: 2048, or the model's context plus one tree if
     shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
@@ -108,49 +112,34 @@ class SpeculativeGenerator:
     `prepack="auto"` is off with it.
     """
 
-    def __init__(self, target_model, head: DraftHead, total_tokens: int = 60, depth: int = 6,
-                 branching: int | None = None, exact_attention: bool | str = "auto", adaptive: bool = False, *,
-                 prepack: bool | str = "auto", profile: bool = False, static: bool = False, compile: str | None = None,
-                 max_cache_len: int | None = None, drafting: str = "auto",
-                 rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, top_k: int | None = None):
-        if top_k is not None:
-            if branching is not None:
-                raise TypeError("give the tree's branching factor once: branching= (top_k= is its deprecated alias)")
-            warnings.warn("SpeculativeGenerator(top_k=...) is deprecated: the tree's branching factor is now "
-                          "`branching` (top_k is the sampling filter of generate())", FutureWarning, stacklevel=2)
-            branching = top_k
-        branching = 10 if branching is None else branching
-        for name, value in (("total_tokens", total_tokens), ("depth", depth), ("branching", branching)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if drafting not in DRAFTING:
-            raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
-        if adaptive and drafting == "sample":
-            raise ValueError("adaptive=True sizes EAGLE-2 top-k trees from their draft scores; a sampled tree's shape "
-                             "must not depend on its draws: use drafting='topk' with adaptive=True, or adaptive=False")
-        if compile is not None and not static:
-            raise ValueError(f"compile={compile!r} compiles the static-shape forwards: pass static=True as well")
-        if max_cache_len is not None and not static:
-            raise ValueError("max_cache_len sizes the static cache: pass static=True as well")
+    def __init__(self, target_model, head: DraftHead, tree: TreeShape = DEFAULT_TREE, *,
+                 exact_attention: bool | str = "auto", prepack: bool | str = "auto", profile: bool = False,
+                 static: bool = False, compile: str | None = None, max_cache_len: int | None = None,
+                 rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, **tree_arguments):
+        if tree_arguments:
+            raise TypeError(f"SpeculativeGenerator takes its tree as one argument: tree=TreeShape(total_tokens=..., "
+                            f"depth=..., branching=..., adaptive=..., drafting=...) (mars.settings), not "
+                            f"{', '.join(sorted(tree_arguments))}")
+        if not isinstance(tree, TreeShape):
+            raise TypeError(f"tree must be a mars.settings.TreeShape, got {type(tree).__name__}")
         head.config.check_target(target_model)
         self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device,
-                                  static=static, max_cache_len=max_cache_len, tree_rows=total_tokens + 1,
+                                  static=static, max_cache_len=max_cache_len, tree_rows=tree.total_tokens + 1,
                                   compile=compile)
-        self.head = head
-        self.total_tokens, self.depth, self.branching = total_tokens, depth, branching
-        self.adaptive, self.profile = adaptive, profile
-        self.drafting, self.rank_acceptance = drafting, tuple(rank_acceptance)
+        self.head, self.tree, self.profile = head, tree, profile
+        self.rank_acceptance = tuple(rank_acceptance)
         self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack, compiled=compile is not None)
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
 
     def _policy(self) -> AdaptiveTree | None:
-        if not self.adaptive:
+        tree = self.tree
+        if not tree.adaptive:
             return None
         if self.policy is None or (self.policy.max_depth, self.policy.branching, self.policy.max_tokens) != (
-                self.depth, self.branching, self.total_tokens):  # first use, or the tree's maxima were changed
-            costs = measure_costs(self.target, self.head, self.branching, self.total_tokens)
-            self.policy = AdaptiveTree(costs, self.depth, self.branching, self.total_tokens)
+                tree.depth, tree.branching, tree.total_tokens):  # first use, or the tree's maxima were changed
+            costs = measure_costs(self.target, self.head, tree.branching, tree.total_tokens)
+            self.policy = AdaptiveTree(costs, tree.depth, tree.branching, tree.total_tokens)
         return self.policy
 
     def use_tree(self, tree: TreeShape) -> None:
@@ -159,16 +148,16 @@ class SpeculativeGenerator:
         if self.target.static and tree.total_tokens + 1 > self.target.tree_rows:
             raise ValueError(f"tree {tree.label} has more nodes than the static shapes were built for "
                              f"({self.target.tree_rows - 1}): build the generator with the largest tree")
-        self.total_tokens, self.depth, self.branching = tree.total_tokens, tree.depth, tree.branching
-        self.adaptive, self.drafting = tree.adaptive, tree.drafting
+        self.tree = tree
 
     def samples_drafts(self, cfg: SamplingConfig) -> bool:
-        """Whether a call with these sampling settings drafts sampled children (see `drafting`)."""
-        return drafting_mode(self.drafting, not cfg.greedy, self.adaptive) == "sample"
+        """Whether a call with these sampling settings drafts sampled children (`TreeShape.drafts`)."""
+        return self.tree.drafts(not cfg.greedy) == "sample"
 
     def topology(self, depth: int) -> Topology:
         """The sampled tree's shape for a cycle drafting `depth` levels (follows changes to the tree's sizes)."""
-        return best_topology(self.total_tokens, self.depth, self.branching, self.rank_acceptance).truncated(depth)
+        tree = self.tree
+        return best_topology(tree.total_tokens, tree.depth, tree.branching, self.rank_acceptance).truncated(depth)
 
     def close(self) -> None:
         """Hand the target model back as it was given (its own attention implementation)."""
@@ -180,31 +169,54 @@ class SpeculativeGenerator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int, tree: int) -> torch.Tensor:
-        """The prompt [T], after checking the call's arguments and that the sequence fits (with room
-        for one `tree` of that many nodes after it)."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
-            raise TypeError("input_ids must be a LongTensor of shape [1, T] (token ids)")
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"input_ids must have shape [1, T] (batch size 1), got {tuple(input_ids.shape)}")
-        if input_ids.shape[1] == 0:
-            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    def check_batching(self) -> None:
+        """Raise a ValueError naming the setting if this generator cannot decode several prompts together
+        (batched decoding runs fixed-size trees on the dynamic cache)."""
+        if not self.tree.batchable:
+            raise ValueError("batched decoding drafts fixed-size trees: give the generator a tree with adaptive=False")
+        self.target.check_batching()
+
+    def _prompts(self, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int,
+                 nodes: int) -> list[torch.Tensor]:
+        """The prompts as 1-D tensors, after checking the call's arguments and that each sequence fits
+        (with room for one tree of `nodes` nodes after it)."""
+        if isinstance(input_ids, torch.Tensor):
+            if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+                raise ValueError(f"input_ids must have shape [1, T] (one prompt), got {tuple(input_ids.shape)}: "
+                                 "give several prompts as a list of LongTensors, each [T] or [1, T]")
+            prompts = [input_ids]
+        elif isinstance(input_ids, (list, tuple)) and input_ids:
+            prompts = list(input_ids)
+        else:
+            raise TypeError("input_ids must be a LongTensor [1, T] or a non-empty list of LongTensors, "
+                            "each [T] or [1, T]")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        return [self._checked(p, max_new_tokens, nodes) for p in prompts]
+
+    def _checked(self, prompt: torch.Tensor, max_new_tokens: int, nodes: int) -> torch.Tensor:
+        if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long:
+            raise TypeError("a prompt must be a LongTensor of token ids, [T] or [1, T]")
+        if prompt.dim() == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.dim() != 1:
+            raise ValueError(f"a prompt must have shape [T] or [1, T], got {tuple(prompt.shape)}")
+        if prompt.shape[0] == 0:
+            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
         limit = self.target.max_length
-        if input_ids.shape[1] + max_new_tokens > limit:
+        if len(prompt) + max_new_tokens > limit:
             raise ValueError(
-                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
                 f"context of {limit} tokens: shorten the prompt or lower max_new_tokens"
             )
-        needed = input_ids.shape[1] + max_new_tokens + tree
+        needed = len(prompt) + max_new_tokens + nodes
         if self.target.static and needed > self.target.max_cache_len:
             raise ValueError(
-                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + one tree ({tree} nodes) "
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + one tree ({nodes} nodes) "
                 f"need {needed} cache entries, more than max_cache_len={self.target.max_cache_len}: pass "
                 f"SpeculativeGenerator(..., max_cache_len={needed}) or more, or a shorter prompt / fewer new tokens"
             )
-        return input_ids[0]
+        return prompt
 
     def _check_generator(self, generator: torch.Generator | None) -> None:
         device = self.target.devices.logits
@@ -212,208 +224,268 @@ class SpeculativeGenerator:
             raise ValueError(f"the random generator is on {generator.device} but sampling runs where the target's "
                              f"logits are, {device}: pass torch.Generator(device='{device}')")
 
-    def _emit(self, out: GenerationOutput, new: list[int], eos: frozenset[int], max_new_tokens: int) -> int:
-        """Append what may be emitted of `new`; returns how many tokens were taken."""
-        room = max_new_tokens - len(out.tokens)
-        taken = new[:room]
-        for i, token in enumerate(taken):
-            if token in eos:
-                taken = taken[: i + 1]
-                out.stopped_by = "eos"
-                break
-        out.tokens.extend(taken)
-        return len(taken)
-
-    def _done(self, out: GenerationOutput, max_new_tokens: int) -> bool:
-        return out.stopped_by == "eos" or len(out.tokens) >= max_new_tokens
+    def _decode(self, loop: Callable, input_ids, sampling: SamplingConfig | None, max_new_tokens: int,
+                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int):
+        cfg = resolve_sampling(sampling, **overrides)
+        prompts = self._prompts(input_ids, max_new_tokens, nodes)
+        self._check_generator(generator)
+        if len(prompts) > 1:
+            self.check_batching()
+        outputs = [GenerationOutput() for _ in prompts]
+        if max_new_tokens > 0:
+            try:
+                loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator, outputs)
+            finally:
+                self.target.rows = None
+        return outputs[0] if isinstance(input_ids, torch.Tensor) else outputs
 
     @_while_decoding
     @torch.inference_mode()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | Sequence[torch.Tensor],
         sampling: SamplingConfig | None = None,
         *,
         max_new_tokens: int = 128,
         eos_token_id: int | list[int] | None = None,
         generator: torch.Generator | None = None,
         **overrides,
-    ) -> GenerationOutput:
-        """Speculative decoding of `input_ids` [1, T]; returns the new tokens and how they were accepted.
+    ) -> GenerationOutput | list[GenerationOutput]:
+        """Speculative decoding of one prompt, `input_ids` [1, T], or of a list of prompts (LongTensors [T]
+        or [1, T] of any lengths) decoded together; returns the new tokens and how they were accepted: a
+        `GenerationOutput`, or a list of them in the prompts' order.
 
         sampling: a `SamplingConfig` (default greedy, strict); keyword `overrides` (temperature=,
         top_p=, top_k=, rule= a `mars.rules` Rule or name, and that rule's parameters, e.g.
         rule="mars", theta=0.8) replace its fields. eos_token_id:
         the ids that stop generation (None: none stop; `eagle.config.eos_token_ids` gives a model's).
         generator: the RNG of sampling, on the device of the target's logits.
+        Several prompts: one tree per prompt per cycle, all verified in one target forward, each prompt
+        accepting its own number of tokens; finished prompts leave the batch (their slots are not
+        refilled); each output's `seconds` is the time from the batch's start to its last token. Strict
+        greedy output of every prompt equals its plain greedy decoding alone (float32; tested), strict
+        sampling is lossless per prompt. Batches need a fixed-size tree on the dynamic cache
+        (`check_batching`).
         """
-        cfg = resolve_sampling(sampling, **overrides)
-        prompt = self._check_prompt(input_ids, max_new_tokens, self.total_tokens + 1)
-        self._check_generator(generator)
-        start = time.perf_counter()
-        eos = eos_token_ids(eos_token_id=eos_token_id)
-        out = GenerationOutput()
-        if max_new_tokens == 0:
-            return out
-        target, head = self.target, self.head
-        target.tree_rows = self.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
-        sampled = self.samples_drafts(cfg)
-        policy = None if sampled else self._policy()
-        # Draft draws use the caller's generator where it lives on the head's device (one stream, reproducible).
-        draft_rng = generator if generator is not None and torch.device(generator.device).type == head.device.type \
-            else None
-        process = functools.partial(process_logits, cfg=cfg)
-        # Laid out on the device before the loop (each depth the last cycles may need): no upload per tree.
-        shapes = {d: sampled_shape(self.topology(d), head.device) for d in range(self.depth + 1)} if sampled else {}
-        clock = PhaseClock(out.phase_seconds, target.all_devices | {head.device}, self.profile)
-        ledger = CostLedger([out.stats], clock, target.static)
-        logits, features = target.prefill(prompt, capacity=len(prompt) + max_new_tokens + self.total_tokens + 1)
-        root = next_token(process_logits(logits, cfg), cfg, generator)
-        self._emit(out, [root], eos, max_new_tokens)
-        head.reset()
-        # Steady state: one read of each verdict (`accept`) and one upload of its path and next token;
-        # trees, masks, features and cache commits stay on the devices.
-        root_on_device = torch.tensor([root], device=head.device)
-        # The draft head catches up on committed tokens (their target features and the tokens that
-        # follow them) only before a cycle that drafts: a run of plain decoding steps (adaptive
-        # tree) then costs one head forward at its end instead of one per step.
-        behind = [(features, torch.cat([prompt[1:].to(head.device), root_on_device]))]
-        hidden = logprobs = None
-        clock.lap("prefill")
-        while not self._done(out, max_new_tokens):
-            remaining = max_new_tokens - len(out.tokens)
-            # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
-            depth, total, grow = min(self.depth, remaining - 1), self.total_tokens, None
-            if policy is not None:  # adaptive: growth decided on the device, read once per tree (eagle.tree.expand)
-                depth, total = policy.plan(remaining - 1)
-                grow = lambda level, scores, d=depth: policy.grow_level(level, scores, d)  # noqa: E731
-            if depth > 0 and behind:
-                hidden, logprobs = head.extend(torch.cat([f for f, _ in behind]), torch.cat([t for _, t in behind]))
-                behind.clear()
-                clock.lap("catch_up")
-            if sampled:
-                tree = sample_tree(head, root_on_device, hidden, logprobs, shapes[depth], process, draft_rng)
-            else:
-                tree = grow_tree(head, root_on_device, hidden, logprobs, depth, self.branching, total, grow)
-            clock.lap("draft")
-            logits, features = target.score_tree(tree)
-            clock.lap("tree_forward")
-            verdict = accept(process_logits(logits, cfg), tree, cfg, generator, defer_cost=ledger.defer)
-            emitted = self._emit(out, verdict.tokens + [verdict.next_token], eos, max_new_tokens)
-            out.accept_lengths.append(min(verdict.accepted, emitted))
-            out.draft_depths.append(tree.levels)
-            out.stats.add(verdict, keep_steps=emitted, sampled=not cfg.greedy)
-            out.num_cycles += 1
-            if policy is not None:
-                policy.observe(tree.levels, verdict.accepted, tree.scores[1:].exp().sum())  # on the device, unread
-            clock.lap("accept")
-            ledger.record([verdict])
-            if self._done(out, max_new_tokens):
-                break
-            uploaded = torch.tensor(verdict.path + [verdict.next_token], device=head.device)
-            path, root_on_device = uploaded[:-1], uploaded[-1:]
-            target.keep_path(verdict.path, path)
-            clock.lap("cache_update")
-            behind.append((features[path.to(features.device)], torch.cat([tree.tokens[path[1:]], root_on_device])))
-        out.seconds = time.perf_counter() - start
-        ledger.settle()  # after `seconds`: the method is timed without its cost accounting
-        return out
+        return self._decode(_speculate, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
+                            nodes=self.tree.total_tokens + 1)
 
     @_while_decoding
     @torch.inference_mode()
     def vanilla(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | Sequence[torch.Tensor],
         sampling: SamplingConfig | None = None,
         *,
         max_new_tokens: int = 128,
         eos_token_id: int | list[int] | None = None,
         generator: torch.Generator | None = None,
         **overrides,
-    ) -> GenerationOutput:
-        """Plain token-by-token decoding with the same adapter, cache and logits processing.
-
-        Takes the arguments of `generate`; the verification settings (rule, theta, ...) do not apply.
+    ) -> GenerationOutput | list[GenerationOutput]:
+        """Plain token-by-token decoding with the same adapter, cache and logits processing: `generate`'s
+        own baseline. Takes and returns what `generate` does (several prompts: one token per prompt per
+        forward, on the ragged cache); the verification settings (rule, theta, ...) do not apply.
         """
-        cfg = resolve_sampling(sampling, **overrides)
-        prompt = self._check_prompt(input_ids, max_new_tokens, 1)
-        self._check_generator(generator)
-        start = time.perf_counter()
-        eos = eos_token_ids(eos_token_id=eos_token_id)
-        out = GenerationOutput()
-        if max_new_tokens == 0:
-            return out
-        clock = PhaseClock(out.phase_seconds, self.target.all_devices, self.profile)
-        logits, _ = self.target.prefill(prompt, capacity=len(prompt) + max_new_tokens + 1)
-        self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
-        clock.lap("prefill")
-        while not self._done(out, max_new_tokens):
-            logits = self.target.decode(out.tokens[-1])
-            self._emit(out, [next_token(process_logits(logits, cfg), cfg, generator)], eos, max_new_tokens)
-            out.accept_lengths.append(0)
-            out.num_cycles += 1
-        clock.lap("decode")
-        out.seconds = time.perf_counter() - start
-        return out
+        return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides, nodes=1)
 
-    # --- batched decoding (`mars.batch`) --------------------------------------------------------
 
-    def _batched(self, loop, input_ids, sampling, max_new_tokens, eos_token_id, generator,
-                 overrides) -> list[GenerationOutput]:
-        cfg = resolve_sampling(sampling, **overrides)
-        self._check_generator(generator)
-        if self.adaptive:
-            raise ValueError("batched decoding drafts fixed-size trees: create the generator with adaptive=False")
-        self.target.check_batching()
-        outputs = [GenerationOutput() for _ in input_ids]
-        start = time.perf_counter()
-        try:
-            loop(self, input_ids, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator, outputs)
-        finally:
-            self.target.rows = None
-        for out in outputs:
-            out.seconds = out.seconds or time.perf_counter() - start
-        return outputs
+# --- the loops: B >= 1 rows, each a prompt; one prompt is a forest of one ---------------------------
 
-    @_while_decoding
-    @torch.inference_mode()
-    def generate_batch(
-        self,
-        input_ids: list[torch.Tensor],
-        sampling: SamplingConfig | None = None,
-        *,
-        max_new_tokens: int = 128,
-        eos_token_id: int | list[int] | None = None,
-        generator: torch.Generator | None = None,
-        **overrides,
-    ) -> list[GenerationOutput]:
-        """Speculative decoding of several prompts together (`mars.batch`): one tree per prompt per
-        cycle, all verified in one target forward, each prompt accepting its own number of tokens.
+class _Rows:
+    """The rows still decoding: which output each feeds; finished rows leave."""
 
-        input_ids: the prompts, LongTensors [T] or [1, T] of any lengths. Takes the other arguments of
-        `generate`. Returns one `GenerationOutput` per prompt, in order; its `seconds` is the time from
-        the batch's start to that prompt's last token. Finished prompts leave the batch (their slots are
-        not refilled). Drafting as `generate` does it (`drafting`: sampled children at temperature > 0
-        by default), one tree per prompt; strict greedy output of every prompt equals its plain greedy
-        decoding alone (float32; tested), strict sampling is lossless per prompt.
-        """
-        return self._batched(batch.generate_batch, input_ids, sampling, max_new_tokens, eos_token_id, generator,
-                             overrides)
+    def __init__(self, outputs: list[GenerationOutput], eos: frozenset[int], max_new_tokens: int):
+        self.outputs, self.eos, self.max_new_tokens = outputs, eos, max_new_tokens
+        self.start = time.perf_counter()
+        self.live = list(range(len(outputs)))  # batch row -> output index
 
-    @_while_decoding
-    @torch.inference_mode()
-    def vanilla_batch(
-        self,
-        input_ids: list[torch.Tensor],
-        sampling: SamplingConfig | None = None,
-        *,
-        max_new_tokens: int = 128,
-        eos_token_id: int | list[int] | None = None,
-        generator: torch.Generator | None = None,
-        **overrides,
-    ) -> list[GenerationOutput]:
-        """Plain decoding of several prompts together (one token per prompt per forward) with the same
-        adapter, ragged cache and logits processing: `generate_batch`'s own baseline. Arguments and
-        outputs as `generate_batch`."""
-        return self._batched(batch.vanilla_batch, input_ids, sampling, max_new_tokens, eos_token_id, generator,
-                             overrides)
+    def output(self, row: int) -> GenerationOutput:
+        return self.outputs[self.live[row]]
+
+    def emit(self, row: int, tokens: list[int]) -> int:
+        """Emit what row `row` may of `tokens`; returns how many were taken. A row's `seconds` is taken at
+        its last token."""
+        out = self.output(row)
+        taken = out.emit(tokens, self.eos, self.max_new_tokens)
+        if out.done(self.max_new_tokens):
+            out.seconds = time.perf_counter() - self.start
+        return taken
+
+    def unfinished(self) -> list[int]:
+        return [r for r, i in enumerate(self.live) if not self.outputs[i].done(self.max_new_tokens)]
+
+    def remaining(self) -> int:
+        """The most tokens any row still wants."""
+        return max(self.max_new_tokens - len(self.outputs[i].tokens) for i in self.live)
+
+    def keep(self, rows: list[int]) -> None:
+        self.live = [self.live[r] for r in rows]
+
+
+class _Block(NamedTuple):
+    """What each row's draft head has not seen yet: row b's first counts[b] target features and the token
+    after each (the rest is padding)."""
+
+    features: torch.Tensor  # [B, m, F]
+    tokens: torch.Tensor  # [B, m]
+    counts: list[int]  # [B]
+    counts_device: torch.Tensor  # [B], the same on the device
+
+    def select(self, keep: list[int], keep_device: torch.Tensor) -> _Block:
+        return _Block(self.features.index_select(0, keep_device), self.tokens.index_select(0, keep_device),
+                      [self.counts[r] for r in keep], self.counts_device.index_select(0, keep_device))
+
+
+def _prompt_block(prompts: list[torch.Tensor], features: torch.Tensor, roots: torch.Tensor,
+                  lengths: torch.Tensor | None) -> _Block:
+    """Each prompt's features [B, max T, F] with the tokens after them: the prompt's rest, then its root [B].
+    lengths [B]: the prompts' lengths where the target keeps them on a device (its ragged rows), else None."""
+    device = roots.device
+    tokens = pad_sequence([torch.cat([p[1:].to(device), roots[b : b + 1]]) for b, p in enumerate(prompts)],
+                          batch_first=True)
+    counts = [len(p) for p in prompts]
+    # The target's own row lengths, or one length written on the device: no upload.
+    counts_device = lengths.to(device) if lengths is not None else torch.full((1,), counts[0], device=device)
+    return _Block(features.to(device), tokens, counts, counts_device)
+
+
+def _kept_block(forest: DraftTree, features: torch.Tensor, paths: torch.Tensor, roots: torch.Tensor,
+                counts: list[int], counts_device: torch.Tensor) -> _Block:
+    """Each row's kept nodes: their features (features [B n, F] over the forest) and the token after each
+    (the next node of the path, then the row's new root). paths [B, m] padded by repeating the last node."""
+    feats = forest.by_row(features.to(paths.device))
+    feats = feats.gather(1, paths[:, :, None].expand(-1, -1, feats.shape[-1]))
+    after = forest.by_row(forest.tokens).gather(1, torch.cat([paths[:, 1:], paths[:, -1:]], dim=1))
+    last = torch.arange(paths.shape[1], device=paths.device)[None, :] == (counts_device - 1)[:, None]
+    return _Block(feats, torch.where(last, roots[:, None], after), counts, counts_device)
+
+
+def _joined(blocks: list[_Block]) -> _Block:
+    """Blocks one after another, each row's entries packed to the front (plain decoding steps of the
+    adaptive tree leave several before the next draft)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    features, tokens = torch.cat([b.features for b in blocks], 1), torch.cat([b.tokens for b in blocks], 1)
+    valid = torch.cat([torch.arange(b.tokens.shape[1], device=tokens.device)[None, :] < b.counts_device[:, None]
+                       for b in blocks], dim=1)
+    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first, in order
+    counts = [sum(c) for c in zip(*(b.counts for b in blocks), strict=True)]
+    return _Block(features.gather(1, order[:, :, None].expand_as(features)), tokens.gather(1, order), counts,
+                  sum(b.counts_device for b in blocks))
+
+
+def _leave(gen: SpeculativeGenerator, rows: _Rows, keep: list[int], keep_device: torch.Tensor) -> None:
+    """Finished rows leave the batch: the target's and the head's caches keep only `keep`."""
+    gen.target.select_rows(keep, keep_device.to(gen.target.devices.inputs))
+    gen.head.select_rows(keep, keep_device)
+    rows.keep(keep)
+
+
+def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
+               eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
+    """The loop of `generate` (see the module docstring); fills `outputs`."""
+    target, head = gen.target, gen.head
+    rows = _Rows(outputs, eos, max_new_tokens)
+    target.tree_rows = gen.tree.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
+    sampled = gen.samples_drafts(cfg)
+    policy = None if sampled else gen._policy()
+    # Draft draws use the caller's generator where it lives on the head's device (one stream, reproducible).
+    draft_rng = generator if generator is not None and torch.device(generator.device).type == head.device.type \
+        else None
+    process = functools.partial(process_logits, cfg=cfg)
+    # Laid out on the device before the loop (each depth the last cycles may need): no upload per tree.
+    shapes = {d: sampled_shape(gen.topology(d), head.device) for d in range(gen.tree.depth + 1)} if sampled else {}
+    clock = PhaseClock(outputs[0].phase_seconds, target.all_devices | {head.device}, gen.profile)  # the batch's
+    ledger = CostLedger([out.stats for out in outputs], clock, target.static)
+    capacity = max(map(len, prompts)) + max_new_tokens + gen.tree.total_tokens + 1
+    logits, features = target.prefill_rows(prompts, capacity)
+    roots = next_tokens(process_logits(logits, cfg), cfg, generator).to(head.device)
+    for row, token in enumerate(roots.tolist()):
+        rows.emit(row, [token])
+    head.reset_rows(len(prompts), head.device)
+    # The draft head catches up on committed tokens (their target features and the tokens that follow
+    # them) only before a cycle that drafts: a run of plain decoding steps (adaptive tree) then costs one
+    # head forward at its end instead of one per step.
+    behind = [_prompt_block(prompts, features, roots, target.rows.device if target.rows is not None else None)]
+    keep = rows.unfinished()
+    if not keep:  # every row done at its first token
+        return
+    if len(keep) < len(rows.live):  # rows done at their first token
+        keep_device = torch.tensor(keep, dtype=torch.long, device=head.device)
+        _leave(gen, rows, keep, keep_device)
+        behind, roots = [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
+    hidden = logprobs = None
+    clock.lap("prefill")
+    while rows.live:
+        remaining = rows.remaining()
+        # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
+        depth, total, keep_growing = min(gen.tree.depth, remaining - 1), gen.tree.total_tokens, None
+        if policy is not None:  # adaptive: growth decided on the device, read once per tree (eagle.tree)
+            depth, total = policy.plan(remaining - 1)
+            keep_growing = functools.partial(policy.grow_level, depth=depth)
+        if depth > 0 and behind:
+            hidden, logprobs = head.extend_rows(*_joined(behind))
+            behind = []
+            clock.lap("catch_up")
+        if sampled:
+            forest = sample_trees(head, roots, hidden, logprobs, shapes[depth], process, draft_rng)
+        else:
+            forest = grow_trees(head, roots, hidden, logprobs, depth, gen.tree.branching, total,
+                                keep_growing=keep_growing)
+        clock.lap("draft")
+        logits, features = target.score_rows(forest)
+        clock.lap("tree_forward")
+        verdicts = accept_rows(process_logits(logits, cfg), forest, cfg, generator, defer_cost=ledger.defer)
+        for row, verdict in enumerate(verdicts):
+            emitted = rows.emit(row, verdict.tokens + [verdict.next_token])
+            rows.output(row).record_cycle(verdict, emitted, forest.levels, sampled=not cfg.greedy)
+        if policy is not None:  # one row: its acceptance, on the device, unread
+            policy.observe(forest.levels, verdicts[0].accepted, forest.scores[1:].exp().sum())
+        clock.lap("accept")
+        ledger.record(verdicts)
+        keep = rows.unfinished()
+        if not keep:
+            break
+        # The cycle's one upload: each row's path (padded by repeating its last node), next token and
+        # length, and which rows stay.
+        width = forest.levels + 1
+        packed = [v.path + v.path[-1:] * (width - len(v.path)) + [v.next_token, len(v.path)] for v in verdicts]
+        for row in range(len(verdicts)):
+            packed[row].append(keep[row] if row < len(keep) else 0)
+        uploaded = torch.tensor(packed, device=head.device)
+        paths, roots, counts_device = uploaded[:, :width], uploaded[:, width], uploaded[:, width + 1]
+        target.keep_rows([v.path for v in verdicts], paths, counts_device)
+        clock.lap("cache_update")
+        behind.append(_kept_block(forest, features, paths, roots, [len(v.path) for v in verdicts], counts_device))
+        if len(keep) < len(verdicts):
+            keep_device = uploaded[: len(keep), width + 2]
+            _leave(gen, rows, keep, keep_device)
+            behind, roots = [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
+    ledger.settle()  # every row's `seconds` was taken at its last token: the accounting is outside them
+
+
+def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
+           eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
+    """The loop of `vanilla`: one token per row per forward (each a lone root); fills `outputs`."""
+    target = gen.target
+    rows = _Rows(outputs, eos, max_new_tokens)
+    clock = PhaseClock(outputs[0].phase_seconds, target.all_devices, gen.profile)
+    device = target.devices.inputs
+    logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
+    tokens = next_tokens(process_logits(logits, cfg), cfg, generator).to(device)
+    for row, token in enumerate(tokens.tolist()):
+        rows.emit(row, [token])
+    clock.lap("prefill")
+    while keep := rows.unfinished():
+        if len(keep) < len(rows.live):
+            keep_device = torch.tensor(keep, dtype=torch.long, device=device)
+            target.select_rows(keep, keep_device)
+            rows.keep(keep)
+            tokens = tokens.index_select(0, keep_device)
+        logits, _ = target.score_rows(DraftTree.roots_only(tokens))
+        zero = torch.zeros_like(tokens)
+        target.keep_rows([[0]] * len(keep), zero[:, None], zero + 1)
+        tokens = next_tokens(process_logits(logits, cfg), cfg, generator)
+        for row, token in enumerate(tokens.tolist()):
+            rows.output(row).record_cycle(None, rows.emit(row, [token]), 0, sampled=not cfg.greedy)
+    clock.lap("decode")

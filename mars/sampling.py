@@ -106,13 +106,9 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector, read to the host."""
-    return int(draw(probs, generator).item())
-
-
-def next_token(processed_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
-    """What plain decoding emits after `processed_logits` [V]: argmax, or a sample."""
+def next_tokens(processed_logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """[B] what plain decoding emits after each row of processed logits [B, V]: the argmax, or a sample
+    (left on the device)."""
     if cfg.greedy:
-        return int(processed_logits.argmax().item())
-    return sample(processed_logits.softmax(-1), generator)
+        return processed_logits.argmax(dim=-1)
+    return draw(processed_logits.softmax(dim=-1), generator)[:, 0]

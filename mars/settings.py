@@ -4,41 +4,74 @@ with the reason it was chosen.
 A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve_settings`): from the
 run's explicit settings, from a measurement on this machine (`mars.calibrate`), or from a rule where
 nothing was measured. Everything downstream reads that one object: the generator
-(`generator_kwargs`), the run directories' names, the summary (`record`), the report, W&B, and the
+(its tree, kernels and exact attention), the run directories' names, the summary (`record`), the report, W&B, and the
 run's first lines (`describe`). Nothing re-derives a setting.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
 from eagle.precision import DTYPES
 
-DRAFTING_MODES = ("topk", "sample")  # a resolved tree's; runs also take "auto" (mars.calibrate chooses)
+# How a tree's children are drafted: "topk" (the head's most likely tokens, EAGLE-2's dynamic tree) or
+# "sample" (drawn from the head into a fixed shape); "auto" resolves per call (`TreeShape.drafts`).
+DRAFTING = ("auto", "topk", "sample")
 
 
 @dataclass(frozen=True)
 class TreeShape:
     """A draft tree: `total_tokens` nodes verified per cycle, `depth` draft levels, `branching`
-    children per expanded node; `adaptive` sizes each cycle's tree up to these caps (mars.adaptive).
-    `drafting`: "topk" (EAGLE-2's dynamic tree of the head's most likely tokens) or "sample" (children
-    sampled from the head into a fixed shape; temperature > 0 only, `SpeculativeGenerator`'s drafting)."""
+    children per expanded node (EAGLE's "top_k"); `adaptive` sizes each cycle's tree up to these caps
+    from costs measured here (`mars.adaptive`).
+
+    drafting, when sampling (temperature > 0; greedy decoding always drafts top-k): "topk", the
+    head's most likely tokens (EAGLE-2's dynamic tree, `eagle.tree.grow_trees`), where strict
+    verification accepts a child with the target's probability of it, so tau stays near
+    1 / (1 - the target's mass on k tokens); "sample", children drawn from the head's processed
+    distribution without replacement into a fixed shape (`eagle.tree.sample_trees`, verified by
+    recursive rejection sampling), accepted with probability sum_x min(p, q) and more; "auto"
+    (default): "sample", except for an adaptive tree, which sizes top-k trees from their draft scores.
+
+    Every rule about a tree's settings is checked here, once: the generator (`SpeculativeGenerator(tree=)`)
+    and a run's config (`tree.*`) both build one.
+    """
 
     total_tokens: int
     depth: int
     branching: int
     adaptive: bool = False
-    drafting: str = "topk"
+    drafting: str = "auto"
 
     def __post_init__(self):
-        if self.drafting not in DRAFTING_MODES:
-            raise ValueError(f"tree drafting must be one of {', '.join(DRAFTING_MODES)}, got {self.drafting!r}")
+        for name in ("total_tokens", "depth", "branching"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"tree.{name} must be an integer >= 1, got {value!r}")
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"tree.drafting must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
         if self.adaptive and self.drafting == "sample":
-            raise ValueError("an adaptive tree drafts top-k children: a sampled tree's shape must not depend on its "
-                             "draws (use tree.drafting=topk with tree.adaptive=true)")
+            raise ValueError("an adaptive tree sizes top-k trees from their draft scores, and a sampled tree's shape "
+                             "must not depend on its draws: draft top-k (tree.drafting topk or auto) with an adaptive "
+                             "tree, or make it fixed (tree.adaptive false)")
+
+    def drafts(self, sampled: bool) -> str:
+        """What this tree drafts in a call that samples (`sampled`) or decodes greedily: "topk" or "sample"."""
+        if not sampled:
+            return "topk"
+        return self.drafting if self.drafting != "auto" else "topk" if self.adaptive else "sample"
+
+    def resolved(self, sampled: bool) -> TreeShape:
+        """This tree with its drafting mode decided for such calls (what a run records)."""
+        return replace(self, drafting=self.drafts(sampled))
+
+    @property
+    def batchable(self) -> bool:
+        """Whether several prompts can draft it together (batched decoding runs fixed-size trees)."""
+        return not self.adaptive
 
     @property
     def label(self) -> str:
@@ -52,10 +85,10 @@ class TreeShape:
 
 # Fixed trees by name (eval.run's `tree=` presets, `mars.tuned(..., tree=...)`).
 NAMED_TREES = {
-    "cpu": TreeShape(20, 4, 5),  # the embedded pair on 2 cores, before trees were measured
-    "paper": TreeShape(49, 7, 10),  # MARS / EAGLE-3 runs: depth K=7, top-k 10, total_token 50 with the root
-    "eagle": TreeShape(60, 6, 10),  # EAGLE-2's default dynamic tree
-    "adaptive": TreeShape(20, 6, 5, adaptive=True),  # sized per cycle from measured costs, at most 20 nodes / 6 levels
+    "cpu": TreeShape(20, 4, 5, drafting="topk"),  # the embedded pair on 2 cores, before trees were measured
+    "paper": TreeShape(49, 7, 10, drafting="topk"),  # MARS / EAGLE-3: depth K=7, top-k 10, total_token 50 with the root
+    "eagle": TreeShape(60, 6, 10, drafting="topk"),  # EAGLE-2's default dynamic tree
+    "adaptive": TreeShape(20, 6, 5, adaptive=True, drafting="topk"),  # sized per cycle, at most 20 nodes / 6 levels
 }
 
 
@@ -98,18 +131,14 @@ class DecodeSettings:
     dtype: Setting  # str, a key of DTYPES
     exact_attention: Setting  # bool
     prepack: Setting  # bool
-    tree: Setting  # TreeShape
-    drafting: Setting  # str: the tree's `drafting` ("topk" / "sample"), with why
+    tree: Setting  # TreeShape, its drafting resolved ("topk" / "sample")
+    drafting_reason: str  # why the tree drafts as it does
     placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
     head: Setting  # str: the draft head's directory or hub id (at temperature > 0 the model's sampling head, if any)
     calibration: dict | None = None
     # {method name: Setting(TreeShape)}: a tree measured for that method's rule (a relaxed rule lengthens
     # deep chains more than wide trees); every other method drafts `tree`.
     method_trees: dict[str, Setting] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.drafting.value != self.tree.value.drafting:
-            raise ValueError(f"drafting {self.drafting.value!r} disagrees with the tree's {self.tree.value.drafting!r}")
 
     def tree_for(self, method: str) -> TreeShape:
         """The tree `method` drafts: its own measured tree, else the run's."""
@@ -123,21 +152,14 @@ class DecodeSettings:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype.value]
 
-    def generator_kwargs(self) -> dict:
-        """`SpeculativeGenerator`'s arguments for the tree, exact attention and kernels (explicit values, no "auto")."""
-        tree: TreeShape = self.tree.value
-        return {"total_tokens": tree.total_tokens, "depth": tree.depth, "branching": tree.branching,
-                "adaptive": tree.adaptive, "drafting": tree.drafting, "exact_attention": self.exact_attention.value,
-                "prepack": self.prepack.value}
-
     def describe(self) -> list[str]:
         """The run's first lines: what it chose for this machine, and why."""
         on = {True: "on", False: "off"}
         return [f"precision: {self.dtype.value} ({self.dtype.reason}); exact attention "
                 f"{on[self.exact_attention.value]} ({self.exact_attention.reason}); prepacked linears "
                 f"{on[self.prepack.value]} ({self.prepack.reason})",
-                f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.drafting.value} "
-                f"({self.drafting.reason}); placement: {self.placement.value} ({self.placement.reason})",
+                f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.tree.value.drafting} "
+                f"({self.drafting_reason}); placement: {self.placement.value} ({self.placement.reason})",
                 f"draft head: {self.head.value} ({self.head.reason})",
                 *(f"tree of {name}: {t.value.label} ({t.reason})" for name, t in self.method_trees.items())]
 
@@ -147,7 +169,7 @@ class DecodeSettings:
                 "exact_attention": self.exact_attention.value, "exact_attention_reason": self.exact_attention.reason,
                 "prepack": self.prepack.value, "prepack_reason": self.prepack.reason,
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
-                "drafting": self.drafting.value, "drafting_reason": self.drafting.reason,
+                "drafting": self.tree.value.drafting, "drafting_reason": self.drafting_reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
                 "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration,
                 "method_trees": {name: {"tree": asdict(t.value), "reason": t.reason, "calibration": t.calibration}

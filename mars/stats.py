@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from mars.accounting import PendingCost, settle
 
-from mars.verify import PendingCost, Verdict
+if TYPE_CHECKING:  # annotations only: the stats read verdicts, they do not run the verifier
+    from mars.verify import Verdict
 
 
 @dataclass
@@ -29,9 +30,10 @@ class VerifyStats:
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
     left out of `kl_sum`; `bounded` counts those whose TV and KL are upper bounds, from sampled drafts,
     see `mars.cost.sampling_cost`); greedy positions add whether the token is not the argmax and its regret.
-    A verdict with a deferred cost (`Verdict.pending`) adds its cost only when settled (`settle`, one
-    read for every pending verdict); until then tv_sum, kl_sum, kl_infinite, mismatches and regret_sum
-    leave it out. `merge`, `cost` and `to_json` settle first; the pending list is never serialised.
+    A verdict with a deferred cost (`Verdict.pending`) adds its cost only when settled
+    (`mars.accounting.settle`, one read for every pending verdict); until then tv_sum, kl_sum,
+    kl_infinite, mismatches and regret_sum leave it out. `merge`, `cost` and `to_json` settle first;
+    the pending list is never serialised.
     """
 
     attempts: Counter = field(default_factory=Counter)
@@ -66,16 +68,16 @@ class VerifyStats:
             self.relax_allowed += step.relax_allowed
             self.counters.update({k: int(v) for k, v in step.counters.items()})
             if verdict.pending is None:
-                self._add_cost(step.tv, step.kl, step.mismatch, step.regret)
+                self.add_cost(step.tv, step.kl, step.mismatch, step.regret)
             if step.rank is not None:
                 self.accepted_ranks[step.rank] += 1
             if step.has_children:
                 self.attempts[step.depth] += 1
-                self.accepts[step.depth] += step.accepted
+                self.accepts[step.depth] += step.child_accepted
                 self.relaxed[step.depth] += step.relaxed
 
-    def _add_cost(self, tv: float, kl: float, mismatch: bool, regret: float) -> None:
-        """One emitted token's cost (`mars.cost.Cost`)."""
+    def add_cost(self, tv: float, kl: float, mismatch: bool, regret: float) -> None:
+        """One emitted token's cost (`mars.cost.Cost`): from its step, or settled (`mars.accounting`)."""
         self.tv_sum += tv
         self.regret_sum += regret
         self.mismatches += mismatch
@@ -84,12 +86,8 @@ class VerifyStats:
         else:
             self.kl_sum += kl
 
-    def settle(self) -> None:
-        """Add every deferred cost (`settle_all` of this one)."""
-        settle_all([self])
-
     def merge(self, other: VerifyStats) -> None:
-        settle_all([self, other])
+        settle([self, other])  # both, in one read
         self.attempts.update(other.attempts)
         self.accepts.update(other.accepts)
         self.relaxed.update(other.relaxed)
@@ -115,11 +113,13 @@ class VerifyStats:
         return sum(self.relaxed.values())
 
     def cost(self) -> dict:
-        """Per emitted token: tv_per_token, kl_per_token (finite ones; kl_infinite_tokens counted apart)
-        over sampled positions, argmax_mismatch and logprob_regret over greedy ones (None without any).
-        cost_bound_tokens: sampled positions whose tv/kl are upper bounds (sampled drafts); when it
-        equals the sampled positions, tv_per_token and kl_per_token are upper bounds on the cost."""
-        self.settle()
+        """Per emitted token: tv_per_token over sampled positions; kl_per_token, the mean KL over the
+        sampled positions whose KL is finite, and kl_infinite_tokens, how many are not (where it is > 0
+        the KL per token is +inf and kl_per_token no bound on it: the reports add "(+∞ on N tokens)");
+        argmax_mismatch and logprob_regret over greedy positions (None without any). cost_bound_tokens:
+        sampled positions whose tv/kl are upper bounds (sampled drafts); when it equals the sampled
+        positions, tv_per_token (and kl_per_token, if no KL is infinite) are upper bounds on the cost."""
+        settle([self])
         greedy = self.positions - self.sampled
         finite = self.sampled - self.kl_infinite
         return {
@@ -134,7 +134,7 @@ class VerifyStats:
     def to_json(self) -> dict:
         """Every count, JSON-ready. Gate values are rounded to 4 decimals; non-finite ones are left out
         of the list (JSON has no inf/nan)."""
-        self.settle()
+        settle([self])
         return {
             "attempts": dict(self.attempts),
             "accepts": dict(self.accepts),
@@ -180,19 +180,3 @@ class VerifyStats:
             **self.cost(),
         }
 
-
-def settle_all(stats: Iterable[VerifyStats]) -> None:
-    """Compute the deferred costs of `stats` (each forest's once) and add them as `VerifyStats.add`
-    adds a computed one, in the order they were recorded, reading all of them to the host in one
-    transfer; the pending references (and the target tables they hold) are dropped."""
-    stats = [s for s in stats if s.pending]
-    if not stats:
-        return
-    tv, kl, mismatch, regret = torch.cat([p.columns(n) for s in stats for p, n in s.pending], dim=1).tolist()
-    at = 0
-    for s in stats:
-        count = sum(n for _, n in s.pending)
-        for i in range(at, at + count):
-            s._add_cost(tv[i], kl[i], bool(mismatch[i]), regret[i])
-        at += count
-        s.pending = []

@@ -101,9 +101,7 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
         records[rule] = calibrate(load, [kernels], prompts, cfg, trees=trees, budget=shares.next(), **common)
         shape = TreeShape(**records[rule]["tree"])
     model, head = load(kernels.dtype)
-    gen = SpeculativeGenerator(model, head, shape.total_tokens, shape.depth, shape.branching,
-                               exact_attention=kernels.exact_attention, adaptive=shape.adaptive,
-                               prepack=kernels.prepack, drafting=shape.drafting)
+    gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack)
     gen.calibration = records
     log(f"tuned for this machine: {kernels.label}, tree {shape.label}"
         + "".join(f"; {name}: {'cached' if r['cached'] else 'measured'} ({r['cache']})" for name, r in records.items()))

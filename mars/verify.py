@@ -12,9 +12,8 @@ the tree (the sequential walk of the reference code cost several per node).
 
 Cost accounting (`mars.cost`: TV/KL, argmax mismatch, regret) is measurement: nothing here decides by
 it. By default it is computed in the cycle and packed into that read; with `defer_cost=True` it is
-neither computed nor read: each verdict carries a `PendingCost` (the verdicts of a forest share one
-computation, run once when first asked for) that `mars.stats.VerifyStats` settles after the decoding
-loop, out of its timing. A lossless rule has no cost and no pending computation.
+neither computed nor read: each verdict carries its share of the forest's pending cost, to settle
+later (`mars.accounting`). A lossless rule has no cost and nothing pending.
 
 Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
 - `path[0] == 0` and each node in `path` is a child of the one before it; len(path) - 1 <= depth.
@@ -22,16 +21,18 @@ Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
   of node i is judged by row i, and `next_token` comes from the row of the path's last node.
 - A rule differs from strict only at nodes where it relaxes: elsewhere it makes the same decision
   with the same random draws, and a rule at parameters where it never relaxes is strict.
+- `Step.relaxed` is a label, never a decision: the accepted child is one strict's own test rejects
+  (greedy: not the top-1; sampling: strict's trial with the same draw fails).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from eagle.tree import DraftTree
+from mars.accounting import ForestCost, PendingCost, cost_now_or_later
 from mars.cost import Cost, cost_bound, fallback_distribution, greedy_cost, sampling_cost
 from mars.rules.base import Relaxation, TargetView
 from mars.sampling import SamplingConfig, draw
@@ -43,9 +44,9 @@ class Step:
 
     depth: int  # depth of the node whose children were judged (0 = root)
     gate: float  # the rule's gate metric there (MARS: the margin)
-    relax_allowed: bool  # the rule's gate let it relax here
-    accepted: bool  # a child was accepted
-    relaxed: bool  # it was accepted only because of the relaxation
+    relax_allowed: bool  # the rule's gate let it relax here (`Relaxation.relax_allowed`)
+    child_accepted: bool  # one of its children was accepted (the path goes on)
+    relaxed: bool  # that child was accepted only because of the relaxation: strict's own test rejects it
     has_children: bool
     tv: float = 0.0  # TV(pi, p) of the emitted token's exact distribution (sampling)
     kl: float = 0.0  # KL(pi || p) (sampling; inf where pi leaves p's support)
@@ -53,36 +54,6 @@ class Step:
     regret: float = 0.0  # greedy: log p_1 - log p(token) at temperature 1
     counters: dict[str, bool] = field(default_factory=dict)  # the rule's own per-position facts
     rank: int | None = None  # the accepted child's place among its siblings in draft order (0 = first)
-
-
-class ForestCost:
-    """The cost (`mars.cost.Cost`) at every chain node of one verified forest, flattened [B L], computed
-    by `compute` when first asked for and kept; the closure (and the target tables it holds) is then
-    dropped."""
-
-    def __init__(self, compute: Callable[[], Cost], nbytes: int):
-        self._compute: Callable[[], Cost] | None = compute
-        self._cost: Cost | None = None
-        self.nbytes = nbytes  # device memory kept alive until computed (estimated: `retained_bytes`)
-
-    def cost(self) -> Cost:
-        if self._cost is None:
-            self._cost, self._compute, self.nbytes = self._compute(), None, 0
-        return self._cost
-
-
-@dataclass(frozen=True)
-class PendingCost:
-    """A verdict's deferred cost: its steps' entries in its forest's flattened chain, from `start` on."""
-
-    forest: ForestCost
-    start: int
-
-    def columns(self, count: int) -> torch.Tensor:
-        """[4, count] float64 on the device: tv, kl, mismatch and regret of the verdict's first `count` steps."""
-        cost = self.forest.cost()
-        at = slice(self.start, self.start + count)
-        return torch.stack([cost.tv[at], cost.kl[at], cost.mismatch[at], cost.regret[at]]).double()
 
 
 @dataclass
@@ -98,31 +69,17 @@ class Verdict:
 
     @property
     def accepted(self) -> int:
+        """Drafted tokens accepted (path[1:])."""
         return len(self.path) - 1
 
     @property
-    def relaxed(self) -> int:
+    def relaxed_tokens(self) -> int:
+        """Of those, the ones accepted only because of the relaxation (`Step.relaxed`)."""
         return sum(s.relaxed for s in self.steps)
 
 
 _FACTS = ("depth", "gate", "relax_allowed", "has_children", "relaxed", "rank")
 _COSTS = ("tv", "kl", "mismatch", "regret")
-
-
-def retained_bytes(view: TargetView) -> int:
-    """Device memory a deferred cost keeps alive by holding `view`: its tensors, those cached so far
-    included (the [n, V] tables dominate: logits, draft, probabilities, the trial's residuals)."""
-    values = [x for v in vars(view).values() for x in (v if isinstance(v, tuple) else (v,))]
-    return sum(t.nbytes for t in values if isinstance(t, torch.Tensor))
-
-
-def _cost(compute: Callable[[], Cost], view: TargetView, lossless: bool,
-          defer: bool) -> tuple[Cost | None, ForestCost | None]:
-    """The forest's cost now (packed into the verdicts' read), or its deferred computation (None for a
-    lossless rule: no cost to account)."""
-    if not defer:
-        return compute(), None
-    return None, None if lossless else ForestCost(compute, retained_bytes(view))
 
 
 def children(tree: DraftTree) -> torch.Tensor:
@@ -144,8 +101,8 @@ def _read(tree: DraftTree, relax: Relaxation, chain: torch.Tensor, relaxed: torc
     rank = sibling_rank[torch.cat([chain[:, 1:], chain[:, -1:]], dim=1)]  # of the chain node's accepted child
     flat = chain.flatten()
     costs = [] if cost is None else [cost.tv, cost.kl, cost.mismatch, cost.regret]
-    columns = [tree.depths[flat], relax.gate[flat], relax.open[flat], has_children[flat], relaxed.flatten(),
-               rank.flatten(), *costs, *(relax.counters[k][flat] for k in relax.counters)]
+    columns = [tree.depths[flat], relax.gate[flat], relax.relax_allowed[flat], has_children[flat],
+               relaxed.flatten(), rank.flatten(), *costs, *(relax.counters[k][flat] for k in relax.counters)]
     facts = torch.stack([c.double() for c in columns], dim=1)  # [B L, width]
     batch, length, width = chain.shape[0], chain.shape[1], len(columns)
     per_row = torch.cat([chain.double(), tree.tokens[chain].double(), facts.view(batch, length * width),
@@ -164,17 +121,17 @@ def _steps(path: list[int], rows: list[dict], counters: list[str]) -> list[Step]
     """The Steps of a path's read rows (cost 0 where it was not read: deferred)."""
     steps = []
     for j, row in enumerate(rows):
-        accepted = j + 1 < len(path)
-        steps.append(Step(int(row["depth"]), row["gate"], bool(row["relax_allowed"]), accepted,
-                          accepted and bool(row["relaxed"]), bool(row["has_children"]), row.get("tv", 0.0),
+        child_accepted = j + 1 < len(path)
+        steps.append(Step(int(row["depth"]), row["gate"], bool(row["relax_allowed"]), child_accepted,
+                          child_accepted and bool(row["relaxed"]), bool(row["has_children"]), row.get("tv", 0.0),
                           row.get("kl", 0.0), bool(row.get("mismatch", 0.0)), row.get("regret", 0.0),
-                          {k: bool(row[k]) for k in counters}, int(row["rank"]) if accepted else None))
+                          {k: bool(row[k]) for k in counters}, int(row["rank"]) if child_accepted else None))
     return steps
 
 
-def _pending(forest: ForestCost | None, row: int, length: int, first: int) -> PendingCost | None:
+def _share(forest: ForestCost | None, row: int, length: int, first: int) -> PendingCost | None:
     """Tree `row`'s share of the forest's deferred cost: its chain of `length` entries, from `first` on."""
-    return None if forest is None else PendingCost(forest, row * length + first)
+    return None if forest is None else forest.share(row * length + first)
 
 
 def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless: bool = False,
@@ -206,15 +163,15 @@ def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless
     chain = torch.stack(up[::-1], dim=1)  # [B, levels + 1]: the root (repeated), ..., best
     relaxed = torch.cat([relaxed_edge[chain[:, 1:]], torch.zeros_like(chain[:, :1], dtype=torch.bool)], dim=1)
     emitted = torch.cat([tree.tokens[chain[:, 1:]], view.top1[best][:, None]], dim=1)
-    cost, forest = _cost(lambda: greedy_cost(view, chain.flatten(), emitted.flatten(), lossless), view, lossless,
-                         defer_cost)
+    cost, forest = cost_now_or_later(lambda: greedy_cost(view, chain.flatten(), emitted.flatten(), lossless), view,
+                                     lossless, defer_cost)
     verdicts = []
     for row, (ids, tokens, rows, (depth, next_token)) in enumerate(_read(tree, relax, chain, relaxed, cost,
                                                                          [tree.depths[best], view.top1[best]])):
         first = len(ids) - int(depth) - 1
         verdicts.append(Verdict([i % m for i in ids[first:]], int(next_token),
                                 _steps(ids[first:], rows[first:], list(relax.counters)), tokens[first + 1:],
-                                pending=_pending(forest, row, len(ids), first)))
+                                pending=_share(forest, row, len(ids), first)))
     return verdicts
 
 
@@ -234,8 +191,10 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     A relaxation changes that where it acts: the first child accepted outright wins; otherwise the
     test is loosened by `relax.tolerance` (u < ratio + tolerance), skipped where `relax.tested` is
     False, and the token after rejections drawn from `relax.fallback` (`mars.cost` gives the result).
-    `lossless`: the rule never relaxes (skip its cost). `defer_cost`: leave the cost to each verdict's
-    `pending` (see the module docstring; the draws are the same either way).
+    An accepted child counts as relaxed (`Step.relaxed`) where strict's own test, with the same draw,
+    rejects it; where the rule skips the test, a child it accepts outright that strict would have
+    accepted too is not relaxed. `lossless`: the rule never relaxes (skip its cost). `defer_cost`:
+    leave the cost to each verdict's `pending` (see the module docstring; the draws are the same).
 
     Random draws, the same for every rule: `u = rand(N, m)` first (N nodes of the forest, m per tree),
     the j-th child (draft order) of node i uses u[i, j]; then one `multinomial` over the trees for
@@ -247,12 +206,13 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     kids, trial = view.kids, view.trial  # [n, n]
     u = torch.rand(n, tree.nodes_per_tree, generator=generator, device=device)
     rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
-    tested = trial.testable
-    if relax.tested is not None:
-        tested = tested & relax.tested[:, None]
-    draws = u.gather(1, rank.clamp(max=tree.nodes_per_tree - 1))
-    strict_ok = tested & (draws < trial.ratio)
-    loose_ok = strict_ok if relax.tolerance is None else tested & (draws < trial.ratio + relax.tolerance[:, None])
+    draws = u.gather(1, rank.clamp(max=tree.nodes_per_tree - 1))  # [n, n] child j of i: u[i, rank of j]
+    # Strict's own test of each child with its draw: what `relaxed` is measured against. It is a label:
+    # the rule's `tested` mask decides, but a child the rule leaves untested may be one strict accepts.
+    strict_ok = trial.testable & (draws < trial.ratio)  # [n, n]
+    tested = trial.testable if relax.tested is None else trial.testable & relax.tested[:, None]
+    passes = strict_ok if relax.tolerance is None else draws < trial.ratio + relax.tolerance[:, None]
+    loose_ok = tested & passes  # [n, n] the rule's test: strict's, loosened by the tolerance, where it tests
 
     def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
         return torch.where(ok, nodes[None, :], n).min(dim=1).values
@@ -268,7 +228,8 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     chain = torch.stack(walk, dim=1)  # [B, levels + 1]
     last = chain[:, -1]
     token = draw(fallback_distribution(view, relax, last), generator)[:, 0]  # [B]
-    cost, forest = _cost(lambda: sampling_cost(view, relax, chain.flatten(), lossless), view, lossless, defer_cost)
+    cost, forest = cost_now_or_later(lambda: sampling_cost(view, relax, chain.flatten(), lossless), view,
+                                     lossless, defer_cost)
     bound = cost_bound(view, relax, lossless)
     m = tree.nodes_per_tree
     verdicts = []
@@ -277,7 +238,7 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
         length = int(depth) + 1
         verdicts.append(Verdict([i % m for i in ids[:length]], int(next_token),
                                 _steps(ids[:length], rows[:length], list(relax.counters)), tokens[1:length],
-                                cost_bound=bound, pending=_pending(forest, row, len(ids), 0)))
+                                cost_bound=bound, pending=_share(forest, row, len(ids), 0)))
     return verdicts
 
 
@@ -305,8 +266,3 @@ def accept(processed: torch.Tensor, tree: DraftTree, cfg: SamplingConfig,
     """
     return accept_rows(processed, tree, cfg, generator, defer_cost)[0]
 
-
-def pending_bytes(verdicts: list[Verdict]) -> int:
-    """Device memory the deferred costs of `verdicts` keep alive (each forest's counted once)."""
-    forests = {id(v.pending.forest): v.pending.forest for v in verdicts if v.pending is not None}
-    return sum(f.nbytes for f in forests.values())

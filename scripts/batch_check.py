@@ -5,8 +5,8 @@ For each batch size B the embedded default is resolved through the job's own res
 B calibration prompts, cached), then the held-out prompts are decoded B at a time by every method, batch
 by batch, the methods in rotated order: `model.generate` left-padded in float32 and bf16 (and, on a CPU
 with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in a worker process,
-`eval.runner.plain`), our batched plain decoding (`vanilla_batch`), strict and MARS speculation
-(`generate_batch`). Strict's every row is checked against plain greedy decoding of its prompt alone
+`eval.runner.plain`), our batched plain decoding (`vanilla` of a list), strict and MARS speculation
+(`generate` of a list). Strict's every row is checked against plain greedy decoding of its prompt alone
 (our `vanilla` at batch 1 with the adapter settings B decodes with: the reference every B is held to). Greedy;
 EOS ignored: every request decodes `--tokens` tokens. All requests of a batch are submitted at once;
 a request's latency runs from its batch's start to its last token.
@@ -123,9 +123,7 @@ def main() -> None:
             gen = make_generator(model, load_head(settings.head, model), settings, config)
             record = settings.record()
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
-        # B = 1: the batch-1 loop (`generate` / `vanilla`), what a run with batch_size=1 decodes with.
-        plain_ours = gen.vanilla_batch if size > 1 else lambda g, c, gen=gen, **kw: [gen.vanilla(g[0][None], c, **kw)]
-        spec = gen.generate_batch if size > 1 else lambda g, c, gen=gen, **kw: [gen.generate(g[0][None], c, **kw)]
+        plain_ours, spec = gen.vanilla, gen.generate
         ours = {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded()),
                 "strict": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, **seeded()),
                 f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, rule="mars",
@@ -160,7 +158,7 @@ def main() -> None:
             "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
             "tau": round(cycle_tokens / cycles, 3) if cycles else None,
             "identical_to_alone": None if args.t1 else f"{same}/{len(prompts)}",
-            "temperature": cfg.temperature, "drafting": gen.drafting,
+            "temperature": cfg.temperature, "drafting": gen.tree.drafts(not cfg.greedy),
             "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
             "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
             "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},

@@ -25,7 +25,7 @@ heldout="${HELDOUT:-64}"
 draft_vocab="${DRAFT_VOCAB:-16384}"   # provisional: stage 2 on 256 answers cannot rank tokens past the ~5k it saw (README)
 draft_minutes="${DRAFT_MINUTES:-100}"
 kl_minutes="${KL_MINUTES:-100}"
-seq_len="${SEQ_LEN:-512}"
+seq_len="${SEQ_LEN:-384}"   # answers past ~330 tokens are mostly greedy loops (24 of 64 first answers hit 478)
 mkdir -p "$runs"
 
 spec=$(python -c 'from omegaconf import OmegaConf; c = OmegaConf.load("configs/model/smollm2.yaml"); print(c.target, c.target_sha256)')
@@ -57,9 +57,15 @@ if unfinished "$runs/draft"; then
     exit 0
 fi
 
+# The sampling head trains on stage 3's sequences (the target's answers, greedy and T = 1): generating them
+# again would double the longest part of the build. Only its features differ (full distributions).
+if [ ! -f "$runs/draft_kl/data/sequences.pt" ]; then
+    mkdir -p "$runs/draft_kl/data"
+    cp "$runs/draft/data/sequences.pt" "$runs/draft_kl/data/sequences.pt"
+fi
 python -m eagle.train.draft --target "$target" --init "$runs/draft/final" --out "$runs/draft_kl" \
-    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 1 --gen-batch 32 --seq-len "$seq_len" \
-    --max-tokens $((n * 3 * seq_len)) --target-dist full --target-dtype float32 --batch 8 --epochs 1 \
+    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 --gen-batch 32 --seq-len "$seq_len" \
+    --max-tokens $((n * 2 * seq_len)) --target-dist full --target-dtype float32 --batch 8 --epochs 1 \
     --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 20 --minutes "$kl_minutes" --eval-sequences 0 \
     --wandb "${WANDB_MODE_DRAFT:-offline}"
 if unfinished "$runs/draft_kl"; then

@@ -11,9 +11,9 @@ the device it finds (CUDA if present, else CPU):
   - peak device memory (CUDA) or the process's peak RSS (CPU),
   - tokens/s of `model.generate`, our vanilla decoding, strict and MARS (greedy, interleaved per
     prompt), tau, and the share of prompts where strict equals vanilla token for token.
-With `--batch 1,8,32,64`, also per batch size B > 1 (`SpeculativeGenerator.generate_batch`, B prompts of
+With `--batch 1,8,32,64`, also per batch size B > 1 (`SpeculativeGenerator.generate` of a list: B prompts of
 lengths around `--prompt-len` decoded together): throughput of left-padded `model.generate`, our
-`vanilla_batch`, strict and MARS; tau; per-request latency (mean, p90); host syncs per cycle of the
+`vanilla` of the list, strict and MARS; tau; per-request latency (mean, p90); host syncs per cycle of the
 batch; and the share of rows where strict equals vanilla token for token.
 It prints a table and writes JSON. What it measured where is in the JSON's `device` and `note`.
 
@@ -37,10 +37,11 @@ from eagle.precision import DTYPES, resolve_dtype
 from eagle.scripted import ScriptedHead
 from eval.config.methods import GENERATE, VANILLA
 from mars import SpeculativeGenerator
-from mars.output import ACCOUNTING
 from mars.rules.margin import Mars
 from mars.rules.strict import Strict
+from mars.settings import TreeShape
 from mars.syncs import SyncCounter
+from mars.timing import ACCOUNTING
 
 # Published config values (the models' config.json); `layers` can be lowered with --layers.
 SHAPES = {
@@ -81,7 +82,7 @@ def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, t
     lengths = [max(1, prompt_len - (7 * i) % 32) for i in range(size)]
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(1000 + i)).to(device)
                for i, n in enumerate(lengths)]
-    plain, t_vanilla = timed(lambda: gen.vanilla_batch(prompts, max_new_tokens=tokens))
+    plain, t_vanilla = timed(lambda: gen.vanilla(prompts, max_new_tokens=tokens))
     gen.head.sequences = [p.tolist() + o.tokens for p, o in zip(prompts, plain, strict=True)]
     width = max(lengths)
     padded = torch.stack([torch.cat([p.new_zeros(width - len(p)), p]) for p in prompts])
@@ -92,7 +93,7 @@ def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, t
     rate = {GENERATE: size * tokens / t_generate, VANILLA: sum(len(o.tokens) for o in plain) / t_vanilla}
     latency, tau, syncs, equal = {}, {}, {}, 0
     for rule in RULES_TIMED:
-        outs, t = timed(lambda rule=rule: gen.generate_batch(prompts, max_new_tokens=tokens, rule=rule))
+        outs, t = timed(lambda rule=rule: gen.generate(prompts, max_new_tokens=tokens, rule=rule))
         rate[rule.display] = sum(len(o.tokens) for o in outs) / t
         waits = sorted(o.seconds for o in outs)
         latency[rule.display] = {"mean": round(sum(waits) / size, 4), "p90": round(waits[-(-9 * size // 10) - 1], 4)}
@@ -100,7 +101,7 @@ def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, t
         if rule.lossless:
             equal = sum(o.tokens == p.tokens for o, p in zip(outs, plain, strict=True))
         with SyncCounter() as counter:
-            run = gen.generate_batch(prompts, max_new_tokens=tokens, rule=rule)
+            run = gen.generate(prompts, max_new_tokens=tokens, rule=rule)
         cycles = max(o.num_cycles for o in run)
         syncs[rule.display] = {"per_cycle": round(counter.total / cycles, 2), "kinds": dict(counter.by_kind),
                                "cycles": cycles}
@@ -124,7 +125,7 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
     seconds = dict.fromkeys((GENERATE, VANILLA, *rules), 0.0)
     produced = dict.fromkeys(seconds, 0)
     cycles, equal, syncs, phases = dict.fromkeys(rules, 0), 0, {}, {}
-    with SpeculativeGenerator(target, head, *tree) as gen:
+    with SpeculativeGenerator(target, head, TreeShape(*tree)) as gen:
         for p in range(prompts):
             ids = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(p))
             ids = ids.to(device)
@@ -182,7 +183,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--tree", default="60/6/10", help="total_tokens/depth/branching")
-    parser.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8,32,64 (B > 1: generate_batch)")
+    parser.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8,32,64 (B > 1: generate of a list)")
     parser.add_argument("--out", default="gpu_check.json")
     args = parser.parse_args()
     tree = tuple(int(x) for x in args.tree.split("/"))

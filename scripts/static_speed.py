@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle import load_draft
 from eval.runs.jsonl import read_jsonl
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 TREE = dict(total_tokens=8, depth=4, branching=2)  # the embedded pair's calibrated greedy tree
 
@@ -40,11 +41,12 @@ def main() -> None:
     prompts = [tokenizer(q["prompt"], return_tensors="pt").input_ids for q in questions]
     width = args.max_cache_len
     gens = {
-        "dynamic": SpeculativeGenerator(target, head, **TREE),
-        f"static eager {width}": SpeculativeGenerator(target, head, **TREE, static=True, max_cache_len=width),
-        "static eager 2048": SpeculativeGenerator(target, head, **TREE, static=True, max_cache_len=2048),
-        f"static compiled {width}": SpeculativeGenerator(target, head, **TREE, static=True, compile="default",
-                                                        max_cache_len=width),
+        "dynamic": SpeculativeGenerator(target, head, TreeShape(**TREE)),
+        f"static eager {width}": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True,
+                                                      max_cache_len=width),
+        "static eager 2048": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True, max_cache_len=2048),
+        f"static compiled {width}": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True,
+                                                         compile="default", max_cache_len=width),
     }
     print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), "
           f"{len(prompts)} prompts x {args.tokens} tokens, tree {TREE}")

@@ -4,6 +4,7 @@ rounding tolerances that comparisons of two computations of one quantity derive 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -17,8 +18,9 @@ from eagle import Eagle3Head
 from eagle.scripted import ScriptedHead
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
-from mars.output import PhaseClock
+from mars.settings import TreeShape
 from mars.syncs import SyncCounter
+from mars.timing import PhaseClock
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -73,11 +75,20 @@ def tiny_llama(seed: int = 0, vocab_size: int = 16, sharpen: float = 1.0) -> tra
     return model
 
 
-def tiny_generator(model_seed: int, head_seed: int, sharpen: float, vocab_size: int = 16, **tree):
-    """A SpeculativeGenerator over `tiny_llama(model_seed, ...)` with a random EAGLE-3 head (seeded by head_seed)."""
+def split_tree(settings: dict) -> tuple[TreeShape, dict]:
+    """Keyword settings as (the TreeShape of its tree fields, the generator's other arguments)."""
+    fields = {f.name for f in dataclasses.fields(TreeShape)}
+    return (TreeShape(**{k: v for k, v in settings.items() if k in fields}),
+            {k: v for k, v in settings.items() if k not in fields})
+
+
+def tiny_generator(model_seed: int, head_seed: int, sharpen: float, vocab_size: int = 16, **settings):
+    """A SpeculativeGenerator over `tiny_llama(model_seed, ...)` with a random EAGLE-3 head (seeded by head_seed);
+    `settings`: the tree's fields (`TreeShape`) and the generator's other arguments."""
     model = tiny_llama(seed=model_seed, vocab_size=vocab_size, sharpen=sharpen)
     torch.manual_seed(head_seed)
-    return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **tree)
+    tree, others = split_tree(settings)
+    return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), tree, **others)
 
 
 def tree_outcome_distribution(processed: torch.Tensor, tree: DraftTree) -> dict[tuple[int, ...], float]:

@@ -12,6 +12,7 @@ from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
 from eagle import Eagle3Head
 from mars import SpeculativeGenerator
 from mars.adaptive import AdaptiveTree, CycleCosts, measure_costs
+from mars.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -58,7 +59,7 @@ def test_confidence_stops_growth_of_levels_the_draft_doubts():
 
 def test_measured_costs_are_positive_and_leave_no_sequence_behind():
     model = tiny_model("llama")
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=3, branching=3)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(12, 3, 3))
     costs = measure_costs(gen.target, gen.head, branching=3, max_nodes=12, repeats=2)
     assert costs.decode > 0 and costs.draft_level > 0 and costs.verify_nodes[-1] == 13
     assert all(s > 0 for s in costs.verify_seconds)
@@ -70,8 +71,7 @@ def test_measured_costs_are_positive_and_leave_no_sequence_behind():
 def test_adaptive_greedy_equals_hf_generate_on_every_architecture(arch, costs):
     model = tiny_model(arch)
     rng = random.Random(5)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=16, depth=4, branching=3,
-                               adaptive=True)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(16, 4, 3, adaptive=True))
     if costs is not None:
         gen.policy = AdaptiveTree(costs, 4, 3, 16, probe_every=2)
     depths = set()
@@ -90,7 +90,7 @@ def test_adaptive_drafts_deep_with_a_confident_draft_and_stays_exact(arch):
     prompt = torch.tensor([[7, 3, 9, 1]])
     continuation = hf_greedy(model, prompt, 60)
     oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
-    gen = SpeculativeGenerator(model, oracle, total_tokens=16, depth=4, branching=3, adaptive=True)
+    gen = SpeculativeGenerator(model, oracle, TreeShape(16, 4, 3, adaptive=True))
     gen.policy = AdaptiveTree(CHEAP_VERIFY, 4, 3, 16)
     out = gen.generate(prompt, max_new_tokens=50)
     assert out.tokens == continuation[:50]

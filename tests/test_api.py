@@ -17,6 +17,7 @@ from eagle.config import eos_token_ids
 from mars import SamplingConfig, SpeculativeGenerator, VerifyStats, make_rule
 from mars.adapter import DeviceRoute, module_device, route_devices
 from mars.sampling import resolve_sampling
+from mars.settings import TreeShape
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle", "mars", "eval")
@@ -38,17 +39,31 @@ def test_mars_verify_is_the_module():
     assert all(callable(getattr(v, name, None)) for name in ("accept_greedy", "accept_sampling", "accept"))
 
 
-def test_tree_top_k_is_a_deprecated_alias_of_branching():
+def test_the_tree_is_one_argument_that_checks_its_own_settings():
+    """`SpeculativeGenerator(tree=TreeShape(...))`: loose tree arguments are refused naming the fix, and
+    every rule about a tree (sizes, drafting modes, adaptive with sampled drafts) is the TreeShape's."""
     model = tiny_model("llama")
     head = Eagle3Head.for_target(model.config)
-    with pytest.warns(FutureWarning, match="branching"):
-        gen = SpeculativeGenerator(model, head, total_tokens=8, depth=3, top_k=2)
-    assert gen.branching == 2
-    prompt = torch.tensor([[4, 8, 15, 16]])
-    same = SpeculativeGenerator(model, head, total_tokens=8, depth=3, branching=2)
-    assert gen.generate(prompt, max_new_tokens=12).tokens == same.generate(prompt, max_new_tokens=12).tokens
-    with pytest.raises(TypeError, match="once"):
-        SpeculativeGenerator(model, head, branching=2, top_k=2)
+    with pytest.raises(TypeError, match=r"tree=TreeShape\(total_tokens=.*not branching, depth"):
+        SpeculativeGenerator(model, head, depth=3, branching=2)
+    with pytest.raises(TypeError, match="must be a mars.settings.TreeShape"):
+        SpeculativeGenerator(model, head, (8, 3, 2))
+    sizes = dict(total_tokens=8, depth=3, branching=2)
+    for bad, match in ((dict(depth=0), "tree.depth must be an integer >= 1"),
+                       (dict(branching=True), "tree.branching must be an integer"),
+                       (dict(total_tokens=2.5), "tree.total_tokens must be an integer"),
+                       (dict(drafting="beam"), "tree.drafting must be one of auto, topk, sample"),
+                       (dict(adaptive=True, drafting="sample"), "adaptive tree")):
+        with pytest.raises(ValueError, match=match):
+            TreeShape(**{**sizes, **bad})
+    assert (TreeShape(**sizes).drafts(sampled=True), TreeShape(**sizes).drafts(sampled=False)) == ("sample", "topk")
+    assert TreeShape(**sizes, adaptive=True).drafts(sampled=True) == "topk"
+    assert TreeShape(**sizes, drafting="topk").resolved(sampled=True).drafting == "topk"
+    gen = SpeculativeGenerator(model, head, TreeShape(**sizes, adaptive=True))
+    with pytest.raises(ValueError, match="adaptive=False"):
+        gen.generate([torch.tensor([4, 8, 15]), torch.tensor([16, 23])], max_new_tokens=4)
+    gen.use_tree(TreeShape(**sizes))
+    assert len(gen.generate([torch.tensor([4, 8, 15]), torch.tensor([16, 23])], max_new_tokens=4)) == 2
 
 
 # --- one sampling config ----------------------------------------------------------------------
@@ -206,7 +221,7 @@ def test_tau_counts_only_emitted_tokens_when_eos_ends_a_path_early():
     prompt = torch.tensor([[11, 12, 13]])
     continuation = hf_greedy(model, prompt, 40)
     oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
-    gen = SpeculativeGenerator(model, oracle, total_tokens=30, depth=6, branching=3)
+    gen = SpeculativeGenerator(model, oracle, TreeShape(30, 6, 3))
     # The oracle's paths are accepted whole (6 drafted + 1 bonus per cycle). An EOS at index 10 falls
     # inside the second cycle's path (drafted 8..13, bonus 14): that cycle emits 3 drafted tokens only.
     eos = continuation[10]
@@ -249,7 +264,7 @@ def test_exact_attention_leaves_other_uses_of_the_model_alone_and_close_restores
     with torch.inference_mode():
         reference = model(ids, attention_mask=padding).logits
     prompt = torch.tensor([[2, 7, 1, 8]])
-    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=8, depth=3, branching=2,
+    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(8, 3, 2),
                               exact_attention=True) as gen:
         assert model.config._attn_implementation == "mars_exact"
         with torch.inference_mode():
@@ -277,15 +292,14 @@ def test_tuned_gives_an_importing_researcher_the_settings_a_run_measures(tmp_pat
     assert not strict["cached"] and not relaxed["cached"] and relaxed["rule"]["theta"] == 0.9
     kernels, tree = Kernels(**strict["kernels"]), TreeShape(**relaxed["tree"])
     assert (gen.prepack, gen.target.model.dtype) == (kernels.prepack, kernels.torch_dtype)
-    assert (gen.total_tokens, gen.depth, gen.branching, gen.drafting) == (tree.total_tokens, tree.depth,
-                                                                           tree.branching, tree.drafting)
+    assert gen.tree == tree
     again = tuned(*args, **common)  # strict alone: its calibration is cached, nothing is timed
     assert again.calibration["strict"]["cached"] and set(again.calibration) == {"strict"}
-    assert again.total_tokens == TreeShape(**strict["tree"]).total_tokens
+    assert again.tree == TreeShape(**strict["tree"])
     with again:
         out = again.generate(prompts[0], max_new_tokens=12)
         assert out.tokens == again.vanilla(prompts[0], max_new_tokens=12).tokens
     fixed = tuned(*args, tree="paper", dtype="float32", **common)  # a named tree, a fixed precision: nothing to time
-    assert (fixed.total_tokens, fixed.depth, fixed.branching) == (49, 7, 10) and "strict" in fixed.calibration
+    assert fixed.tree == TreeShape(49, 7, 10, drafting="topk") and "strict" in fixed.calibration
     with pytest.raises(ValueError, match="tree must be 'auto'"):
         tuned(*args, tree="huge", **common)

@@ -16,6 +16,7 @@ from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
 from mars.adapter import EXACT_BUCKET, TargetModel, tree_route
+from mars.settings import TreeShape
 from mars.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -43,8 +44,7 @@ def test_a_maskless_implementation_keeps_the_prefill_and_hands_trees_to_sdpa(mas
     expected = hf_greedy(model, prompt, 30)
     model.config._attn_implementation = "maskless_test"
     torch.manual_seed(1)
-    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=4,
-                              branching=3) as gen:
+    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(12, 4, 3)) as gen:
         assert model.config._attn_implementation == "mars_tree"
         out = gen.generate(prompt, max_new_tokens=30)
         plain = gen.vanilla(prompt, max_new_tokens=30)
@@ -120,7 +120,7 @@ def test_a_bf16_exact_attention_cycle_synchronises_at_most_four_times(oracle):
     prompt = random_prompt(random.Random(0), model.config.vocab_size, 12)
     plain = hf_greedy(model, prompt, 80)
     head = OracleHead(model.config, prompt[0].tolist() + plain) if oracle else Eagle3Head.for_target(model.config)
-    with SpeculativeGenerator(model, head.to(torch.bfloat16), total_tokens=20, depth=4, branching=5,
+    with SpeculativeGenerator(model, head.to(torch.bfloat16), TreeShape(20, 4, 5),
                               exact_attention=True) as gen:
         assert gen.target.exact_attention
         syncs, kinds = per_cycle(gen, prompt)

@@ -1,4 +1,4 @@
-"""Batched speculative decoding (`mars.batch`): every row decodes as it would alone.
+"""Batched speculative decoding (`generate` of a list of prompts): every row decodes as it would alone.
 
 Rows of different prompt lengths accept different numbers of tokens per cycle and leave the batch at
 different times; strict greedy output of every row equals plain greedy decoding of its prompt alone,
@@ -23,6 +23,7 @@ from helpers import (
     hf_greedy,
     make_tree,
     random_prompt,
+    split_tree,
     tiny_model,
 )
 from helpers import tree_outcome_distribution as outcome_distribution
@@ -31,6 +32,7 @@ from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import RULES, SpeculativeGenerator
 from mars.sampling import SamplingConfig
+from mars.settings import TreeShape
 from mars.verify import accept_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -49,14 +51,15 @@ def oracle_generator(model, prompts, max_new_tokens: int, acceptance: float = 0.
     rows accept different numbers of tokens in a cycle."""
     sequences = [p[0].tolist() + hf_greedy(model, p, max_new_tokens + TREE["depth"] + 2) for p in prompts]
     head = OracleHead(model.config, acceptance=acceptance, sequences=sequences)
-    return SpeculativeGenerator(model, head, **{**TREE, **settings})
+    tree, others = split_tree({**TREE, **settings})
+    return SpeculativeGenerator(model, head, tree, **others)
 
 
 def test_strict_greedy_rows_equal_plain_decoding_of_each_prompt_alone(arch):
     model = tiny_model(arch)
     prompts = prompts_for(model)
     gen = oracle_generator(model, prompts, 24)
-    outs = gen.generate_batch(prompts, max_new_tokens=24)
+    outs = gen.generate(prompts, max_new_tokens=24)
     assert [o.tokens for o in outs] == [hf_greedy(model, p, 24) for p in prompts]
     assert all(o.tau > 1.5 for o in outs), [o.tau for o in outs]  # drafts were accepted ...
     assert len({tuple(o.accept_lengths) for o in outs}) > 1  # ... in different numbers per row
@@ -70,9 +73,9 @@ def test_bf16_rows_with_exact_attention_equal_plain_decoding_alone(arch):
     prompts = prompts_for(model)
     gen = oracle_generator(model, prompts, 24, exact_attention=True)
     gen.head.to(torch.bfloat16)
-    outs = gen.generate_batch(prompts, max_new_tokens=24)
+    outs = gen.generate(prompts, max_new_tokens=24)
     assert [o.tokens for o in outs] == [gen.vanilla(p, max_new_tokens=24).tokens for p in prompts]
-    assert [o.tokens for o in gen.vanilla_batch(prompts, max_new_tokens=24)] == [o.tokens for o in outs]
+    assert [o.tokens for o in gen.vanilla(prompts, max_new_tokens=24)] == [o.tokens for o in outs]
     assert all(o.tau > 1.5 for o in outs)
 
 
@@ -84,7 +87,7 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_decode_on():
     expected = [hf_greedy(model, p, 30, eos_token_id=stop) for p in prompts]
     assert len({len(e) for e in expected}) > 2
     gen = oracle_generator(model, prompts, 30)
-    outs = gen.generate_batch(prompts, max_new_tokens=30, eos_token_id=stop)
+    outs = gen.generate(prompts, max_new_tokens=30, eos_token_id=stop)
     assert [o.tokens for o in outs] == expected
     assert [o.stopped_by for o in outs] == ["eos" if len(e) < 30 else "length" for e in expected]
     assert outs[min(range(6), key=lambda i: len(expected[i]))].seconds < max(o.seconds for o in outs)
@@ -93,8 +96,8 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_decode_on():
 def test_batched_vanilla_equals_plain_decoding_of_each_prompt_alone():
     model = tiny_model("qwen3")
     prompts = prompts_for(model)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **TREE)
-    outs = gen.vanilla_batch(prompts, max_new_tokens=20)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE))
+    outs = gen.vanilla(prompts, max_new_tokens=20)
     assert [o.tokens for o in outs] == [hf_greedy(model, p, 20) for p in prompts]
     assert [o.num_cycles for o in outs] == [19] * 4
 
@@ -103,7 +106,7 @@ def test_a_batch_of_one_equals_generate():
     model = tiny_model("llama")
     prompt = prompts_for(model)[1]
     gen = oracle_generator(model, [prompt], 24)
-    one = gen.generate_batch([prompt], max_new_tokens=24)[0]
+    one = gen.generate([prompt], max_new_tokens=24)[0]
     gen.head.sequence = gen.head.sequences[0]
     alone = gen.generate(prompt, max_new_tokens=24)
     assert (one.tokens, one.accept_lengths) == (alone.tokens, alone.accept_lengths)
@@ -118,7 +121,7 @@ def test_a_rule_that_never_relaxes_is_strict_on_a_batch_draw_for_draw(name, temp
 
     def run(rule, **params):
         rng = torch.Generator().manual_seed(7)
-        outs = gen.generate_batch(prompts, max_new_tokens=20, temperature=temperature, generator=rng, rule=rule,
+        outs = gen.generate(prompts, max_new_tokens=20, temperature=temperature, generator=rng, rule=rule,
                                   **params)
         return [(o.tokens, o.accept_lengths) for o in outs]
 
@@ -128,8 +131,8 @@ def test_a_rule_that_never_relaxes_is_strict_on_a_batch_draw_for_draw(name, temp
 def test_mars_relaxes_on_a_batch_where_the_target_is_unsure():
     model = tiny_model("llama", sharpen=1.0)
     prompts = prompts_for(model)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **TREE)
-    outs = gen.generate_batch(prompts, max_new_tokens=24, rule="mars", theta=0.5)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE))
+    outs = gen.generate(prompts, max_new_tokens=24, rule="mars", theta=0.5)
     assert sum(o.relaxed_tokens for o in outs) > 0
 
 
@@ -166,7 +169,7 @@ def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, dty
         gen = oracle_generator(model, prompts, 32, exact_attention=dtype == torch.bfloat16)
         gen.head.to(dtype)
         rng = torch.Generator().manual_seed(0) if temperature else None
-        per_cycle, kinds, outs = count_by_cycle(lambda gen=gen, prompts=prompts, rng=rng: gen.generate_batch(
+        per_cycle, kinds, outs = count_by_cycle(lambda gen=gen, prompts=prompts, rng=rng: gen.generate(
             prompts, max_new_tokens=32, rule="mars", temperature=temperature, generator=rng), monkeypatch)
         assert len(per_cycle) == max(o.num_cycles for o in outs) >= 8
         assert max(per_cycle) <= 2, (batch, per_cycle, kinds)
@@ -177,12 +180,14 @@ def test_a_cycle_reads_and_uploads_once_whatever_the_batch_size(temperature, dty
 
 def test_bad_batches_are_refused_with_the_fix():
     model = tiny_model("llama")
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **TREE)
-    with pytest.raises(TypeError, match="list of LongTensors"):
-        gen.generate_batch(torch.ones(2, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"shape \[1, T\]"):
-        gen.generate_batch([torch.ones(2, 4, dtype=torch.long)])
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE))
+    with pytest.raises(ValueError, match="several prompts as a list of LongTensors"):
+        gen.generate(torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="non-empty list"):
+        gen.generate([])
+    with pytest.raises(ValueError, match=r"shape \[T\] or \[1, T\]"):
+        gen.generate([torch.ones(2, 4, dtype=torch.long)])
     with pytest.raises(ValueError, match="adaptive=False"):
-        SpeculativeGenerator(model, gen.head, adaptive=True).generate_batch(prompts_for(model))
+        SpeculativeGenerator(model, gen.head, TreeShape(**TREE, adaptive=True)).generate(prompts_for(model))
     with pytest.raises(ValueError, match="static=False"):
-        SpeculativeGenerator(model, gen.head, static=True).generate_batch(prompts_for(model))
+        SpeculativeGenerator(model, gen.head, TreeShape(**TREE), static=True).generate(prompts_for(model))

@@ -3,6 +3,8 @@ here), Spec-Bench's categories, and a benchmark defined in this file run through
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 import subprocess
@@ -159,3 +161,77 @@ def test_a_benchmark_defined_outside_eval_runs_through_eval_run_and_eval_score(t
     assert score("test_riddles", records, data) == {"bench": "test_riddles", "n": 3, "accuracy": 0.0,
                                                      "metric": "accuracy"}
     assert benchmark("test_riddles") is BENCHMARKS["test_riddles"]
+
+
+@register_benchmark
+class Programs(Benchmark):
+    """A benchmark this test file defines whose answers run as programs (as HumanEval's do)."""
+
+    name = "test_programs"
+    headline = "ran"
+    sandboxed = True
+
+    def score(self, answers, questions, context: ScoreContext):
+        return {"ran": 1.0}, {qid: {} for qid in answers}
+
+
+def test_the_sandbox_is_asked_of_the_benchmark(tmp_path, monkeypatch, capsys):
+    """eval.run (before any model loads) and eval.score check the sandbox for a benchmark that says its
+    answers run as programs (`Benchmark.sandboxed`), and for no other."""
+    from types import SimpleNamespace
+
+    from eval.runner.job import sandbox_level
+    from eval.score import main as score_main
+    from eval.scoring import sandbox
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: "test-level")
+    monkeypatch.setattr(sandbox, "allow_unisolated", lambda allow: None)
+    assert [name for name, spec in BENCHMARKS.items() if spec.sandboxed] == ["humaneval", "test_programs"]
+
+    def job(bench: str) -> SimpleNamespace:
+        return SimpleNamespace(bench=SimpleNamespace(name=bench), sandbox=SimpleNamespace(allow_unisolated=False))
+
+    assert sandbox_level(job("test_programs")) == "test-level"
+    assert sandbox_level(job("test_riddles")) is None and sandbox_level(job("not_registered")) is None
+    for name in ("test_programs", "test_riddles"):
+        question = {"question_id": 0, "turns": ["1 + 1?"], "reference": ["2"]}
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(question) + "\n")
+        answers = tmp_path / f"{name}_answers.jsonl"
+        answers.write_text(json.dumps({"question_id": 0, "choices": [{"index": 0, "turns": ["2"]}]}) + "\n")
+        capsys.readouterr()
+        assert score_main([name, str(answers), "--data-dir", str(tmp_path)]) == 0
+        result = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert result.get("sandbox") == ("test-level" if name == "test_programs" else None), name
+
+
+def test_the_paper_checks_the_side_files_a_benchmark_declares(tmp_path, monkeypatch):
+    """`eval.paper` refuses to start without a benchmark's files: its questions and its declared side
+    files (HumanEval's unit tests), taken from the plugin."""
+    from eval.reporting.experiments import bench_files
+
+    humaneval = type(BENCHMARKS["humaneval"])
+    assert bench_files("humaneval", tmp_path) == [tmp_path / "humaneval.jsonl",
+                                                   *(tmp_path / f for f in humaneval.side_files)]
+    monkeypatch.setattr(humaneval, "side_files", ("tests_a.jsonl.gz", "tests_b.jsonl"))
+    assert bench_files("humaneval", tmp_path) == [tmp_path / f for f in ("humaneval.jsonl", "tests_a.jsonl.gz",
+                                                                         "tests_b.jsonl")]
+    assert bench_files("gsm8k", tmp_path) == [tmp_path / "gsm8k.jsonl"]  # no side files
+
+
+def test_no_module_imports_another_modules_private_names():
+    """Helpers a module shares are public, with a docstring (the scoring helpers of eval.scoring.text);
+    a name with a leading underscore is its own module's business."""
+    found = []
+    for package in ("eval", "mars", "eagle", "scripts"):
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("eval", "mars", "eagle"):
+                    found += [f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.module}.{a.name}"
+                              for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []
+    from eval.scoring import text
+
+    public = [f for name, f in vars(text).items()
+              if inspect.isfunction(f) and f.__module__ == text.__name__ and not name.startswith("_")]
+    assert {"squash", "mean_figure", "vs_vanilla_each"} <= {f.__name__ for f in public}
+    assert [f.__name__ for f in public if not f.__doc__] == []

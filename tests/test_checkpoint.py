@@ -11,6 +11,7 @@ from helpers import tiny_model
 from eagle import Eagle1Head, Eagle3Head, load_draft
 from eagle.checkpoint import save_draft
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -118,7 +119,7 @@ def test_loads_the_public_eagle3_layout(target, tmp_path, weights):
         assert torch.equal(loaded[k].to(v.dtype), v), k
     assert torch.equal(loaded["embed_tokens.weight"], target.get_input_embeddings().weight)
     assert head.dtype == torch.float32  # follows the target, whatever the file's dtype
-    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=3, branching=2)
+    gen = SpeculativeGenerator(target, head, TreeShape(8, 3, 2))
     prompt = torch.tensor([[5, 6, 7, 8]])
     assert gen.generate(prompt, max_new_tokens=12).tokens == gen.vanilla(prompt, max_new_tokens=12).tokens
 
@@ -180,18 +181,18 @@ def test_draft_for_another_target_is_refused(target, tmp_path):
 @pytest.mark.parametrize("value", [0, -1])
 def test_tree_settings_below_one_are_refused(target, setting, value):
     head = Eagle3Head.for_target(target.config)
-    with pytest.raises(ValueError, match=f"{setting} must be an integer >= 1"):
-        SpeculativeGenerator(target, head, **{setting: value})
+    with pytest.raises(ValueError, match=f"tree.{setting} must be an integer >= 1"):
+        SpeculativeGenerator(target, head, TreeShape(**{"total_tokens": 4, "depth": 2, "branching": 2, setting: value}))
 
 
 def test_bad_prompts_are_refused_with_the_fix(target):
-    gen = SpeculativeGenerator(target, Eagle3Head.for_target(target.config), total_tokens=4, depth=2, branching=2)
+    gen = SpeculativeGenerator(target, Eagle3Head.for_target(target.config), TreeShape(4, 2, 2))
     for call in (gen.generate, gen.vanilla):
         with pytest.raises(ValueError, match="prompt is empty"):
             call(torch.zeros(1, 0, dtype=torch.long))
         with pytest.raises(ValueError, match="exceeds the target's context of 512 tokens"):
             call(torch.ones(1, 500, dtype=torch.long), max_new_tokens=13)
-        with pytest.raises(ValueError, match="batch size 1"):
+        with pytest.raises(ValueError, match=r"shape \[1, T\] \(one prompt\)"):
             call(torch.ones(2, 5, dtype=torch.long))
         with pytest.raises(TypeError, match="LongTensor"):
             call(torch.ones(1, 5))

@@ -14,8 +14,9 @@ from eagle.config import DraftConfig
 from eagle.heads import Eagle3Head
 from eagle.train.confidence import GRID, Calibration, fit_confidence, write_temperature
 from eagle.train.data import Sequences
-from eagle.tree import confidence, expand, grow_tree
+from eagle.tree import confidence_logprobs, grow_tree
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 
 def _pair(temperature: float = 1.0, seed: int = 0):
@@ -44,22 +45,22 @@ def test_confidence_is_the_log_softmax_at_the_temperature():
     # exponentials (the log-softmax's normaliser) twice at most.
     size = max(logits.abs().max().item(), logits.log_softmax(-1).abs().max().item()) / 0.4
     atol = summation_tolerance(logits.shape[-1], size)
-    torch.testing.assert_close(confidence(head, logits.log_softmax(-1)), expected, atol=atol, rtol=0)
+    torch.testing.assert_close(confidence_logprobs(head, logits.log_softmax(-1)), expected, atol=atol, rtol=0)
     head.config.confidence_temperature = 1.0
     lp = logits.log_softmax(-1)
-    assert confidence(head, lp) is lp  # the head as trained: nothing computed
+    assert confidence_logprobs(head, lp) is lp  # the head as trained: nothing computed
 
 
 def test_a_sharper_confidence_keeps_deeper_nodes_and_never_reorders_children():
     target, head = _pair()
     prompt = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
     hidden, logprobs = _head_state(target, head, prompt)
-    flat = expand(head, hidden, logprobs, depth=4, branching=4)
+    flat = grow_tree(head, 0, hidden, logprobs, depth=1, branching=4, total_tokens=4)  # the root's children
     head.config.confidence_temperature = 0.2
-    sharp = expand(head, hidden, logprobs, depth=4, branching=4)
+    sharp = grow_tree(head, 0, hidden, logprobs, depth=1, branching=4, total_tokens=4)
     # The same first level, children in the same (draft) order; scores rescaled.
-    torch.testing.assert_close(sharp.tokens[:4], flat.tokens[:4], rtol=0, atol=0)
-    assert sharp.scores[:4].max() > flat.scores[:4].max()
+    torch.testing.assert_close(sharp.tokens[1:], flat.tokens[1:], rtol=0, atol=0)
+    assert sharp.scores[1:].max() > flat.scores[1:].max()
     head.config.confidence_temperature = 1.0
     tree_flat = grow_tree(head, 0, hidden, logprobs, 4, 4, 8)
     head.config.confidence_temperature = 0.2
@@ -70,7 +71,7 @@ def test_a_sharper_confidence_keeps_deeper_nodes_and_never_reorders_children():
 @pytest.mark.parametrize("temperature", [0.2, 3.0])
 def test_strict_greedy_output_does_not_depend_on_the_confidence_temperature(temperature):
     target, head = _pair(temperature, seed=2)
-    gen = SpeculativeGenerator(target, head, total_tokens=10, depth=4, branching=3)
+    gen = SpeculativeGenerator(target, head, TreeShape(10, 4, 3))
     for seed in range(3):
         prompt = torch.randint(0, 64, (1, 7 + seed), generator=torch.Generator().manual_seed(seed))
         assert gen.generate(prompt, max_new_tokens=24).tokens == hf_greedy(target, prompt, 24)
@@ -116,13 +117,31 @@ def test_the_fit_refuses_empty_data():
         Calibration.empty(steps=2).result()
 
 
-def test_fit_on_a_real_head_reports_every_step():
+def test_fit_on_a_real_head_scales_with_the_head_s_logits():
+    """Known answer: c_T = softmax(logits / T), so a head whose output layer is scaled by s has its BCE
+    at T * s exactly where the head had it at T, and its fitted temperature is s times the head's. With s
+    k grid steps (the grid is geometric) the fit moves k steps down, every BCE and confidence unchanged.
+    The head's own fit lies inside the grid, k steps or more from its lower end (checked: else the
+    scaled optimum could lie off the grid)."""
     target, head = _pair(seed=4)
     ids = torch.randint(0, 64, (6, 24), generator=torch.Generator().manual_seed(5))
     mask = torch.zeros(6, 24, dtype=torch.bool)
     mask[:, 8:23] = True
-    report = fit_confidence(head, target, Sequences(ids, torch.full((6,), 24), mask), steps=3, topk=4, batch_size=4)
-    assert report["confidence_temperature"] in [round(float(t), 4) for t in GRID]
+    seqs = Sequences(ids, torch.full((6,), 24), mask)
+    report = fit_confidence(head, target, seqs, steps=3, topk=4, batch_size=4)
+    k = 30
+    step = (GRID[-1] / GRID[0]).item() ** (1 / (len(GRID) - 1))  # the grid's ratio between neighbours
+    with torch.no_grad():
+        head.lm_head.weight.mul_(step ** -k)  # the head's logits times s = step^-k (no bias, no norm after it)
+    scaled = fit_confidence(head, target, seqs, steps=3, topk=4, batch_size=4)
+    grid = report["grid"]
+    fitted = grid.index(report["confidence_temperature"])
+    assert k <= fitted < len(grid) - 1  # an interior optimum, with room below it
+    assert scaled["confidence_temperature"] == grid[fitted - k]
+    assert scaled["bce_per_event_fitted"] == pytest.approx(report["bce_per_event_fitted"], rel=1e-5)
+    assert scaled["events"] == report["events"] == 6 * 15 * 3 * 4  # 15 scored positions, 3 steps, top-4 each
     assert [s["step"] for s in report["steps"]] == [0, 1, 2]
-    assert report["bce_per_event_fitted"] <= report["bce_per_event_at_1"]
     assert all(s["positions"] == 6 * 15 for s in report["steps"])  # the 15 scored positions of each sequence
+    for a, b in zip(scaled["steps"], report["steps"], strict=True):
+        assert a["top1_acceptance"] == b["top1_acceptance"]  # scaling changes no candidate
+        assert a["top1_confidence_fitted"] == pytest.approx(b["top1_confidence_fitted"], rel=1e-5)

@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from eval.config.methods import PLAIN, RuleMethod, method_spec
 from eval.config.paths import REPO_ROOT
-from eval.config.schema import SAMPLINGS, TREES, RunConfig, WandbMode, parse_shard, validate
+from eval.config.schema import PROMPTS, SAMPLINGS, TREES, RunConfig, WandbMode, parse_shard, validate
 from mars.rules import BUILT_IN, RULES
 
 CONFIGS = REPO_ROOT / "configs"
@@ -63,6 +63,15 @@ def test_the_default_is_the_cpu_quickstart():
     assert run.baselines == ["generate", "vanilla", "strict"]
 
 
+def test_a_model_takes_its_prompt_preset_and_the_command_line_overrides_both():
+    """qwen3_8b takes the llama3 prompt preset (the chat template with the LLaMA-3 scripts' system message) and
+    turns thinking off; model.prompt.* on the command line overrides either."""
+    prompt = validate(composed("model=qwen3_8b")).model.prompt
+    assert (prompt.system_prompt, prompt.thinking) == (PROMPTS["llama3"].system_prompt, False)
+    assert validate(composed("model=qwen3_8b", "model.prompt.system_prompt=null")).model.prompt.system_prompt is None
+    assert validate(composed("model=llama31_8b", "model.prompt.thinking=true")).model.prompt.thinking is True
+
+
 def test_each_model_brings_its_tree_preset_and_the_command_line_overrides_it():
     assert validate(composed("model=qwen3_8b")).tree == TREES["paper"]
     assert validate(composed("model=qwen3_8b", "tree=eagle")).tree == TREES["eagle"]
@@ -95,12 +104,14 @@ def test_theta_only_belongs_to_mars():
     (["method.theta=-0.1"], "theta=-0.1"),
     (["method.margin=logprob_gap", "method.theta=-1"], "theta=-1"),
     (["method.margin=cosine"], "unknown mars.margin 'cosine'"),
-    (["model.compile=default"], "apply to static shapes: set model.static=true"),
-    (["model.static=true", "model.max_cache_len=0"], "model.max_cache_len must be an integer >= 1"),
+    (["model.compile=default"], r"apply to static shapes: .*\(model.static=true"),
+    (["model.static=true", "model.max_cache_len=0"], "max_cache_len must be an integer >= 1"),
     (["method=ears"], "rule 'ears' has no greedy form"),
     (["method=typical", "method.epsilon=2"], r"typical.epsilon=2.0 is outside \[0.0, 1.0\]"),
     (["tree.depth=-1"], "tree.depth must be an integer >= 1"),
     (["tree.total_tokens=0"], "tree.total_tokens"),
+    (["tree.drafting=beam"], "tree.drafting must be one of auto, topk, sample"),  # mars.settings.TreeShape's rules
+    (["tree.adaptive=true", "tree.drafting=sample"], "sampled tree's shape must not depend on its draws"),
     (["sampling.temperature=-1"], "temperature"),
     (["sampling.top_p=0"], "top_p"),
     (["max_new_tokens=0"], "max_new_tokens"),

@@ -1,5 +1,5 @@
-"""Deferred cost accounting (`mars.verify` `defer_cost`, `mars.stats.VerifyStats.settle`,
-`mars.output.CostLedger`): the relaxation's cost is left out of the decoding loop and settled after it.
+"""Deferred cost accounting (`mars.verify` `defer_cost`, `mars.accounting`: `settle`, `CostLedger`): the
+relaxation's cost is left out of the decoding loop and settled after it.
 
 What it must not change, checked against the cost computed in each cycle (the eager path, what static
 shapes still run): the tokens, and every cost sum of the stats, for relaxing rules greedy and at T = 1,
@@ -25,15 +25,15 @@ from helpers import (
     tv_tolerance,
 )
 
-import mars.batch
+import mars.accounting
 import mars.generate
-import mars.output
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
-from mars.output import ACCOUNTING, CostLedger
+from mars.accounting import CostLedger, settle
 from mars.sampling import SamplingConfig, resolve_sampling
-from mars.stats import VerifyStats, settle_all
+from mars.stats import VerifyStats
 from mars.syncs import SyncCounter
+from mars.timing import ACCOUNTING
 from mars.verify import accept_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -67,7 +67,6 @@ def eager(monkeypatch):
     """Call it to make the loops compute the cost in the cycle (the reference)."""
     def switch() -> None:
         monkeypatch.setattr(mars.generate, "CostLedger", EagerLedger)
-        monkeypatch.setattr(mars.batch, "CostLedger", EagerLedger)
     return switch
 
 
@@ -91,7 +90,7 @@ def run(gen: SpeculativeGenerator, params: dict, temperature: float):
 
 def run_batch(gen: SpeculativeGenerator, params: dict, temperature: float):
     rng = torch.Generator().manual_seed(3)
-    return gen.generate_batch(prompts(3), max_new_tokens=TOKENS, temperature=temperature, generator=rng, **params)
+    return gen.generate(prompts(3), max_new_tokens=TOKENS, temperature=temperature, generator=rng, **params)
 
 
 def relaxes(stats: VerifyStats) -> bool:
@@ -132,15 +131,15 @@ def test_a_memory_budget_of_zero_settles_every_cycle_with_the_same_results(case,
     params, temperature, drafting = CASES[case]
     gen = generator_for(drafting)
     at_end, batch_at_end = run(gen, params, temperature), run_batch(gen, params, temperature)
-    monkeypatch.setattr(mars.output, "PENDING_BYTES", 0)
+    monkeypatch.setattr(mars.accounting, "PENDING_BYTES", 0)
     settled = []
 
     def counting(stats):
         stats = list(stats)
         settled.append(any(s.pending for s in stats))
-        settle_all(stats)
+        settle(stats)
 
-    monkeypatch.setattr(mars.output, "settle_all", counting)
+    monkeypatch.setattr(mars.accounting, "settle", counting)
     every_cycle = run(gen, params, temperature)
     assert sum(settled) == every_cycle.num_cycles  # each cycle's own; nothing left for the end
     assert (every_cycle.tokens, sums(every_cycle.stats)) == (at_end.tokens, sums(at_end.stats))
@@ -180,13 +179,14 @@ def test_static_shapes_compute_the_cost_in_the_cycle_with_the_same_sums(case, mo
     dynamic = run(generator_for(drafting), params, temperature)
     static = generator_for(drafting, static=True, max_cache_len=128)
     verdicts = []
-    accept = mars.generate.accept
+    accept_rows = mars.generate.accept_rows
 
     def recording(*args, **kwargs):
-        verdicts.append((kwargs.get("defer_cost"), accept(*args, **kwargs)))
-        return verdicts[-1][1]
+        cycle = accept_rows(*args, **kwargs)
+        verdicts.extend((kwargs.get("defer_cost"), v) for v in cycle)
+        return cycle
 
-    monkeypatch.setattr(mars.generate, "accept", recording)
+    monkeypatch.setattr(mars.generate, "accept_rows", recording)
     out = run(static, params, temperature)
     assert verdicts and all(defer is False and v.pending is None for defer, v in verdicts)
     # Static shapes change results by rounding only: the same tokens here, sums up to rounding.
@@ -238,7 +238,7 @@ def test_verdicts_of_a_forest_share_one_pending_cost_settled_in_one_read(tempera
                 stats[row].add(verdict, keep_steps=keep, sampled=temperature > 0)
     assert any(relaxes(s) for s in eager)
     with SyncCounter() as syncs:
-        settle_all(deferred)
+        settle(deferred)
     assert syncs.total == 1 and not any(s.pending for s in deferred)
     assert [sums(s) for s in deferred] == [sums(s) for s in eager]
 
@@ -261,7 +261,8 @@ def test_merging_serialising_and_costing_see_settled_sums():
             processed = torch.randn(trees.size, 5, generator=torch.Generator().manual_seed(cycle)) * 1.5
             (verdict,) = accept_rows(processed, trees, cfg, torch.Generator().manual_seed(cycle), defer_cost=defer)
             (a if cycle % 2 else b).add(verdict, sampled=True)
-        json_a, cost_b = a.to_json(), b.cost()
+        assert bool(a.pending) == bool(b.pending) == defer
+        json_a, cost_b = a.to_json(), b.cost()  # each settles its own first
         a.merge(b)
         runs[defer] = (json_a, cost_b, a.to_json(), a.pending)
     assert runs[True] == runs[False] and runs[True][2]["tv_sum"] > 0

@@ -23,6 +23,7 @@ from eagle.train.evaluate import evaluate_head
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts" / "stdlib_heldout.jsonl"
@@ -121,8 +122,8 @@ def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16
     """The bf16 candidates of the shipped setting (configs/model/embedded.yaml), with exact attention,
     on torch's kernels and on prepacked ones: strict greedy is bit-identical to plain decoding."""
     head = load_draft(MODELS / "draft", target_bf16)
-    gen = SpeculativeGenerator(target_bf16, head, total_tokens=20, depth=4, branching=5, exact_attention=True,
-                               prepack=prepack)
+    gen = SpeculativeGenerator(target_bf16, head, TreeShape(20, 4, 5),
+                               exact_attention=True, prepack=prepack)
     accepted = cycles = 0
     for ids in prompt_ids(tokenizer, 4):
         x = torch.tensor([ids])
@@ -136,15 +137,15 @@ def test_strict_greedy_on_the_pair_equals_vanilla_and_accepts_drafts(target_bf16
     "bfloat16", True, marks=pytest.mark.skipif(not packs(torch.bfloat16),
                                                reason="oneDNN packs bf16 weights only on CPUs with AVX-512 BF16"))])
 def test_a_batch_on_the_pair_decodes_every_prompt_as_alone(fp32_pair, target_bf16, tokenizer, precision, prepack):
-    """Batched strict greedy (`generate_batch`, four prompts of different lengths at once) in float32 on
+    """Batched strict greedy (`generate` of a list, four prompts of different lengths at once) in float32 on
     torch's kernels and on prepacked ones, and in bf16 with exact attention on prepacked ones (the shipped
     setting where oneDNN packs bf16): every row bit-identical to plain decoding of its prompt alone."""
     target, head = fp32_pair if precision == "float32" else (target_bf16, load_draft(MODELS / "draft", target_bf16))
-    gen = SpeculativeGenerator(target, head, total_tokens=8, depth=8, branching=1, prepack=prepack,
+    gen = SpeculativeGenerator(target, head, TreeShape(8, 8, 1), prepack=prepack,
                                exact_attention=precision == "bfloat16")
     prompts = [torch.tensor(ids) for ids in prompt_ids(tokenizer, 4)]
     assert len({len(p) for p in prompts}) == 4
-    outs = gen.generate_batch(prompts, max_new_tokens=40)
+    outs = gen.generate(prompts, max_new_tokens=40)
     assert [o.tokens for o in outs] == [gen.vanilla(p[None], max_new_tokens=40).tokens for p in prompts]
     assert sum(sum(o.accept_lengths) for o in outs) / sum(o.num_cycles for o in outs) > 1.0
     gen.close()
@@ -152,7 +153,7 @@ def test_a_batch_on_the_pair_decodes_every_prompt_as_alone(fp32_pair, target_bf1
 
 def test_mars_on_the_pair_relaxes_only_to_the_targets_top2(fp32_pair, tokenizer):
     target, head = fp32_pair
-    gen = SpeculativeGenerator(target, head, total_tokens=24, depth=5, branching=6)
+    gen = SpeculativeGenerator(target, head, TreeShape(24, 5, 6))
     relaxed = 0
     for ids in prompt_ids(tokenizer, 6):
         out = gen.generate(torch.tensor([ids]), max_new_tokens=40, rule="mars", theta=0.9)

@@ -14,13 +14,14 @@ from transformers import DynamicCache
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
 from mars.adapter import cache_keyword
+from mars.settings import TreeShape
 
 
 def test_greedy_equals_hf_generate_on_every_architecture(arch):
     model = tiny_model(arch)
     rng = random.Random(1)
     for head in (Eagle3Head.for_target(model.config), Eagle1Head.for_target(model)):
-        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3)
+        gen = SpeculativeGenerator(model, head, TreeShape(12, 4, 3))
         for length in (1, 7, 40):
             prompt = random_prompt(rng, model.config.vocab_size, length)
             expected = hf_greedy(model, prompt, 24)
@@ -37,7 +38,7 @@ def test_greedy_equals_hf_generate_over_tree_settings(seed):
         depth, branching, total = rng.randint(1, 8), rng.randint(1, 10), rng.randint(1, 80)
         length, new = rng.choice([1, 2, 17, 120, 300]), rng.randint(1, 40)
         prompt = random_prompt(rng, model.config.vocab_size, length)
-        gen = SpeculativeGenerator(model, head, total_tokens=total, depth=depth, branching=branching)
+        gen = SpeculativeGenerator(model, head, TreeShape(total, depth, branching))
         expected = hf_greedy(model, prompt, new)
         assert gen.generate(prompt, max_new_tokens=new).tokens == expected, (depth, branching, total)
 
@@ -45,7 +46,7 @@ def test_greedy_equals_hf_generate_over_tree_settings(seed):
 def oracle_generator(model, prompt, new, **tree):
     continuation = hf_greedy(model, prompt, new + 10)
     head = OracleHead(model.config, prompt[0].tolist() + continuation)
-    return SpeculativeGenerator(model, head, **tree), continuation
+    return SpeculativeGenerator(model, head, TreeShape(**tree)), continuation
 
 
 @pytest.mark.parametrize("depth,branching,total", [(1, 1, 1), (3, 2, 6), (6, 10, 60), (8, 4, 30)])
@@ -168,7 +169,7 @@ def test_tree_is_a_valid_eagle2_tree():
 def test_bf16_target_runs_and_matches_its_own_vanilla():
     model = tiny_model("llama").to(torch.bfloat16)
     head = Eagle3Head.for_target(model.config).to(torch.bfloat16)
-    gen = SpeculativeGenerator(model, head, total_tokens=16, depth=4, branching=4)
+    gen = SpeculativeGenerator(model, head, TreeShape(16, 4, 4))
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
     out = gen.generate(prompt, max_new_tokens=20)
     assert len(out.tokens) == 20
@@ -209,14 +210,15 @@ def test_exact_plan_lists_each_nodes_prefix_and_ancestors_in_cache_order(prefix)
 def test_exact_attention_equals_hf_generate_in_fp32(arch):
     model = tiny_model(arch)
     rng = random.Random(3)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), total_tokens=12, depth=4, branching=3,
-                               exact_attention=True)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config),
+                               TreeShape(12, 4, 3), exact_attention=True)
     for length in (1, 7, 70):
         prompt = random_prompt(rng, model.config.vocab_size, length)
         assert gen.generate(prompt, max_new_tokens=24).tokens == hf_greedy(model, prompt, 24)
     continuation = hf_greedy(model, prompt, 40)
     oracle = OracleHead(model.config, prompt[0].tolist() + continuation)
-    out = SpeculativeGenerator(model, oracle, total_tokens=12, depth=4, branching=3, exact_attention=True).generate(
+    gen = SpeculativeGenerator(model, oracle, TreeShape(12, 4, 3), exact_attention=True)
+    out = gen.generate(
         prompt, max_new_tokens=30)
     assert out.tokens == continuation[:30] and out.accept_lengths[0] == 4
 
@@ -227,13 +229,13 @@ def test_exact_attention_makes_bf16_verification_bitwise_equal_to_plain_decoding
     model = tiny_model("llama", sharpen=1.0).to(torch.bfloat16)
     rng = random.Random(4)
     gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config).to(torch.bfloat16),
-                               total_tokens=16, depth=4, branching=4, exact_attention=True)
+                               TreeShape(16, 4, 4), exact_attention=True)
     for _ in range(6):
         prompt = random_prompt(rng, model.config.vocab_size, rng.randrange(1, 120))
         plain = gen.vanilla(prompt, max_new_tokens=40).tokens
         # A draft that proposes plain decoding's own continuation: long accepted paths, deep tree rows.
         oracle = OracleHead(model.config, prompt[0].tolist() + plain + [0] * 20)
-        spec = SpeculativeGenerator(model, oracle.to(torch.bfloat16), total_tokens=16, depth=4, branching=4,
+        spec = SpeculativeGenerator(model, oracle.to(torch.bfloat16), TreeShape(16, 4, 4),
                                     exact_attention=True).generate(prompt, max_new_tokens=40)
         assert spec.tokens == plain
         assert sum(spec.accept_lengths) >= 20

@@ -14,6 +14,7 @@ from helpers import hf_greedy, random_prompt, summation_tolerance, tiny_model, u
 from eagle import Eagle3Head
 from eagle import kernels as K
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -115,7 +116,7 @@ def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_g
     # Plain decoding with the same kernels is the reference: in float32 it is also model.generate's
     # output; in bf16 our plain decoding rounds differently from model.generate (exact attention
     # reduces in float32, packed products round per oneDNN), so strict is held to our vanilla there.
-    with SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3) as gen:
+    with SpeculativeGenerator(model, head, TreeShape(12, 4, 3)) as gen:
         assert gen.prepack and "auto" in gen.prepack_reason
         plain = gen.vanilla(prompt, max_new_tokens=40).tokens
         seen, original = [], K._packed_forward
@@ -128,7 +129,7 @@ def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_g
         if dtype == torch.float32:
             assert out.tokens == expected
         assert hf_greedy(model, prompt, 40) == expected  # model.generate after the call: torch's own kernels
-    with SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3, prepack=False) as gen:
+    with SpeculativeGenerator(model, head, TreeShape(12, 4, 3), prepack=False) as gen:
         assert gen.kernels is None
         assert gen.generate(prompt, max_new_tokens=40).tokens == gen.vanilla(prompt, max_new_tokens=40).tokens
 

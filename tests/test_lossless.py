@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -170,9 +171,9 @@ def assert_marginals_match(samples: Counter, joint: torch.Tensor, case: str) -> 
 
 def adaptive_generator(gen, costs: CycleCosts):
     """The e2e generator with an adaptive tree whose costs make every depth worth trying."""
-    adaptive = SpeculativeGenerator(gen.target.model, gen.head, total_tokens=gen.total_tokens, depth=gen.depth,
-                                    branching=gen.branching, adaptive=True)
-    adaptive.policy = AdaptiveTree(costs, gen.depth, gen.branching, gen.total_tokens, probe_every=3)
+    tree = dataclasses.replace(gen.tree, adaptive=True, drafting="topk")
+    adaptive = SpeculativeGenerator(gen.target.model, gen.head, tree)
+    adaptive.policy = AdaptiveTree(costs, tree.depth, tree.branching, tree.total_tokens, probe_every=3)
     return adaptive
 
 
@@ -198,8 +199,7 @@ def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
     if policy in ADAPTIVE_COSTS:
         gen = adaptive_generator(gen, ADAPTIVE_COSTS[policy])
     else:
-        tree = dict(total_tokens=gen.total_tokens, depth=gen.depth, branching=gen.branching) | DRAFTS[policy]
-        gen = SpeculativeGenerator(gen.target.model, gen.head, **tree)
+        gen = SpeculativeGenerator(gen.target.model, gen.head, dataclasses.replace(gen.tree, **DRAFTS[policy]))
         # EAGLE-2's reranking keeps few depth-3 nodes of this random head; sampled shapes keep a depth-3 path.
         deepest = 2 if policy == "top-k tree" else 3
         policy = None
@@ -235,19 +235,18 @@ def test_generate_strict_matches_the_target_distribution(e2e, setting, policy):
 
 
 @pytest.mark.parametrize("policy", ["sampled tree", "top-k tree"])
-def test_generate_batch_strict_emits_the_target_distribution_in_every_row(e2e, policy):
-    """Batched (`generate_batch`, four rows of the same prompt per call, each an independent sample): the
+def test_batched_strict_emits_the_target_distribution_in_every_row(e2e, policy):
+    """Batched (`generate` of a list, four rows of the same prompt per call, each an independent sample): the
     first five tokens against the exact joint, pooled over the rows, each token and each adjacent pair."""
     gen, logits = e2e
-    tree = dict(total_tokens=gen.total_tokens, depth=gen.depth, branching=gen.branching) | DRAFTS[policy]
-    gen = SpeculativeGenerator(gen.target.model, gen.head, **tree)
+    gen = SpeculativeGenerator(gen.target.model, gen.head, dataclasses.replace(gen.tree, **DRAFTS[policy]))
     cfg = SamplingConfig(temperature=1.0)
     joint = exact_joint(logits, cfg)
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.tensor(E2E_PROMPT)] * 4
     samples, accepted = Counter(), Counter()
     for _ in range(2 * N_E2E // len(prompts)):
-        for out in gen.generate_batch(prompts, max_new_tokens=E2E_NEW, generator=generator, temperature=1.0):
+        for out in gen.generate(prompts, max_new_tokens=E2E_NEW, generator=generator, temperature=1.0):
             samples[tuple(out.tokens)] += 1
             accepted.update(out.accept_lengths)
     assert accepted[1] > 100 and accepted[2] > 10  # drafts were accepted, deeper than one level

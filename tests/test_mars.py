@@ -1,7 +1,8 @@
 """MARS in the generation loop: a never-firing threshold is strict; the paper default relaxes, within the top-2.
 
 Instrumented runs record, for every cycle, the processed logits, the tree and the verdict, by
-wrapping the `accept` that `mars.generate` calls; the checks recompute the margins from them.
+wrapping the `accept_rows` that `mars.generate` calls (one prompt: a forest of one); the checks
+recompute the margins from them.
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ def topk_generator():
 def recorded(monkeypatch):
     """Every cycle's (processed logits, tree, verdict)."""
     cycles = []
-    real = generate_module.accept
+    real = generate_module.accept_rows
 
-    def recording(processed, tree, cfg, rng=None, **settings):  # settings: e.g. the loop's defer_cost
-        verdict = real(processed, tree, cfg, rng, **settings)
-        cycles.append((processed.clone(), tree, verdict))
-        return verdict
+    def recording(processed, forest, cfg, rng=None, **settings):  # settings: e.g. the loop's defer_cost
+        verdicts = real(processed, forest, cfg, rng, **settings)
+        assert forest.batch == 1 and len(verdicts) == 1
+        cycles.append((processed.clone(), forest, verdicts[0]))
+        return verdicts
 
-    monkeypatch.setattr(generate_module, "accept", recording)
+    monkeypatch.setattr(generate_module, "accept_rows", recording)
     return cycles
 
 

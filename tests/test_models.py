@@ -10,7 +10,6 @@ strict `eagle.load_draft`.
 from __future__ import annotations
 
 import gzip
-import inspect
 import json
 import random
 from pathlib import Path
@@ -27,9 +26,10 @@ from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import PromptFormat, encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
+from eval.config.schema import LLAMA3_SYSTEM_PROMPT, PROMPTS, ModelConfig
 from eval.runner.settings import fixed_tree
 from mars import SpeculativeGenerator
-from mars.settings import DecodeSettings, Setting
+from mars.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -74,15 +74,9 @@ def test_model_config_composes_with_every_field(name):
     assert set(model.prompt) == {"format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs"}
     fmt = prompt_format(model)  # validates the block (fastchat template names, kinds)
     assert isinstance(fmt, PromptFormat)
-    # the model's tree preset, resolved, is passed to SpeculativeGenerator as keyword arguments
-    # (mars.settings.DecodeSettings.generator_kwargs)
+    # the model's tree preset is a valid tree (mars.settings.TreeShape checks every tree rule), resolved
     shape = fixed_tree(OmegaConf.to_object(cfg.tree), sampled=False)
-    resolved = DecodeSettings(Setting("float32", ""), Setting(False, ""), Setting(False, ""), Setting(shape, ""),
-                              Setting(shape.drafting, ""), Setting("cpu", ""), Setting(model.draft, ""))
-    tree = resolved.generator_kwargs()
-    accepted = inspect.signature(SpeculativeGenerator.__init__).parameters
-    assert set(tree) <= set(accepted) and {"total_tokens", "depth", "branching"} <= set(tree)
-    assert all(isinstance(tree[k], int) and tree[k] > 0 for k in ("total_tokens", "depth", "branching"))
+    assert shape.drafting == "topk" and shape.label.startswith(f"{cfg.tree.total_tokens}/{cfg.tree.depth}/")
     assert model.exact_attention is None or isinstance(model.exact_attention, bool)  # None: auto
 
 
@@ -117,8 +111,39 @@ def test_paper_model_settings_follow_the_reference(name):
 
 
 def test_chat_models_share_one_system_prompt():
+    """The paper's chat models (the LLaMA-3 scripts' message, which the MARS scripts of DeepSeek-R1-Distill
+    and Qwen3 send too) compose to the one constant, and its text is written in no config file."""
     prompts = {name: prompt_format(compose_model(name)).system_prompt for name in PAPER_MODELS - {"vicuna13b"}}
-    assert len(set(prompts.values())) == 1, "the system prompts of the chat configs differ (a typo?)"
+    assert prompts == dict.fromkeys(prompts, LLAMA3_SYSTEM_PROMPT), "a chat config's system prompt differs"
+    copies = [p.name for p in CONFIG_DIR.rglob("*.yaml") if "helpful, respectful and honest" in p.read_text()]
+    assert copies == [], f"the LLaMA-3 system prompt is restated in {copies}: take the prompt preset instead"
+
+
+def _leaves(block: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested dict's leaves (an empty dict is a leaf)."""
+    out = {}
+    for key, value in block.items():
+        if isinstance(value, dict) and value:
+            out |= _leaves(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize("name", MODEL_CONFIGS)
+def test_model_yaml_states_only_what_differs_from_the_schema(name):
+    """A model YAML restates no default: neither the schema's (`ModelConfig`) nor its prompt preset's
+    (`PROMPTS`, taken in its defaults list), so that each file shows what is particular to its model."""
+    written = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml"))
+    presets = [entry for entry in written.pop("defaults", []) if isinstance(entry, dict)]
+    base = OmegaConf.structured(ModelConfig)
+    for entry in presets:
+        for group, option in entry.items():
+            if group.startswith("/prompt@"):
+                base.prompt = OmegaConf.merge(base.prompt, OmegaConf.structured(PROMPTS[option]))
+    defaults = _leaves(OmegaConf.to_container(base, enum_to_str=True))
+    restated = sorted(key for key, value in _leaves(written).items() if key in defaults and defaults[key] == value)
+    assert restated == [], f"{name}.yaml restates defaults: {restated}"
 
 
 # --- public draft layouts -------------------------------------------------------------------------
@@ -269,7 +294,7 @@ def test_public_draft_layout_loads_strictly(name, tmp_path):
         assert torch.equal(loaded[key].to(value.dtype), value), key
     # and the pair runs: strict greedy speculative decoding reproduces the target's greedy output
     prompt = random_prompt(random.Random(0), TOY_VOCAB, 6)
-    with SpeculativeGenerator(target, head, total_tokens=8, depth=3, branching=2) as gen:
+    with SpeculativeGenerator(target, head, TreeShape(8, 3, 2)) as gen:
         out = gen.generate(prompt, max_new_tokens=6)
     assert out.tokens == hf_greedy(target, prompt, 6)
 

@@ -95,7 +95,7 @@ def test_auto_strict_greedy_equals_plain_greedy_in_float32():
         reference = hf_greedy(model, prompt, 30)
         oracle = OracleHead(model.config, prompt[0].tolist() + reference)
         for head in (oracle, Eagle3Head.for_target(model.config)):
-            out = SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3).generate(
+            out = SpeculativeGenerator(model, head, TreeShape(12, 4, 3)).generate(
                 prompt, max_new_tokens=30)
             assert out.tokens == reference
 
@@ -180,7 +180,7 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
                        max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
     assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
     assert record["kernel_candidates"]["float32+packed"] == {"plain": None, "trees": {}, "identical": False}
-    assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2).__dict__}
+    assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2, drafting="topk").__dict__}
 
 
 def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budget(tmp_path, monkeypatch):
@@ -190,7 +190,7 @@ def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budg
 
     def wide_trees_are_slow(gen, plain, *args, **kwargs):
         tokens, seconds = real(gen, plain, *args, **kwargs)
-        return tokens, seconds * (3 if not plain and gen.total_tokens >= 32 else 1)
+        return tokens, seconds * (3 if not plain and gen.tree.total_tokens >= 32 else 1)
 
     monkeypatch.setattr(C, "decode", wide_trees_are_slow)
     load, _ = tiny_pair_loader()

@@ -112,7 +112,7 @@ def test_strict_greedy_is_the_longest_argmax_prefix_over_all_root_to_leaf_paths(
     v = accept(logits, tree, SamplingConfig())
     assert v.path == best
     assert v.next_token == first_argmax(logits[best[-1]])
-    assert v.relaxed == 0 and len(v.steps) == len(v.path)
+    assert v.relaxed_tokens == 0 and len(v.steps) == len(v.path)
 
 
 @settings(PROPERTY_SETTINGS, max_examples=160)  # relaxed paths are a minority of examples: more of them
@@ -143,7 +143,7 @@ def test_mars_greedy_is_the_deepest_valid_path_with_fewest_relaxed_tokens(case, 
             candidates.append((len(path) - 1, relaxed, node))
     depth, relaxed, node = min(candidates, key=lambda c: (-c[0], c[1], c[2]))
     v = accept(logits, tree, resolve_sampling(rule="mars", theta=theta))
-    assert v.path == tree.path_to(node) and v.relaxed == relaxed
+    assert v.path == tree.path_to(node) and v.relaxed_tokens == relaxed
     assert v.next_token == first_argmax(logits[node])
 
 
@@ -154,14 +154,14 @@ def test_sampling_rules_return_valid_paths_and_tokens_in_the_support(case, cfg, 
     processed = process_logits(logits, cfg)
     tokens = tree.tokens.tolist()
     top2 = processed.topk(2, dim=-1).indices
-    passes = margin_test(processed, cfg.rule.theta, cfg.rule.margin).passes if cfg.rule.name == "mars" else None
+    passes = margin_test(processed, cfg.rule.theta, cfg.rule.margin).relax_allowed if cfg.rule.name == "mars" else None
     v = accept(processed, tree, cfg, torch.Generator().manual_seed(seed))
     assert_valid_path(v.path, tree)
     assert len(v.steps) == len(v.path)
     last = v.path[-1]
     assert processed[last, v.next_token].item() > -math.inf  # inside the processed distribution's support
     for step, parent, child in zip(v.steps, v.path, v.path[1:], strict=False):
-        assert step.accepted
+        assert step.child_accepted
         if step.relaxed:  # only MARS, only where the margin passes, only the top-1 or top-2
             assert cfg.rule.name == "mars" and passes[parent]
             assert tokens[child] in top2[parent].tolist()
@@ -186,6 +186,6 @@ def test_mars_that_never_fires_is_strict_with_the_same_draws(case, cfg, seed, ma
         g_never, g_strict = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         v_never = accept(process_logits(logits, never), tree, never, g_never)
         v_strict = accept(process_logits(logits, strict), tree, strict, g_strict)
-        assert (v_never.path, v_never.next_token, v_never.relaxed) == (v_strict.path, v_strict.next_token, 0)
+        assert (v_never.path, v_never.next_token, v_never.relaxed_tokens) == (v_strict.path, v_strict.next_token, 0)
         assert not any(step.relax_allowed for step in v_never.steps)
         assert torch.equal(g_never.get_state(), g_strict.get_state())

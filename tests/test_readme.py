@@ -39,7 +39,7 @@ def test_the_engine_example_with_measured_settings_runs_as_written(monkeypatch):
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
     assert set(gen.calibration) == {"strict", "mars"} and gen.calibration["mars"]["rule"]["theta"] == 0.9
     assert gen.target.model.dtype == getattr(torch, gen.calibration["strict"]["kernels"]["dtype"])
-    assert gen.total_tokens == gen.calibration["mars"]["tree"]["total_tokens"]
+    assert gen.tree.total_tokens == gen.calibration["mars"]["tree"]["total_tokens"]
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False], ids=["bf16-capable CPU", "AVX2-only CPU"])

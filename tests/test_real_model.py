@@ -20,6 +20,7 @@ from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
 from mars import SpeculativeGenerator
+from mars.settings import TreeShape
 
 CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
 QUESTIONS = [Question(0, ["What is the capital of France?"]),
@@ -106,7 +107,7 @@ def test_strict_greedy_on_the_real_model_equals_model_generate(converted, accept
         prompt = torch.tensor([encode(tokenizer, q, [], prompt_format(CONFIG))])
         expected = hf_greedy(model, prompt, 40)  # 40 tokens, through any end-of-turn token as ours does
         head = ScriptedHead(model.config, sequence=prompt[0].tolist() + expected, acceptance=acceptance)
-        gen = SpeculativeGenerator(model, head, total_tokens=12, depth=4, branching=3)
+        gen = SpeculativeGenerator(model, head, TreeShape(12, 4, 3))
         out = gen.generate(prompt, max_new_tokens=40)
         assert out.tokens == expected, q.turns[0]
         assert (max(out.accept_lengths) >= 2) == (acceptance > 0)

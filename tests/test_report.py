@@ -379,6 +379,31 @@ def test_cost_cell_marks_bounds_only_when_sampling():
     assert cost_cell(entry).startswith("0.2500 / ")  # greedy costs are exact
 
 
+def test_a_kl_left_infinite_on_some_tokens_is_stated_in_the_cost_table(tmp_path):
+    """kl_per_token is the mean over the tokens whose KL is finite; where some are +inf (`kl_infinite_tokens`,
+    on sampled drafts most relaxing positions' bound) the KL per token is +inf and the cell says on how many
+    tokens, as the zoo's table does, pooled over shards; the report explains it."""
+    for i in range(2):  # two shards of one run: 3 + 4 tokens with an infinite KL
+        data = sampled_drafts_summary(12)
+        data["settings"]["shard"] = f"{i}/2"
+        data["methods"]["mars@0.9"]["kl_infinite_tokens"] = 3 + i
+        data["methods"]["strict"]["kl_infinite_tokens"] = 0
+        write_run(tmp_path / "run" / str(i), data)
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    cells = cost_rows(md)
+    assert cells["mars@0.9"] == "≤ 0.0125 / ≤ 0.0310 (+∞ on 7 tokens)"
+    assert cells["strict"] == "0.0000 / 0.0000"
+    assert "the KL shown is the mean over the other tokens only" in md
+    (entry,) = [e for e in merge_runs([{**sampled_drafts_summary(0), "run_dir": "/x"}]) if e.method == "mars@0.9"]
+    entry.fig["kl_infinite_tokens"] = 2
+    assert cost_cell(entry) == "0.0125 / 0.0310 (+∞ on 2 tokens)"  # exact costs (top-k drafts) too
+    entry.fig["kl_per_token"] = None  # every token's KL infinite: no finite mean, the count still shown
+    assert cost_cell(entry) == "0.0125 / – (+∞ on 2 tokens)"
+    entry.temperature, entry.fig["argmax_mismatch"] = 0.0, 0.25
+    assert "∞" not in cost_cell(entry)  # greedy: mismatch / regret, no KL
+
+
 def test_a_batch_sweep_reports_each_batch_size_against_its_own_baselines_and_plots_it(tmp_path):
     """Runs of one model × bench × temperature at batch sizes 1, 4 and 16: each batch size's methods are
     rows of their own (`strict[B=4]`), their ratios are to the plain decoding of the same batch size, and

@@ -447,8 +447,8 @@ def test_the_avx2_baseline_joins_only_where_the_cpu_has_more_than_avx2(standin, 
 
 
 def test_a_batched_run_answers_as_one_at_a_time_does_in_directories_of_its_own(standin, tmp_path):
-    """batch_size=4: every method answers four questions at once (model.generate left-padded, vanilla_batch,
-    generate_batch), greedy answers equal the batch-1 run's for our own decoding, the directories are the
+    """batch_size=4: every method answers four questions at once (model.generate left-padded, vanilla and generate
+    of a list), greedy answers equal the batch-1 run's for our own decoding, the directories are the
     batched run's own, and the summary gives throughput (wall_time: each answer's share of its batch),
     per-request latency and the batch size; a rerun resumes with nothing left to answer."""
     base = ["num_prompts=6", "max_new_tokens=12"]

@@ -25,13 +25,15 @@ from helpers import (
     tv_tolerance,
 )
 
-from eagle.tree import DraftTree, Topology, best_topology, gumbel_top
+from eagle.tree import DraftTree, Topology, best_topology, depths_of, gumbel_top
 from mars import SpeculativeGenerator
 from mars.cost import emitted_distribution, sampling_cost
 from mars.rejection import recursive_trial, topk_trial
 from mars.rules import BUILT_IN, RULES, Relaxation, TargetView, make_rule
+from mars.rules.base import ARGMAX, RESIDUAL, TARGET
 from mars.sampling import process_logits, resolve_sampling
-from mars.verify import accept, children
+from mars.settings import TreeShape
+from mars.verify import accept, accept_rows, children
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -64,6 +66,26 @@ def every_draw(q: torch.Tensor, k: int):
     support = [x for x in range(V) if q[x] > 0]
     for draws in itertools.permutations(support, k):
         yield draws, draw_probability(q, draws)
+
+
+def normalised(values: list[float]) -> list[float]:
+    total = sum(values)
+    return [v / total for v in values]
+
+
+def recursive_rejection(p: list[float], q: list[float], draws: tuple[int, ...]) -> tuple[list[float], list[float]]:
+    """Recursive rejection sampling written out one child at a time in float64, from its definition
+    (`mars.rejection`'s docstring), independently of the vectorised trial: (each child's acceptance
+    chance when its turn comes, the residual drawn from after every child is rejected). r_1 = p, s_1 = q;
+    x_i accepted with min(1, r_i(x_i) / s_i(x_i)); r_{i+1} = norm(max(0, r_i - s_i)) (r_i kept where that
+    is 0: x_i was then accepted with certainty), s_{i+1} = norm(s_i without x_i)."""
+    r, s, chances = normalised(p), normalised(q), []
+    for x in draws:
+        chances.append(min(1.0, r[x] / s[x]))
+        rest = [max(0.0, a - b) for a, b in zip(r, s, strict=True)]
+        r = normalised(rest) if sum(rest) > 0 else r
+        s = normalised([0.0 if y == x else v for y, v in enumerate(s)])
+    return chances, r
 
 
 CASES = {  # (p logits, q); -inf = filtered out by top-k / top-p
@@ -117,6 +139,104 @@ def test_the_trial_of_deterministic_children_is_the_top_k_trial():
     assert torch.allclose(sampled.residual, fixed.residual, atol=1e-5)
 
 
+# --- the sampled verifier against the exact outcome distribution -----------------------------------
+
+# Hand-built sampled trees: (parents, tokens), each node's children distinct draws from its own q row. Every
+# q row differs from its parent's (node 1's children are likely under q_1 and unlikely under q_0), so a
+# verifier that judges a node's children by another node's row emits a different distribution.
+SAMPLED_TREES = {
+    "depth 2": ([-1, 0, 0, 1, 1, 2], [5, 0, 1, 2, 3, 4]),
+    "depth 3": ([-1, 0, 0, 1, 1, 3, 3], [5, 1, 0, 3, 2, 4, 5]),
+}
+DRAFT_ROWS = [  # q_i: what node i's children were drawn from (rows of childless nodes unused)
+    [0.45, 0.35, 0.05, 0.05, 0.05, 0.05],
+    [0.05, 0.05, 0.40, 0.40, 0.05, 0.05],
+    [0.05, 0.05, 0.05, 0.05, 0.70, 0.10],
+    [0.10, 0.05, 0.05, 0.10, 0.40, 0.30],
+    [1 / V] * V, [1 / V] * V, [1 / V] * V,
+]
+TARGET_ROWS = [  # the target's logits at each node
+    [0.5, 1.2, 0.0, 0.3, -0.2, 0.1],
+    [0.0, 0.4, 0.9, 0.2, 0.6, -0.3],
+    [0.3, -0.1, 0.2, 0.8, 1.0, 0.0],
+    [-0.2, 0.5, 0.1, 0.3, 0.4, 1.1],
+    [0.2, 0.1, 0.0, 0.7, -0.4, 0.3],
+    [0.6, 0.0, 0.3, 0.1, 0.2, 0.4],
+    [0.1, 0.9, -0.2, 0.0, 0.5, 0.3],
+]
+ALPHA = 1e-3  # the chi-square test's false-alarm rate: a correct verifier fails it with a random seed this often
+
+
+def exact_outcomes(parents: list[int], tokens: list[int], p: list[list[float]],
+                   q: list[list[float]]) -> dict[tuple[tuple[int, ...], int], float]:
+    """P(accepted path, next token) of strict verification of a fixed sampled tree: from the root, the
+    children are tried in draw order (`recursive_rejection` with the node's own p and q rows); an accepted
+    child's subtree is walked the same way; once every child of a node is rejected (or it has none) the
+    next token is drawn from the residual (p at a leaf). Float64, node by node."""
+    out: dict[tuple[tuple[int, ...], int], float] = Counter()
+
+    def visit(node: int, path: tuple[int, ...], chance: float) -> None:
+        kids = [j for j, parent in enumerate(parents) if parent == node]
+        chances, residual = recursive_rejection(p[node], q[node], tuple(tokens[j] for j in kids))
+        for kid, accept_chance in zip(kids, chances, strict=True):
+            visit(kid, (*path, kid), chance * accept_chance)
+            chance *= 1.0 - accept_chance
+        for token, prob in enumerate(residual):
+            if chance * prob > 0:
+                out[(path, token)] += chance * prob
+
+    visit(0, (0,), 1.0)
+    return out
+
+
+def sampled_outcomes(parents: list[int], tokens: list[int], logits: torch.Tensor, q: torch.Tensor,
+                     samples: int, copies: int = 20) -> Counter:
+    """(path, next token) of `samples` strict verifications of the tree, `copies` at a time as a forest of
+    identical trees (each tree its own uniforms and its own final draw), from one seeded generator."""
+    n, width = len(parents), max(Counter(parents[1:]).values())
+    forest = DraftTree.forest(torch.tensor(tokens).expand(copies, n), torch.tensor(parents).expand(copies, n),
+                              torch.tensor(depths_of(parents)).expand(copies, n), torch.zeros(copies, n),
+                              max(depths_of(parents)), q[None].expand(copies, n, V), width)
+    cfg = resolve_sampling(temperature=1.0)
+    processed = process_logits(logits.repeat(copies, 1), cfg)
+    generator, counts = torch.Generator().manual_seed(0), Counter()
+    for _ in range(samples // copies):
+        counts.update((tuple(v.path), v.next_token) for v in accept_rows(processed, forest, cfg, generator))
+    return counts
+
+
+def tree_case(name: str) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+    parents, tokens = SAMPLED_TREES[name]
+    n = len(parents)
+    return parents, tokens, torch.tensor(TARGET_ROWS[:n]), torch.tensor(DRAFT_ROWS[:n])
+
+
+@pytest.mark.parametrize("name", list(SAMPLED_TREES))
+def test_the_sampled_verifier_emits_the_exact_outcome_distribution_of_a_hand_built_tree(name):
+    """`accept_rows` on a fixed sampled tree (each node's children judged with its own q row) against the
+    exact joint distribution of (accepted path, next token): a chi-square test over 6,000 verifications,
+    false-alarm rate ALPHA, and every outcome the verifier emits possible."""
+    parents, tokens, logits, q = tree_case(name)
+    p = process_logits(logits, resolve_sampling(temperature=1.0)).double().softmax(-1).tolist()
+    exact = exact_outcomes(parents, tokens, p, q.double().tolist())
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
+    assert max(len(path) for path, _ in exact) == max(depths_of(parents)) + 1  # the deepest paths are possible
+    counts = sampled_outcomes(parents, tokens, logits, q, samples=6_000)
+    assert chi_square_pvalue(counts, exact) > ALPHA
+
+
+@pytest.mark.parametrize("name", list(SAMPLED_TREES))
+def test_the_exact_check_tells_apart_a_verifier_judging_children_by_their_parent_s_q_row(name):
+    """The test above has the power to catch a wrong q row: verification that judges each node's children
+    by its parent's row (fed here as the tree's draft distributions) fails it at the same seed, with a
+    third of its samples."""
+    parents, tokens, logits, q = tree_case(name)
+    p = process_logits(logits, resolve_sampling(temperature=1.0)).double().softmax(-1).tolist()
+    exact = exact_outcomes(parents, tokens, p, q.double().tolist())
+    wrong = q[[max(parent, 0) for parent in parents]]  # node i's row: its parent's (the root keeps its own)
+    assert chi_square_pvalue(sampled_outcomes(parents, tokens, logits, wrong, samples=2_000), exact) < ALPHA
+
+
 def test_gumbel_top_draws_without_replacement_in_draw_order():
     q = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
     generator = torch.Generator().manual_seed(0)
@@ -148,8 +268,31 @@ def test_the_shape_spends_nodes_where_acceptance_is_likely():
     deep = best_topology(10, 8, 4, (0.9, 0.05, 0.02, 0.01))
     wide = best_topology(10, 8, 4, (0.2, 0.2, 0.2, 0.2))
     assert deep.levels == 8 and wide.levels <= 3
-    assert deep.truncated(3).size == 1 + sum(d <= 3 for d in deep.depths[1:])
     assert Topology((-1, 0, 1), (0, 0, 0)).width == 1
+
+
+def rank_paths(topology: Topology) -> list[tuple[int, ...]]:
+    """Each node named by the ranks along its path from the root (the root: ()), in node order."""
+    paths: list[tuple[int, ...]] = []
+    for parent, rank in zip(topology.parents, topology.ranks, strict=True):
+        paths.append(() if parent < 0 else (*paths[parent], rank))
+    return paths
+
+
+@pytest.mark.parametrize("shape", [(10, 8, 4, (0.9, 0.05, 0.02, 0.01)), (20, 6, 4, (0.5, 0.3, 0.2)),
+                                   (12, 4, 3, (0.4, 0.4, 0.2))])
+def test_a_truncated_shape_is_the_shape_s_nodes_up_to_that_depth(shape):
+    """`truncated(d)`: the same tree cut below depth d, by what it contains (nodes named by their rank
+    paths, so renumbering would show), not by how it is computed."""
+    topology = best_topology(*shape)
+    named = rank_paths(topology)
+    for depth in range(topology.levels + 2):
+        cut = topology.truncated(depth)
+        kept = rank_paths(cut)
+        assert sorted(kept) == sorted(path for path in named if len(path) <= depth)
+        assert kept == named[: len(kept)]  # node i is the same node: what the drafts drawn for it rely on
+        assert cut.levels == min(depth, topology.levels)
+        assert all(0 <= cut.parents[i] < i for i in range(1, cut.size))  # still a valid shape
 
 
 def sampled_tree(seed: int, topology: Topology) -> tuple[DraftTree, torch.Tensor]:
@@ -191,21 +334,56 @@ def test_every_rule_at_its_never_relaxing_setting_is_strict_on_sampled_drafts(na
 RELAXING = [(name, params) for name in BUILT_IN for params in RULES[name].relaxing or ()]
 
 
+def given_the_draw(relax: Relaxation, p: list[float], q: list[float], draws: tuple[int, ...]) -> tuple[list, list]:
+    """(pi, pi_strict) at a root whose children are `draws` (from q), computed here from the rule's
+    relaxation and `recursive_rejection`, not by `mars.cost`: the emitted distributions given the draw."""
+    chances, residual = recursive_rejection(p, q, draws)
+    kids = range(1, len(draws) + 1)
+    tolerance = 0.0 if relax.tolerance is None else relax.tolerance[0].item()
+    tested = True if relax.tested is None else bool(relax.tested[0])
+    rule_chances = [1.0 if relax.outright[0, j] else min(1.0, c + tolerance) if tested else 0.0
+                    for j, c in zip(kids, chances, strict=True)]
+    kind = RESIDUAL if relax.fallback is None else int(relax.fallback[0])
+    argmax = max(range(V), key=lambda x: p[x])
+    fallback = {RESIDUAL: residual, TARGET: p, ARGMAX: [float(x == argmax) for x in range(V)]}[kind]
+
+    def emitted(accept: list[float], last: list[float]) -> list[float]:
+        pi, reach = [0.0] * V, 1.0
+        for x, a in zip(draws, accept, strict=True):
+            pi[x] += reach * a
+            reach *= 1.0 - a
+        return [v + reach * f for v, f in zip(pi, last, strict=True)]
+
+    return emitted(rule_chances, fallback), emitted(chances, residual)
+
+
 @pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
 def test_the_reported_cost_on_sampled_drafts_bounds_the_exact_cost(name, params):
-    """Over every draw of two children, the marginal emitted distribution's TV and KL from p are at
-    most the average of what each position reports (`sampling_cost`); strict reports 0."""
+    """Over every draw of two children: each position reports TV(pi, pi_strict) and KL(pi || pi_strict)
+    of its own draw, the KL +inf exactly where pi puts mass on a token pi_strict excludes (both computed
+    here independently); the marginal emitted distribution's TV from p is at most the average reported,
+    and so is its KL wherever that average is finite. Strict reports 0."""
     rule = make_rule(name, **params)
     p_logits = torch.tensor([1.0, 0.9, 0.2, 0.8, -0.3, 0.1]) + 2.0
     q = torch.tensor([0.3, 0.1, 0.05, 0.25, 0.2, 0.1])
     p = p_logits.softmax(-1)
-    marginal, tv_bound, kl_bound, draws_seen = torch.zeros(V), 0.0, 0.0, 0
+    p64, q64 = p_logits.double().softmax(-1).tolist(), q.double().tolist()
+    marginal, tv_bound, kl_bound, draws_seen, infinite = torch.zeros(V), 0.0, 0.0, 0, 0
     for draws, prob in every_draw(q, 2):
         draws_seen += 1
         view, relax = star(draws, p_logits, q, rule)
         marginal += prob * emitted_distribution(view, relax, torch.tensor([0]))[0]
         cost = sampling_cost(view, relax, torch.tensor([0]))
         assert cost.bound
+        pi, strict = given_the_draw(relax, p64, q64, draws)
+        tv = 0.5 * sum(abs(a - b) for a, b in zip(pi, strict, strict=True))
+        kl = sum(a * math.log(a / b) if b > 0 else math.inf for a, b in zip(pi, strict, strict=True) if a > 0)
+        assert cost.tv.item() == pytest.approx(tv, abs=tv_tolerance(V))
+        if math.isinf(kl):
+            assert math.isinf(cost.kl.item()), (draws, pi, strict)
+            infinite += 1
+        else:
+            assert cost.kl.item() == pytest.approx(kl, abs=kl_tolerance(V, kl)), (draws, pi, strict)
         tv_bound += prob * cost.tv.item()
         kl_bound += prob * cost.kl.item()
         strict_view, none = star(draws, p_logits, q)
@@ -215,7 +393,9 @@ def test_the_reported_cost_on_sampled_drafts_bounds_the_exact_cost(name, params)
     # The bound holds up to rounding (several rules meet it exactly): the marginal is a float32 average over
     # the draws (one rounding each), every cost a float32 sum over V (tv_tolerance, kl_tolerance).
     assert 1e-3 < tv <= tv_bound + tv_tolerance(V, roundings=draws_seen)  # the rule does move the output here
-    assert kl <= kl_bound + kl_tolerance(V, kl, roundings=draws_seen)
+    assert math.isinf(kl_bound) == (infinite > 0) and math.isfinite(kl)
+    if not infinite:
+        assert kl <= kl_bound + kl_tolerance(V, kl, roundings=draws_seen)
 
 
 @pytest.mark.parametrize("name,params", RELAXING, ids=[f"{n}-{p}" for n, p in RELAXING])
@@ -294,7 +474,7 @@ def test_generate_drafts_sampled_children_when_sampling_and_top_k_when_greedy():
     relaxed = gen.generate(prompt, max_new_tokens=12, temperature=1.0, rule="mars",
                            generator=torch.Generator().manual_seed(0))
     assert relaxed.stats.cost()["cost_bound_tokens"] == relaxed.stats.sampled > 0  # several children: bounds
-    topk = SpeculativeGenerator(gen.target.model, gen.head, total_tokens=6, depth=3, branching=3, drafting="topk")
+    topk = SpeculativeGenerator(gen.target.model, gen.head, TreeShape(6, 3, 3, drafting="topk"))
     fixed = topk.generate(prompt, max_new_tokens=12, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert fixed.stats.cost()["cost_bound_tokens"] == 0 and fixed.stats.sampled > 0
     greedy = gen.generate(prompt, max_new_tokens=12)
@@ -314,6 +494,6 @@ def test_generate_with_a_never_relaxing_rule_is_strict_draw_for_draw_on_sampled_
 def test_drafting_settings_are_checked():
     gen = tiny_generator(0, 1, sharpen=2.5, vocab_size=12, total_tokens=6, depth=3, branching=3)
     with pytest.raises(ValueError, match="drafting must be one of auto, topk, sample"):
-        SpeculativeGenerator(gen.target.model, gen.head, drafting="beam")
+        SpeculativeGenerator(gen.target.model, gen.head, TreeShape(6, 3, 3, drafting="beam"))
     with pytest.raises(ValueError, match="sampled tree's shape must not depend on its draws"):
-        SpeculativeGenerator(gen.target.model, gen.head, adaptive=True, drafting="sample")
+        SpeculativeGenerator(gen.target.model, gen.head, TreeShape(6, 3, 3, adaptive=True, drafting="sample"))

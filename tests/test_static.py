@@ -18,6 +18,7 @@ from mars import SpeculativeGenerator
 from mars.adapter import PreallocatedLayer, TargetModel
 from mars.adapter.cache import StaticTreeLayer
 from mars.adapter.static import StaticMasks
+from mars.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -107,8 +108,8 @@ def test_static_greedy_equals_plain_greedy_and_the_dynamic_path_in_one_cache(arc
     model = tiny_model(arch)
     torch.manual_seed(0)
     head = Eagle3Head.for_target(model.config)
-    static = SpeculativeGenerator(model, head, static=True, **TREE)
-    dynamic = SpeculativeGenerator(model, head, **TREE)
+    static = SpeculativeGenerator(model, head, TreeShape(**TREE), static=True)
+    dynamic = SpeculativeGenerator(model, head, TreeShape(**TREE))
     cache, address = static.target.cache, None
     rng = random.Random(1)
     for length in (1, 9, 70):
@@ -125,7 +126,7 @@ def test_static_greedy_equals_plain_greedy_and_the_dynamic_path_in_one_cache(arc
 
 def test_static_oracle_draft_is_accepted_in_full_across_prompts():
     model = tiny_model("llama")
-    static = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, **TREE)
+    static = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE), static=True)
     address = None
     for length in (5, 31):
         prompt = random_prompt(random.Random(length), model.config.vocab_size, length)
@@ -144,7 +145,8 @@ def test_static_adaptive_trees_of_any_size_and_plain_steps_equal_plain_greedy():
     first call leaves the cache in place."""
     model = tiny_model("llama")
     torch.manual_seed(0)
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, adaptive=True, **TREE)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE, adaptive=True),
+                               static=True)
     cache = gen.target.cache
     for length in (3, 20):
         prompt = random_prompt(random.Random(length), model.config.vocab_size, length)
@@ -159,8 +161,8 @@ def test_static_sampling_draws_what_the_dynamic_path_draws(rule):
     model = tiny_model("llama", sharpen=1.0)
     torch.manual_seed(3)
     head = Eagle3Head.for_target(model.config)
-    static = SpeculativeGenerator(model, head, static=True, **TREE)
-    dynamic = SpeculativeGenerator(model, head, **TREE)
+    static = SpeculativeGenerator(model, head, TreeShape(**TREE), static=True)
+    dynamic = SpeculativeGenerator(model, head, TreeShape(**TREE))
     prompt = random_prompt(random.Random(4), model.config.vocab_size, 17)
     outs = [gen.generate(prompt, max_new_tokens=40, temperature=1.0, rule=rule,
                          generator=torch.Generator().manual_seed(5)) for gen in (static, dynamic)]
@@ -174,7 +176,7 @@ def test_static_mode_puts_no_hooks_of_ours_on_the_model():
     with torch.inference_mode():
         model(prompt, output_hidden_states=True)  # transformers installs its own recorders once
     before = hooks()
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, **TREE)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE), static=True)
     gen.generate(prompt, max_new_tokens=12)
     assert gen.target.taps is None and hooks() == before
 
@@ -185,26 +187,29 @@ def test_static_settings_that_cannot_work_are_refused_with_the_fix():
     model = tiny_model("llama")
     head = Eagle3Head.for_target(model.config)
     with pytest.raises(ValueError, match="static=True"):
-        SpeculativeGenerator(model, head, compile="default", **TREE)
+        SpeculativeGenerator(model, head, TreeShape(**TREE), compile="default")
     with pytest.raises(ValueError, match="static=True"):
-        SpeculativeGenerator(model, head, max_cache_len=256, **TREE)
+        SpeculativeGenerator(model, head, TreeShape(**TREE), max_cache_len=256)
     with pytest.raises(ValueError, match="exact_attention=False"):
-        SpeculativeGenerator(model, head, static=True, exact_attention=True, **TREE)
+        SpeculativeGenerator(model, head, TreeShape(**TREE), static=True, exact_attention=True)
     with pytest.raises(ValueError, match="prepack=False"):
-        SpeculativeGenerator(model, head, static=True, compile="default", prepack=True, **TREE)
-    gen = SpeculativeGenerator(model, head, static=True, compile="default", **TREE)  # compiles at first use only
+        SpeculativeGenerator(model, head, TreeShape(**TREE), static=True, compile="default", prepack=True)
+    # compiles at first use only
+    gen = SpeculativeGenerator(model, head, TreeShape(**TREE), static=True, compile="default")
     assert gen.prepack is False and "torch.compile" in gen.prepack_reason
     bf16 = tiny_model("llama").to(torch.bfloat16)
-    assert SpeculativeGenerator(bf16, Eagle3Head.for_target(bf16.config).to(torch.bfloat16), static=True,
-                                **TREE).target.exact_attention is False  # "auto" resolves to off
+    bf16_head = Eagle3Head.for_target(bf16.config).to(torch.bfloat16)
+    # exact attention "auto" resolves to off with static shapes
+    assert SpeculativeGenerator(bf16, bf16_head, TreeShape(**TREE), static=True).target.exact_attention is False
     windowed = tiny_model("mistral", sliding_window=16)
     with pytest.raises(NotImplementedError, match="sliding window"):
-        SpeculativeGenerator(windowed, Eagle3Head.for_target(windowed.config), static=True, **TREE)
+        SpeculativeGenerator(windowed, Eagle3Head.for_target(windowed.config), TreeShape(**TREE), static=True)
 
 
 def test_a_sequence_longer_than_the_static_cache_is_refused_before_it_starts():
     model = tiny_model("llama")
-    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, max_cache_len=64, **TREE)
+    gen = SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE), static=True,
+                               max_cache_len=64)
     prompt = random_prompt(random.Random(6), model.config.vocab_size, 30)
     with pytest.raises(ValueError, match="max_cache_len=64"):
         gen.generate(prompt, max_new_tokens=30)  # 30 + 30 + a 13-node tree > 64
@@ -231,12 +236,13 @@ def compiled() -> SpeculativeGenerator:
     """A compiled generator on a two-layer model (compiling takes ~10 s with a cold inductor cache)."""
     model = tiny_model("llama", num_hidden_layers=2)
     torch.manual_seed(0)
-    return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), static=True, compile="default", **TREE)
+    return SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE), static=True,
+                                compile="default")
 
 
 def test_compiled_greedy_equals_eager_and_plain_greedy_without_recompiling(compiled):
     model = compiled.target.model
-    eager = SpeculativeGenerator(model, compiled.head, static=True, **TREE)
+    eager = SpeculativeGenerator(model, compiled.head, TreeShape(**TREE), static=True)
     rng = random.Random(7)
     frames, breaks = [compiled_frames()], graph_breaks()
     for length in (6, 29):  # a second prompt of another length: no new graph

@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import torch
 from accelerate.hooks import attach_align_device_hook_on_blocks
-from helpers import OracleHead, count_by_cycle, hf_greedy, random_prompt, summation_tolerance, tiny_model
+from helpers import OracleHead, count_by_cycle, hf_greedy, random_prompt, split_tree, summation_tolerance, tiny_model
 
 from eagle import Eagle3Head
-from eagle.tree import expand
+from eagle.tree import grow_tree
 from mars import SpeculativeGenerator
 from mars.adaptive import AdaptiveTree, CycleCosts
 from mars.generate import GenerationOutput
 from mars.rules import RULES
+from mars.settings import TreeShape
 from mars.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -232,7 +233,8 @@ def path_generator(path: Path, model, prompt: torch.Tensor) -> SpeculativeGenera
         head = OracleHead(model.config, prompt[0].tolist() + hf_greedy(model, prompt, 80))
     else:
         head = Eagle3Head.for_target(model.config)
-    gen = SpeculativeGenerator(model, head.to(path.dtype), **TREE, adaptive=path.adaptive is not None, **path.settings)
+    tree, settings = split_tree({**TREE, "adaptive": path.adaptive is not None, **path.settings})
+    gen = SpeculativeGenerator(model, head.to(path.dtype), tree, **settings)
     if path.adaptive is not None:
         gen.policy = AdaptiveTree(path.adaptive, TREE["depth"], TREE["branching"], TREE["total_tokens"],
                                   probe_every=path.probe_every)
@@ -262,7 +264,7 @@ def test_a_split_placement_decodes_as_on_one_device():
     plain = hf_greedy(model, prompt, 24)
     split_placement(model)
     assert all(hasattr(layer, "_hf_hook") for layer in model.model.layers) and len(model.hf_device_map) > 2
-    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), **TREE) as gen:
+    with SpeculativeGenerator(model, Eagle3Head.for_target(model.config), TreeShape(**TREE)) as gen:
         assert gen.generate(prompt, max_new_tokens=24).tokens == plain
 
 
@@ -288,32 +290,36 @@ def test_a_cycle_synchronises_at_most_twice(rule, temperature, oracle, monkeypat
 # --- the adaptive tree's growth decisions -----------------------------------------------------------
 
 def test_deferred_growth_decisions_keep_the_tree_of_per_level_ones_in_one_read():
-    """`expand` with decisions on the device drafts every level, reads the decisions once and keeps the
-    levels before the first refusal: the same candidates as stopping at the refusal (one read per
+    """`grow_tree` with decisions on the device drafts every level, reads the decisions once and keeps
+    the levels before the first refusal: the same tree as stopping at the refusal (one read per
     level), and as drafting only those levels."""
     model = tiny_model("llama")
     torch.manual_seed(2)
     head = Eagle3Head.for_target(model.config)
     features = torch.randn(5, head.config.feature_size)
     hidden, logprobs = head.extend(features, torch.tensor([3, 1, 4, 1, 5]))
+    root = torch.tensor([9])  # made outside the counter: on the "device"
+    every = 3 + 4 * 3 * 3  # every candidate of 5 levels of 3 is kept: the trees show what was drafted
     masses: list[float] = []
-    expand(head, hidden, logprobs, 5, 3, lambda level, scores: masses.append(float(scores.exp().sum())) or True)
+    grow_tree(head, root, hidden, logprobs, 5, 3, every,
+              lambda level, scores: masses.append(float(scores.exp().sum())) or True)
     assert masses == sorted(masses, reverse=True)  # a level's best nodes never outweigh the level above's
     threshold = (masses[1] + masses[2]) / 2  # levels 2 and 3 pay, level 4 does not
 
     def decided(keep_growing):
         with SyncCounter() as syncs:
-            candidates = expand(head, hidden, logprobs, 5, 3, keep_growing)
-        return candidates, dict(syncs.by_kind)
+            tree = grow_tree(head, root, hidden, logprobs, 5, 3, every, keep_growing)
+        return tree, dict(syncs.by_kind)
 
     on_host, host_reads = decided(lambda level, scores: bool(scores.exp().sum() >= threshold))
     deferred, deferred_reads = decided(lambda level, scores: scores.exp().sum() >= threshold)
     assert host_reads == {"__bool__": 3} and deferred_reads == {"tolist": 1}
-    shallow = expand(head, hidden, logprobs, 3, 3)
-    for c in (on_host, deferred):
-        assert c.levels == 3
-        for name in ("tokens", "parents", "depths", "scores"):
-            assert torch.equal(getattr(c, name), getattr(shallow, name)), name
+    shallow = grow_tree(head, root, hidden, logprobs, 3, 3, every)
+    assert shallow.size == 1 + 3 + 2 * 3 * 3
+    for tree in (on_host, deferred):
+        assert tree.levels == 3
+        for name in ("tokens", "parents", "depths", "scores", "ancestors"):
+            assert torch.equal(getattr(tree, name), getattr(shallow, name)), name
 
 
 def test_the_policys_device_state_follows_its_host_state_unread():

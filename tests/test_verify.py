@@ -68,8 +68,8 @@ def test_greedy_strict_accepts_the_top1_chain_and_takes_the_bonus_from_the_last_
     tree = make_tree([-1, 0, 0, 1, 2], [5, 1, 2, 3, 4])
     logits = rows(one_hot(2), one_hot(0), one_hot(4), one_hot(0), one_hot(3))
     v = accept(logits, tree, GREEDY)
-    assert v.path == [0, 2, 4] and v.next_token == 3 and v.accepted == 2 and v.relaxed == 0
-    assert [(s.depth, s.accepted, s.relaxed, s.has_children) for s in v.steps] == [
+    assert v.path == [0, 2, 4] and v.next_token == 3 and v.accepted == 2 and v.relaxed_tokens == 0
+    assert [(s.depth, s.child_accepted, s.relaxed, s.has_children) for s in v.steps] == [
         (0, True, False, True), (1, True, False, True), (2, False, False, False)]
 
 
@@ -77,7 +77,7 @@ def test_greedy_strict_rejects_any_child_that_is_not_top1():
     tree = make_tree([-1, 0, 0], [5, 1, 2])  # top-1 (token 0) not drafted; token 1 is top-2
     v = accept(rows(UNDECIDED, one_hot(0), one_hot(0)), tree, GREEDY)
     assert v.path == [0] and v.next_token == 0
-    assert not v.steps[0].relax_allowed and not v.steps[0].accepted  # undecided, but strict has no gate
+    assert not v.steps[0].relax_allowed and not v.steps[0].child_accepted  # undecided, but strict has no gate
 
 
 def test_greedy_strict_stops_where_the_chain_leaves_the_tree():
@@ -106,14 +106,14 @@ def test_root_only_tree_gives_the_top1():
 def test_greedy_mars_accepts_top2_where_the_margin_passes():
     tree = make_tree([-1, 0], [5, 1])
     v = accept(rows(UNDECIDED, one_hot(4)), tree, GREEDY_MARS)
-    assert v.path == [0, 1] and v.next_token == 4 and v.relaxed == 1
-    assert v.steps[0].relaxed and v.steps[0].relax_allowed and v.steps[0].accepted
+    assert v.path == [0, 1] and v.next_token == 4 and v.relaxed_tokens == 1
+    assert v.steps[0].relaxed and v.steps[0].relax_allowed and v.steps[0].child_accepted
 
 
 def test_greedy_mars_rejects_top2_where_the_margin_fails():
     tree = make_tree([-1, 0], [5, 1])
     v = accept(rows(DECIDED, one_hot(4)), tree, GREEDY_MARS)
-    assert v.path == [0] and v.next_token == 0 and v.relaxed == 0
+    assert v.path == [0] and v.next_token == 0 and v.relaxed_tokens == 0
 
 
 def test_greedy_mars_never_accepts_top3():
@@ -127,7 +127,7 @@ def test_greedy_mars_prefers_the_longer_path_even_with_more_relaxed_tokens():
     tree = make_tree([-1, 0, 0, 1, 2], [5, 0, 1, 3, 3])
     logits = rows(UNDECIDED, one_hot(4), one_hot(3), one_hot(0), one_hot(2))
     v = accept(logits, tree, GREEDY_MARS)
-    assert v.path == [0, 2, 4] and v.next_token == 2 and v.relaxed == 1
+    assert v.path == [0, 2, 4] and v.next_token == 2 and v.relaxed_tokens == 1
     assert accept(logits, tree, GREEDY).path == [0, 1]
 
 
@@ -136,7 +136,7 @@ def test_greedy_mars_tie_on_depth_goes_to_fewer_relaxed_tokens():
     tree = make_tree([-1, 0, 0, 1, 2], [5, 1, 0, 3, 4])
     logits = rows(UNDECIDED, one_hot(3), one_hot(4), one_hot(0), one_hot(2))
     v = accept(logits, tree, GREEDY_MARS)
-    assert v.path == [0, 2, 4] and v.relaxed == 0 and v.next_token == 2
+    assert v.path == [0, 2, 4] and v.relaxed_tokens == 0 and v.next_token == 2
 
 
 def test_greedy_mars_full_tie_goes_to_the_earliest_node_in_draft_order():
@@ -144,7 +144,7 @@ def test_greedy_mars_full_tie_goes_to_the_earliest_node_in_draft_order():
     tree = make_tree([-1, 0, 0, 1, 2], [5, 0, 1, 1, 0])
     logits = rows(UNDECIDED, UNDECIDED, UNDECIDED, one_hot(2), one_hot(3))
     v = accept(logits, tree, GREEDY_MARS)
-    assert v.path == [0, 1, 3] and v.relaxed == 1 and v.next_token == 2
+    assert v.path == [0, 1, 3] and v.relaxed_tokens == 1 and v.next_token == 2
     assert [s.relaxed for s in v.steps] == [False, True, False]
 
 
@@ -160,7 +160,7 @@ def test_sampling_strict_accepts_a_certain_child_and_samples_the_bonus_from_the_
         v = accept(processed, tree, SAMPLE, gen(seed))
         assert v.path == [0, 1, 2] and v.accepted == 2
         assert len(sampled) == 1 and torch.allclose(sampled[0], processed[2].softmax(-1))
-        assert v.steps[-1].depth == 2 and not v.steps[-1].has_children and not v.steps[-1].accepted
+        assert v.steps[-1].depth == 2 and not v.steps[-1].has_children and not v.steps[-1].child_accepted
 
 
 def test_sampling_strict_never_accepts_a_zero_probability_child():
@@ -169,7 +169,7 @@ def test_sampling_strict_never_accepts_a_zero_probability_child():
     for seed in range(30):
         v = accept(processed, tree, SAMPLE, gen(seed))
         assert v.path == [0] and v.next_token not in (1, 2)
-        assert not v.steps[0].accepted
+        assert not v.steps[0].child_accepted
 
 
 def test_sampling_strict_all_children_rejected_samples_the_correction_from_the_residual(sampled):
@@ -252,7 +252,7 @@ def test_sampling_mars_without_a_top2_child_falls_back_to_strict_with_the_same_d
         v_mars = accept(processed, tree, SAMPLE_MARS, g_mars)
         v_strict = accept(processed, tree, SAMPLE, g_strict)
         assert (v_mars.path, v_mars.next_token) == (v_strict.path, v_strict.next_token)
-        assert v_mars.relaxed == 0 and v_mars.steps[0].relax_allowed
+        assert v_mars.relaxed_tokens == 0 and v_mars.steps[0].relax_allowed
         assert torch.equal(g_mars.get_state(), g_strict.get_state())
         outcomes.add(len(v_mars.path))
     assert {1, 2} <= outcomes  # both accepted and rejected children occur
@@ -265,7 +265,7 @@ def test_sampling_mars_reference_fallback_rejects_all_children_and_samples_the_t
     for seed in range(300):
         sampled.clear()
         v = accept(processed, tree, SAMPLE_MARS_REF, gen(seed))
-        assert v.path == [0] and not v.steps[0].accepted
+        assert v.path == [0] and not v.steps[0].child_accepted
         assert torch.allclose(sampled[0], processed[0].softmax(-1))  # p itself, not the residual
         emitted.add(v.next_token)
     assert emitted & {2, 3}  # a drafted-and-rejected token can be the correction
@@ -277,20 +277,39 @@ def test_sampling_mars_reference_fallback_still_relaxes_a_top2_child():
     assert accept(processed, tree, SAMPLE_MARS_REF, gen(0)).path == [0, 2]
 
 
+@pytest.mark.parametrize("cfg", [SAMPLE_MARS_REF, resolve_sampling(temperature=1.0, rule="typical", epsilon=0.3,
+                                                                     fallback="reference")],
+                         ids=["mars reference", "typical reference"])
+def test_sampling_counts_an_outright_child_as_relaxed_only_where_strict_s_own_test_rejects_it(cfg):
+    """Rules that skip the strict test (`Relaxation.tested` False: MARS and typical with fallback
+    "reference") accept their outright child whatever the draw; it is relaxed only where strict, with
+    the same draw, rejects it (here a top-k child whose strict acceptance chance is p(top-1) = 0.46)."""
+    tree = make_tree([-1, 0, 1], [5, 0, 3])  # the root's one child is the target's top-1
+    processed = process_logits(rows(UNDECIDED, one_hot(3), one_hot(1)), cfg)
+    labels = set()
+    for seed in range(100):
+        v, s = accept(processed, tree, cfg, gen(seed)), accept(processed, tree, SAMPLE, gen(seed))
+        assert v.path[:2] == [0, 1]  # accepted outright, whatever the draw
+        assert v.steps[0].relaxed == (s.path[:2] != [0, 1])
+        assert v.relaxed_tokens == v.steps[0].relaxed  # node 1 is decided: its child goes through strict's test
+        labels.add(v.steps[0].relaxed)
+    assert labels == {True, False}  # both: strict accepts the child with some draws and not with others
+
+
 @pytest.mark.parametrize("fallback", ["strict", "reference"])
 def test_sampling_mars_where_the_margin_fails_is_strict_with_the_same_draws(fallback):
     cfg = resolve_sampling(temperature=1.0, rule="mars", fallback=fallback)
     tree = make_tree([-1, 0, 0, 1, 2], [5, 1, 2, 0, 3])
     logits = rows(DECIDED, [1.0, 0.0, 0.8, 0.5, 0.2, 0.1], [0.3, 0.2, 0.1, 1.0, 0.0, 0.0], one_hot(2), one_hot(1))
     processed = process_logits(logits, cfg)
-    assert not margin_test(processed, cfg.rule.theta, cfg.rule.margin).passes[:3].any()
+    assert not margin_test(processed, cfg.rule.theta, cfg.rule.margin).relax_allowed[:3].any()
     for seed in range(40):
         g_mars, g_strict = gen(seed), gen(seed)
         v_mars = accept(processed, tree, cfg, g_mars)
         v_strict = accept(processed, tree, SAMPLE, g_strict)
         assert (v_mars.path, v_mars.next_token, v_mars.tokens) == (v_strict.path, v_strict.next_token, v_strict.tokens)
-        assert [(s.accepted, s.relaxed, s.tv, s.kl) for s in v_mars.steps] == [
-            (s.accepted, False, 0.0, 0.0) for s in v_strict.steps]
+        assert [(s.child_accepted, s.relaxed, s.tv, s.kl) for s in v_mars.steps] == [
+            (s.child_accepted, False, 0.0, 0.0) for s in v_strict.steps]
         assert torch.equal(g_mars.get_state(), g_strict.get_state())
 
 
@@ -350,14 +369,14 @@ def test_margin_metric_values(metric, temperature, expected):
     ("logit_ratio", 0.94, 0.96), ("prob_ratio", 0.90, 0.91), ("logprob_gap", 0.11, 0.09)])
 def test_margin_pass_direction(metric, relax_theta, keep_theta):
     logits = rows([0.0, 2.0, 1.9, -1.0])  # ratio 0.95, p2/p1 0.905, gap 0.1
-    assert margin_test(logits, relax_theta, metric).passes.item()
-    assert not margin_test(logits, keep_theta, metric).passes.item()
+    assert margin_test(logits, relax_theta, metric).relax_allowed.item()
+    assert not margin_test(logits, keep_theta, metric).relax_allowed.item()
 
 
 def test_logit_ratio_with_negative_logits_is_applied_as_is_and_flagged():
     m = margin_test(rows([-1.0, -3.0, -1.05], [-1.0, -30.0, -29.0], [2.0, 1.0, -1.0]), 0.9, "logit_ratio")
     assert m.value.tolist() == pytest.approx([1.05, 29.0, 0.5])
-    assert m.passes.tolist() == [True, True, False]  # both negative: the ratio inverts and always passes
+    assert m.relax_allowed.tolist() == [True, True, False]  # both negative: the ratio inverts and always passes
     assert m.negative.tolist() == [True, True, False]
 
 
@@ -366,7 +385,7 @@ def test_nonfinite_margins_never_pass_and_are_flagged():
     for metric, theta in (("logit_ratio", 0.0), ("prob_ratio", 0.0), ("logprob_gap", math.inf)):
         m = margin_test(logits, theta, metric)
         assert m.nonfinite.tolist() == [True, True, True]
-        assert not m.passes.any()
+        assert not m.relax_allowed.any()
     assert margin_test(logits, 0.9, "logit_ratio").value[0].item() == math.inf  # -inf / -1 would pass unguarded
 
 

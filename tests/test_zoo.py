@@ -13,7 +13,9 @@ import shlex
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -26,8 +28,8 @@ from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.reporting import zoo, zoo_tables
 from eval.reporting.plots import pyplot
-from mars.rules import BUILT_IN, make_rule
-from mars.rules.base import TargetView
+from mars.rules import BUILT_IN, RULES, make_rule, rule_class
+from mars.rules.base import Rule, TargetView
 
 MACHINE = "SYNTHETIC TEST FIXTURE (invented numbers, not a measurement)"
 FASTEST = 100.0  # generate@bfloat16's tokens/s in every fixture
@@ -64,7 +66,7 @@ def figures(method: str, speed: float, tau: float = 1.0, relaxed: float = 0.0, c
     return fig
 
 
-PLAIN = {"generate": 0.6, "generate@bfloat16": 1.0, "vanilla": 0.8}
+PLAIN_SPEED = {"generate": 0.6, "generate@bfloat16": 1.0, "vanilla": 0.8}
 # T=1: (speed vs fastest, KL per token). Front by hand: strict, ears@0.1, mars@0.98, mars@0.9,
 # typical@0.15[delta=100], typical@0.09. mars@0.8 loses to mars@0.9 (slower, costlier), topm@2 to
 # typical@0.15[delta=100], and entropy@1 has infinite KL on 2 tokens (so loses to the faster typical@0.09).
@@ -100,7 +102,7 @@ def summary(temperature: float, methods: dict, model: str = "embedded", bench: s
 
 
 def t1_summary(**kw) -> dict:
-    methods = {m: figures(m, s, temperature=1.0) for m, s in PLAIN.items()}
+    methods = {m: figures(m, s, temperature=1.0) for m, s in PLAIN_SPEED.items()}
     for m, (speed, kl) in T1.items():
         methods[m] = figures(m, speed, tau=2 * speed, relaxed=kl, cost=kl, temperature=1.0,
                              kl_infinite=2 if m == "entropy@1" else 0)
@@ -121,7 +123,7 @@ def t1_sampled_summary(bound: int = BOUND_TOKENS, **kw) -> dict:
     """The T=1 job again with tree.drafting=sample, in run directories of its own; strict's costs are
     exact (0), the relaxing rules' are upper bounds on `bound` tokens (none when 0)."""
     runs = "synthetic-sampled"
-    methods = {m: figures(m, s, temperature=1.0, runs=runs) for m, s in PLAIN.items()}
+    methods = {m: figures(m, s, temperature=1.0, runs=runs) for m, s in PLAIN_SPEED.items()}
     for m, (speed, kl) in T1S.items():
         methods[m] = figures(m, speed, tau=2 * speed, relaxed=kl, cost=kl, temperature=1.0, runs=runs,
                              bound=0 if m == "strict" else bound)
@@ -129,7 +131,7 @@ def t1_sampled_summary(bound: int = BOUND_TOKENS, **kw) -> dict:
 
 
 def t0_summary(**kw) -> dict:
-    methods = {m: figures(m, s, temperature=0.0) for m, s in PLAIN.items()}
+    methods = {m: figures(m, s, temperature=0.0) for m, s in PLAIN_SPEED.items()}
     for m, (speed, mismatch, parses) in T0.items():
         methods[m] = figures(m, speed, tau=2 * speed, relaxed=mismatch, cost=mismatch, temperature=0.0,
                              quality=parses)
@@ -159,9 +161,31 @@ def rows(markdown: str, temperature: float) -> dict[str, list[str]]:
 
 # --- the sweep --------------------------------------------------------------------------------------
 
+def test_the_sweep_is_what_each_rule_declares(monkeypatch):
+    """The zoo sweeps each rule at the points the rule declares (`Rule.sweep`, beside its `relaxing`):
+    every built-in rule, strict first; a rule registered later with sweep points joins it, one without
+    stays out."""
+    assert list(zoo.SWEEP)[0] == "strict" and set(zoo.SWEEP) == set(BUILT_IN)
+    for name in BUILT_IN:
+        assert zoo.SWEEP[name] == rule_class(name).sweep, name  # the literals as declared, no copy in the zoo
+        assert 3 <= len(rule_class(name).sweep) <= 4 or name == "strict", name
+
+    @dataclass(frozen=True)
+    class Swept(Rule):
+        name: ClassVar[str] = "test_swept"
+        sweep: ClassVar[tuple[dict, ...]] = ({"gap": 0.5}, {"gap": 0.2})
+        gap: float = 0.5
+
+    @dataclass(frozen=True)
+    class Unswept(Rule):
+        name: ClassVar[str] = "test_unswept"
+
+    monkeypatch.setitem(RULES, Swept.name, Swept)  # registered for this test only
+    monkeypatch.setitem(RULES, Unswept.name, Unswept)
+    assert zoo.swept_rules() == [*zoo.SWEEP, "test_swept"]
+
+
 def test_the_sweep_covers_every_builtin_rule_and_ears_only_when_sampling():
-    assert set(zoo.SWEEP) == set(BUILT_IN)  # a rule the package registers is swept (and only those)
-    assert all(3 <= len(points) <= 4 for name, points in zoo.SWEEP.items() if name != "strict")
     greedy, sampled = ([r.display for r in zoo.points(t)] for t in (0.0, 1.0))
     assert greedy[0] == sampled[0] == "strict"
     assert not any(d.startswith("ears") for d in greedy) and sum(d.startswith("ears") for d in sampled) == 4
@@ -184,7 +208,7 @@ def test_each_rule_relaxes_at_least_as_much_at_each_next_point():
         logits = torch.randn(n, vocab, generator=gen) * torch.rand(n, 1, generator=gen) * 6
         view = TargetView(logits, torch.randint(0, vocab, (n,), generator=gen), kids, greedy)
         for name, sweep in zoo.SWEEP.items():
-            relaxations = [make_rule(name, **zoo._rounded(p)).relax(view) for p in sweep]
+            relaxations = [make_rule(name, **p).relax(view) for p in sweep]
             for a, b in zip(relaxations[:-1], relaxations[1:], strict=True):
                 assert not (a.outright & ~b.outright).any(), name
                 if a.tolerance is not None:
@@ -294,7 +318,7 @@ def test_run_dirs_and_several_models_give_one_plot_each_and_count_shared_answers
     assert [(g["model"], g["bench"], g["plot"]) for g in data["groups"]] == [
         ("model-a", "stdlib_heldout", "pareto_model-a_stdlib_heldout.png"),
         ("model-b", "gsm8k", "pareto_model-b_gsm8k.png")]
-    assert len(data["groups"][0]["methods"]) == len(PLAIN) + len(T1)  # the copy's answers are the run's: once
+    assert len(data["groups"][0]["methods"]) == len(PLAIN_SPEED) + len(T1)  # the copy's answers are the run's: once
     assert all((out / g["plot"]).exists() for g in data["groups"]) and not (out / "pareto.png").exists()
 
 
@@ -339,7 +363,7 @@ def test_two_drafting_modes_give_a_table_and_a_front_each(drafting_report):
     text = (drafting_report / "report.md").read_text()
     assert "### Temperature 1\n" not in text and "### Temperature 0\n" in text  # greedy drafts top-k only
     topk, sample = (section_rows(text, f"Temperature 1, {d}") for d in ("top-k drafts", "sampled drafts"))
-    assert list(topk) == list(sample) and len(topk) == len(PLAIN) + len(T1)
+    assert list(topk) == list(sample) and len(topk) == len(PLAIN_SPEED) + len(T1)
     assert topk["mars@0.9"][2] == "1.60×" and sample["mars@0.9"][2] == "2.05×"
     assert {m for m, cells in topk.items() if "KL" in cells[-1].split(", ")} == T1_FRONT
     assert {m for m, cells in sample.items() if "KL" in cells[-1].split(", ")} == T1S_FRONT

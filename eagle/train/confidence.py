@@ -1,4 +1,4 @@
-"""Fit a draft head's confidence temperature (`DraftConfig.confidence_temperature`, `eagle.tree.confidence`).
+"""Fit a draft head's confidence temperature (`DraftConfig.confidence_temperature`, `eagle.tree.confidence_logprobs`).
 
 EAGLE-2 keeps the tree candidates of highest cumulative draft probability, on the premise that the
 head's probability of a candidate tracks the chance that the target accepts it. Greedily a candidate

@@ -3,7 +3,8 @@
 A benchmark declares where its questions come from (a JSONL file in the benchmark directory, side
 files such as HumanEval's unit tests, and optionally a public dataset on the Hugging Face hub with
 the mapping of its rows to the question layout), its headline metric, whether it is scored against
-the same model's vanilla answers, and how it scores answers. Adding one, in any module:
+the same model's vanilla answers, whether its answers run as programs in the sandbox, and how it
+scores answers. Adding one, in any module:
 
     @register_benchmark
     class Riddles(Benchmark):
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eval.benchmarks.questions import Question, _question, question_file
+from eval.benchmarks.questions import Question, question_file, read_question
 from eval.config.paths import BENCH_DIR_ENV, bench_path, resolve
 from eval.runs.jsonl import read_jsonl
 
@@ -65,6 +66,9 @@ class Benchmark:
     headline: ClassVar[str] = ""  # the metric reported as the benchmark's quality
     vs_vanilla: ClassVar[bool] = False  # scored against the same model's vanilla answers (no references)
     side_files: ClassVar[tuple[str, ...]] = ()  # other files of the set, next to its JSONL
+    # Its answers run as programs (in eval.scoring.sandbox): a run checks the sandbox's isolation before any
+    # model loads, and the scored result records the level it ran under.
+    sandboxed: ClassVar[bool] = False
     hub: ClassVar[HubSource | None] = None
     by_category: ClassVar[bool] = False  # report speed and tau per question category (Spec-Bench)
 
@@ -176,7 +180,7 @@ def question_records(name: str, data_dir: str | Path | None = None, source: str 
 def load_questions(name: str, data_dir: str | Path | None = None, limit: int | None = None,
                    source: str = "auto") -> list[Question]:
     """Questions of a set (`question_records`), in order; the first `limit` of them if given."""
-    questions = [_question(record, where) for where, record in located_records(name, data_dir, source)]
+    questions = [read_question(record, where) for where, record in located_records(name, data_dir, source)]
     if not questions:
         raise ValueError(f"{name} holds no questions")
     stem = Path(name).stem if name.endswith(".jsonl") else name

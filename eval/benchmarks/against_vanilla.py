@@ -8,7 +8,7 @@ import warnings
 
 from eval.benchmarks import Benchmark, ScoreContext
 from eval.config.paths import bench_dir
-from eval.scoring.text import VS_VANILLA, _mean, _vs_vanilla_each
+from eval.scoring.text import VS_VANILLA, mean_figure, vs_vanilla_each
 
 
 def score_against_vanilla(name: str, answers: dict[str, list[str]], questions: dict[str, dict],
@@ -37,10 +37,10 @@ def score_against_vanilla(name: str, answers: dict[str, list[str]], questions: d
             metrics["n_vs_vanilla"] = len(common)
         pooled = []
         for qid in common:  # per question, then pooled over every turn
-            turns = _vs_vanilla_each([answers[qid]], [vanilla[qid]])
-            each[qid] |= {metric: _mean(turns, metric) for metric in VS_VANILLA}
+            turns = vs_vanilla_each([answers[qid]], [vanilla[qid]])
+            each[qid] |= {metric: mean_figure(turns, metric) for metric in VS_VANILLA}
             pooled += turns
-        metrics |= {metric: _mean(pooled, metric) for metric in VS_VANILLA}
+        metrics |= {metric: mean_figure(pooled, metric) for metric in VS_VANILLA}
     if config is not None:
         prompts = load_judge_prompts(bench_dir(context.data_dir))
         ratings = judge_answers(questions, answers, config, prompts)

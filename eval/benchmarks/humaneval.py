@@ -16,7 +16,8 @@ INSTRUCTION = "Complete the code I provided.\n\n"  # the collected set's wording
 class HumanEval(Benchmark):
     name = "humaneval"
     headline = "pass@1"
-    side_files = (TASKS_FILE,)
+    side_files = (TASKS_FILE,)  # the official tasks with their unit tests (completion prompts; scoring)
+    sandboxed = True  # model-written programs run against the tests
     hub = HubSource("openai/openai_humaneval", split="test")
 
     def from_hub(self, row: dict, index: int) -> dict:

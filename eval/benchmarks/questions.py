@@ -32,7 +32,9 @@ def question_file(name: str, data_dir: str | Path | None = None) -> Path:
     return path
 
 
-def _question(record, where: str) -> Question:
+def read_question(record, where: str) -> Question:
+    """The `Question` of one record of the JSONL layout (`turns`, or a single `prompt`); `where` (file:line,
+    or a hub row) names the record in the ValueError a malformed one raises."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: a question is a JSON object, got {type(record).__name__}")
     if "turns" in record:

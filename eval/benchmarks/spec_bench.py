@@ -16,7 +16,7 @@ from eval.benchmarks.against_vanilla import AgainstVanilla, score_against_vanill
 from eval.benchmarks.gsm8k import score_final_numbers
 from eval.benchmarks.sum import score_summaries
 from eval.benchmarks.wmt19 import score_translation
-from eval.scoring.text import _squash, gsm8k_reference_answer, token_f1
+from eval.scoring.text import gsm8k_reference_answer, squash, token_f1
 
 
 def _flat(references) -> list[str]:
@@ -31,8 +31,8 @@ def score_open_answers(answers: dict[str, list[str]], questions: dict[str, dict]
     each = {}
     for qid, turns in answers.items():
         refs = _flat(questions[qid].get("reference"))
-        text = _squash(turns[0]).lower()
-        each[qid] = {"contains_answer": any(_squash(r).lower() in text for r in refs),
+        text = squash(turns[0]).lower()
+        each[qid] = {"contains_answer": any(squash(r).lower() in text for r in refs),
                      "token_f1": max((token_f1(turns[0], r) for r in refs), default=0.0)}
     n = len(each)
     return {"contains_answer": sum(e["contains_answer"] for e in each.values()) / n,

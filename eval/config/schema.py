@@ -11,6 +11,8 @@ before anything else runs. Groups and their options:
                (strict, mars: theta margin fallback, typical: epsilon delta fallback, topm: m alpha,
                ears: beta, entropy: h; rules of MARS_PLUGINS modules too)
     tree/      cpu (20/4/5) | paper (49/7/10) | eagle (60/6/10) | adaptive | calibrated  -- each model picks its default
+    prompt/    llama3 (the chat template with the LLaMA-3 scripts' system message)  -- a model config's base
+               prompt block (`- /prompt@prompt: llama3` in its defaults list)
     sampling/  t0 (greedy) | t1 (T=1, the paper's main table) | t02 (T=0.2, the paper's Qwen3 runs)
     logging/   disabled | offline | online                                       -- Weights & Biases
 """
@@ -37,8 +39,9 @@ from eval.config.methods import (
     method_spec,
     rule_schema,
 )
+from mars.adapter.static import check_static_options
 from mars.rules import RULES, make_rule
-from mars.settings import NAMED_TREES
+from mars.settings import NAMED_TREES, TreeShape
 
 if TYPE_CHECKING:
     from mars.sampling import SamplingConfig
@@ -183,7 +186,7 @@ class RunConfig:
     # run directory, shared by every job with the same settings (a θ sweep times vanilla once).
     baselines: list[str] = field(default_factory=lambda: [GENERATE, VANILLA, STRICT])
     max_new_tokens: int = 64  # per turn
-    # Questions decoded together (`SpeculativeGenerator.generate_batch`): each method answers a batch at once,
+    # Questions decoded together (`SpeculativeGenerator.generate` of a list): each method answers a batch at once,
     # every baseline too (model.generate left-padded, vanilla batched); the calibration times trees at it.
     batch_size: int = 1
     num_prompts: int | None = 12  # the first N questions of the set; null = all
@@ -222,9 +225,9 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     return int(match.group(1)), int(match.group(2))
 
 
-def validate(cfg: DictConfig | RunConfig) -> RunConfig:
+def validate(composed: DictConfig | RunConfig) -> RunConfig:
     """The composed config as dataclasses, with every value range checked (raises ValueError naming it)."""
-    run = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+    run = OmegaConf.to_object(composed) if isinstance(composed, DictConfig) else composed
     if run.method.kind not in (*PLAIN, *RULES):
         raise ValueError(f"method.kind must be {', '.join(PLAIN)} or a rule ({', '.join(RULES)}), "
                          f"got {run.method.kind!r}")
@@ -234,25 +237,16 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
         if isinstance(method, GenerateConfig) and method.dtype == Dtype.auto:
             raise ValueError("a model.generate baseline's dtype must be bfloat16, float16 or float32 (generate@auto "
                              "is the run's own precision: use generate)")
-    if (run.model.compile is not None or run.model.max_cache_len is not None) and not run.model.static:
-        raise ValueError("model.compile and model.max_cache_len apply to static shapes: set model.static=true too")
-    if run.model.max_cache_len is not None:
-        _positive("model.max_cache_len", run.model.max_cache_len)
+    check_static_options(run.model.static, run.model.compile, run.model.max_cache_len)
     if run.bench.source not in ("local", "hub", "auto"):
         raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
     tree = run.tree
-    for name in ("total_tokens", "depth", "branching"):
-        _positive(f"tree.{name}", getattr(tree, name))
+    shape = TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, tree.drafting)  # checks the tree
     if not tree.calibration_budget >= 0:
         raise ValueError(f"tree.calibration_budget is seconds >= 0, got {tree.calibration_budget!r}")
-    if tree.drafting not in ("auto", "topk", "sample"):
-        raise ValueError(f"tree.drafting must be auto, topk or sample, got {tree.drafting!r}")
-    if tree.drafting == "sample" and tree.adaptive:
-        raise ValueError("tree.adaptive sizes top-k trees from their draft scores, and a sampled tree's shape must not "
-                         "depend on its draws: set tree.drafting=topk (or auto) with tree.adaptive=true")
     _positive("max_new_tokens", run.max_new_tokens)
     _positive("batch_size", run.batch_size)
-    if run.batch_size > 1 and (run.model.static or tree.adaptive):
+    if run.batch_size > 1 and (run.model.static or not shape.batchable):
         raise ValueError("batch_size > 1 decodes fixed-size trees on the dynamic cache: drop model.static and "
                          "tree.adaptive, or set batch_size=1")
     if run.num_prompts is not None:
@@ -280,6 +274,20 @@ TREES = {  # the fixed trees of mars.settings.NAMED_TREES, and the measured one
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 
+# The system message of the MARS and EAGLE LLaMA-3 scripts (mars/evaluation/gen_ea_answer_llama3chat.py,
+# eagle/evaluation/gen_ea_answer_llama3chat.py): the Llama-2 default system prompt, verbatim including the
+# double space after "safe.". The MARS scripts of the other chat targets (DeepSeek-R1-Distill-Llama, Qwen3)
+# send it too.
+LLAMA3_SYSTEM_PROMPT = (
+    "You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while being "
+    "safe.  Your answers should not include any harmful, unethical, racist, sexist, toxic, dangerous, or illegal "
+    "content. Please ensure that your responses are socially unbiased and positive in nature.\n\nIf a question "
+    "does not make any sense, or is not factually coherent, explain why instead of answering something not "
+    "correct. If you don't know the answer to a question, please don't share false information."
+)
+# Prompt presets a model config takes in its defaults list (`- /prompt@prompt: llama3`), then adjusts.
+PROMPTS = {"llama3": PromptConfig(system_prompt=LLAMA3_SYSTEM_PROMPT)}  # format: chat, the default
+
 
 def register() -> None:
     """Put the schemas and presets into Hydra's ConfigStore (done on import of this module)."""
@@ -293,6 +301,8 @@ def register() -> None:
         cs.store(group="tree", name=name, node=tree)
     for name, sampling in SAMPLINGS.items():
         cs.store(group="sampling", name=name, node=sampling)
+    for name, prompt in PROMPTS.items():
+        cs.store(group="prompt", name=name, node=prompt)
     for mode in WandbMode:
         cs.store(group="logging", name=mode.value, node=LoggingConfig(mode=mode))
 register()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from eval.benchmarks import BENCHMARKS
 from eval.config.methods import GENERATE, STRICT, VANILLA, RuleMethod, method_spec
 from eval.config.paths import REPO_ROOT, bench_path, resolve
 from eval.config.schema import HUB_ID
@@ -20,7 +21,6 @@ from mars.rules import rule_class
 from mars.rules.margin import Mars
 
 CONFIGS = REPO_ROOT / "configs"
-HUMANEVAL_TESTS = "HumanEval.jsonl.gz"  # HumanEval's unit tests, needed to score pass@1
 
 MAIN_MODELS = ("vicuna13b", "llama31_8b", "llama33_70b", "dsr1_llama8b")
 MAIN_BENCHES = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum")
@@ -179,12 +179,11 @@ def model_path_problem(path: str) -> str | None:
 # --- benchmark files ----------------------------------------------------------------------------
 
 def bench_files(bench: str, data_dir: str | None = None) -> list[Path]:
-    """The files a benchmark needs: its questions (and HumanEval's unit tests, to score pass@1)."""
+    """The files a benchmark needs: its questions and the side files its plugin declares
+    (`Benchmark.side_files`: HumanEval's unit tests, to score pass@1)."""
     questions = bench_questions(bench)
     if questions.endswith(".jsonl"):
         return [resolve(questions)]
     directory = bench_path(data_dir)
-    files = [directory / f"{questions}.jsonl"]
-    if questions == "humaneval":
-        files.append(directory / HUMANEVAL_TESTS)
-    return files
+    side = BENCHMARKS[questions].side_files if questions in BENCHMARKS else ()
+    return [directory / f"{questions}.jsonl", *(directory / name for name in side)]

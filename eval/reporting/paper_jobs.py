@@ -52,14 +52,15 @@ class Command:
         return [python, "-m", "eval.run", "-m", *self.overrides]
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key a Hydra override sets: "+model.x=1" -> "model.x"."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
 def merge(overrides: list[str], extra: Sequence[str]) -> list[str]:
     """`overrides` with every key that `extra` sets replaced by the extra one, then the other extras."""
-    keys = {_key(o) for o in extra}
-    return [o for o in overrides if _key(o) not in keys] + list(extra)
+    keys = {override_key(o) for o in extra}
+    return [o for o in overrides if override_key(o) not in keys] + list(extra)
 
 
 def runnable_baselines(baselines: Sequence[str], temperature: float) -> tuple[str, ...]:

@@ -179,6 +179,8 @@ def combine_shards(figs: Sequence[dict]) -> dict:
             out[cost] = _wmean([f.get(cost) for f in figs], tokens)
     if any(f.get("cost_bound_tokens") for f in figs):  # some shard's costs are upper bounds (sampled drafts)
         out["cost_bound_tokens"] = sum(f.get("cost_bound_tokens") or 0 for f in figs)
+    if any(f.get("kl_infinite_tokens") for f in figs):  # tokens left out of kl_per_token: the KL is +inf
+        out["kl_infinite_tokens"] = sum(f.get("kl_infinite_tokens") or 0 for f in figs)
     rates = [f.get("acceptance_rate_by_depth") or {} for f in figs]
     depths = sorted({d for r in rates for d in r}, key=lambda d: (len(d), d))
     out["acceptance_rate_by_depth"] = {d: _wmean([r.get(d) for r in rates], questions) for d in depths}

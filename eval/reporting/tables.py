@@ -65,17 +65,36 @@ def cost_bounded(e: Entry) -> bool:
     return isinstance(bound, (int, float)) and bound > 0
 
 
+def infinite_kl_tokens(fig: dict) -> int:
+    """Emitted tokens whose KL the run found infinite (`kl_infinite_tokens`), left out of `kl_per_token`."""
+    count = fig.get("kl_infinite_tokens")
+    return int(count) if isinstance(count, (int, float)) and not isinstance(count, bool) else 0
+
+
+def with_infinite_kl(text: str, fig: dict) -> str:
+    """A KL-per-token cell followed by `(+∞ on N tokens)` when N > 0 of the run's tokens had an infinite
+    KL. `kl_per_token` is the mean over the finite ones only (`mars.stats.VerifyStats.cost`): with N > 0
+    the KL per token is +∞, and the figure alone would be neither it nor, on sampled drafts (where the
+    per-draw bound is +∞ wherever a draw leaves strict's support), an upper bound on it."""
+    count = infinite_kl_tokens(fig)
+    return f"{text} (+∞ on {count} tokens)" if count else text
+
+
 def cost_cell(e: Entry | None) -> str:
     """The relaxation's cost per token: `TV / KL` when sampling, `mismatch / regret` when greedy; exact,
-    or an upper bound marked `≤` (`≤ TV / ≤ KL`) where the run says so (`cost_bound_tokens` > 0)."""
+    or an upper bound marked `≤` (`≤ TV / ≤ KL`) where the run says so (`cost_bound_tokens` > 0); the KL
+    followed by `(+∞ on N tokens)` where N tokens' KL is infinite (`with_infinite_kl`)."""
     if e is None:
         return DASH
     pair = ("argmax_mismatch", "logprob_regret") if e.temperature == 0 else ("tv_per_token", "kl_per_token")
     values = [e.value(k) for k in pair]
-    if all(v is None for v in values):
+    if all(v is None for v in values) and not (e.temperature != 0 and infinite_kl_tokens(e.fig)):
         return DASH
     mark = f"{BOUND} " if e.temperature != 0 and cost_bounded(e) else ""
-    return " / ".join(DASH if v is None else f"{mark}{v:.4f}" for v in values)
+    cells = [DASH if v is None else f"{mark}{v:.4f}" for v in values]
+    if e.temperature != 0:
+        cells[1] = with_infinite_kl(cells[1], e.fig)
+    return " / ".join(cells)
 
 
 def table(entries: Sequence[Entry], temperature: float,
@@ -183,6 +202,11 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
                           "from p is at most the average of each draw's (TV and KL are jointly convex; "
                           "`mars.cost.sampling_cost`), which is the figure given (the method's "
                           "`cost_bound_tokens` > 0)."]
+            if rows and render is cost_cell and any(infinite_kl_tokens(e.fig) for e in entries if e.temperature == t):
+                parts += ["", "(+∞ on N tokens): N emitted tokens had an infinite KL (on sampled drafts, each "
+                          "draw's bound is +∞ wherever the draw lets the rule emit a token strict's given-the-draw "
+                          "distribution excludes); the KL shown is the mean over the other tokens only, so the KL "
+                          "per token (or its bound) is +∞ and the figure shown is not a bound on it."]
     parts += category_tables(entries)
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",

@@ -8,29 +8,16 @@ plot of speed against cost.
     python -m eval.zoo --baselines 0 1     # eval.run's baselines=[...] value at T=0 and at T=1, one a line
 
 The sweep (`SWEEP`) is the one definition that scripts/rule_zoo_embedded.sh and `eval.paper zoo` run:
-per rule, its points from barely relaxing to aggressive. A zoo job's method is strict (lossless: KL 0,
-argmax mismatch 0) with plain decoding (model.generate, vanilla) and every other point as baselines,
-so all speed ratios of one temperature come from one run, the methods interleaved question by question.
-Rules without a greedy form (ears) are swept at T > 0 only.
+every registered rule's `sweep` declaration (`mars.rules.base.Rule.sweep`, beside the rule, with why
+those points), its points from barely relaxing to aggressive. A zoo job's method is strict (lossless:
+KL 0, argmax mismatch 0) with plain decoding (model.generate, vanilla) and every other point as
+baselines, so all speed ratios of one temperature come from one run, the methods interleaved question
+by question. Rules without a greedy form (ears) are swept at T > 0 only.
 
-Why these points (each rule relaxes at least as much at each next point: tests/test_zoo.py checks it
-on a random tree; 4 points a rule keep the zoo affordable on a CPU). A pilot on the embedded pair (4
-prompts x 48 tokens, T=0 and 1) showed where each knob bites on a flat target (top-1 mass ~0.2 at T=1):
-- mars θ 0.98, 0.9, 0.8, 0.6 (logit ratio z2/z1): from near strict through the paper's 0.9 (its
-  ablation sweeps 0.84-0.98) to relaxing where the target is far from undecided (pilot, T=1: 25% of
-  tokens relaxed at 0.95, 70% at 0.6).
-- typical ε 0.5, 0.3, 0.15 with δ = 100, then Medusa's default ε 0.09, δ 0.3: the bar is
-  min(ε, δ·exp(-H)), and at Medusa's δ (with or without its δ = sqrt(ε) coupling) the entropy term sets
-  it on a flat target whatever ε: in the pilot ε 0.25 ... 0.04 with δ = sqrt(ε) emitted the same tokens
-  (72% relaxed at T=1, 13% at T=0). δ = 100 takes the entropy term out of play below H ≈ 5 nats, so
-  that ε alone (Medusa's posterior threshold) spans mild to aggressive.
-- topm (m, α) (2, 0.7), (2, 0.5), (2, 0.3), (3, 0.2): a runner-up within α of the top token's
-  probability, then three candidates; (2, 0.5) is the rule's default. Greedy it spans 4-10% relaxed in
-  the pilot; when sampling, accepting a drafted top-1 outright is already most of the relaxation.
-- entropy h 5, 4, 3, 1 nats (FLy's gate): the pilot's target had H >= 3 nats at ~90% of greedy and
-  ~75% of sampled positions, so lower gates all relax about the same.
-- ears β 0.05, 0.1, 0.3, 0.6 (T > 0 only): the strict test's tolerance β·(1 - max p); 0.1 is the
-  default (pilot: 13% to 50% relaxed).
+Each rule relaxes at least as much at each next point (tests/test_zoo.py checks it on a random tree),
+and 4 points a rule keep the zoo affordable on a CPU. The points come from a pilot on the embedded
+pair (4 prompts x 48 tokens, T=0 and 1) that showed where each knob bites on a flat target (top-1
+mass ~0.2 at T=1); each rule's figures from it are in the comment on its `sweep`.
 
 The report reads the summaries eval.run wrote (files, or directories searched as eval.report does) and
 merges them as eval.report does (a baseline shared by several jobs counts once), separately per drafting
@@ -65,10 +52,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.config.methods import GENERATE, STRICT, VANILLA
+from eval.config.methods import PLAIN, STRICT
 from eval.reporting.summaries import Entry, ReportError, find_summaries, is_plain, merge_runs, read_summary
 from eval.reporting.tables import cost_bounded, drafting_of
-from mars.rules import Rule, make_rule, rule_class
+from mars.rules import RULES, Rule, make_rule, rule_class
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate
 from mars.rules.margin import Mars
@@ -77,15 +64,10 @@ from mars.rules.typical import Typical
 
 # --- the sweep --------------------------------------------------------------------------------------
 
-SWEEP: dict[str, tuple[dict, ...]] = {  # rule name: its points, from the mildest to the most aggressive
-    STRICT: ({},),
-    Mars.name: tuple({"theta": t} for t in (0.98, 0.9, 0.8, 0.6)),
-    Typical.name: (*({"epsilon": e, "delta": 100.0} for e in (0.5, 0.3, 0.15)), {"epsilon": 0.09, "delta": 0.3}),
-    TopM.name: ({"m": 2, "alpha": 0.7}, {"m": 2, "alpha": 0.5}, {"m": 2, "alpha": 0.3}, {"m": 3, "alpha": 0.2}),
-    EntropyGate.name: tuple({"h": h} for h in (5.0, 4.0, 3.0, 1.0)),
-    Ears.name: tuple({"beta": b} for b in (0.05, 0.1, 0.3, 0.6)),
-}
-PLAIN_METHODS = (GENERATE, VANILLA)  # the plain decoding every zoo job times (speedup_vs_fastest)
+# The order the zoo lists rules in (the jobs' baselines, the tables, the plot's legend): strict, the
+# paper's rule, then the others; a registered rule with sweep points that is not named here follows in
+# registration order.
+ORDER = (STRICT, Mars.name, Typical.name, TopM.name, EntropyGate.name, Ears.name)
 
 
 def _rounded(params: dict) -> dict:
@@ -93,15 +75,26 @@ def _rounded(params: dict) -> dict:
     return {k: float(f"{v:g}") if isinstance(v, float) else v for k, v in params.items()}
 
 
+def swept_rules() -> list[str]:
+    """The registered rules that declare sweep points (`Rule.sweep`), in the zoo's order (`ORDER`, then
+    the others in registration order)."""
+    named = [name for name, cls in RULES.items() if cls.sweep]
+    return sorted(named, key=lambda name: (ORDER.index(name) if name in ORDER else len(ORDER), list(RULES).index(name)))
+
+
+SWEEP: dict[str, tuple[dict, ...]] = {  # rule name: its points (its `sweep`), as display names carry them
+    name: tuple(_rounded(params) for params in rule_class(name).sweep) for name in swept_rules()}
+
+
 def points(temperature: float) -> list[Rule]:
     """Every point of the sweep that can run at `temperature` (greedy: rules with a greedy form), strict first."""
-    return [make_rule(name, **_rounded(params)) for name, sweep in SWEEP.items() for params in sweep
+    return [make_rule(name, **params) for name, sweep in SWEEP.items() for params in sweep
             if temperature > 0 or rule_class(name).greedy_form]
 
 
 def baselines(temperature: float) -> list[str]:
     """A zoo job's baselines (its method is strict): plain decoding, then every other point by display name."""
-    return [*PLAIN_METHODS, *(r.display for r in points(temperature) if r.name != STRICT)]
+    return [*PLAIN, *(r.display for r in points(temperature) if r.name != STRICT)]
 
 
 def hydra_list(names: Iterable[str]) -> str:
@@ -112,12 +105,12 @@ def hydra_list(names: Iterable[str]) -> str:
 def sweep_order(method: str, rule: dict) -> tuple:
     """Plain decoding first, then the rules in SWEEP order with their points in sweep order, then others by name."""
     if is_plain(method):
-        return (0, PLAIN_METHODS.index(method.partition("@")[0]), 0, method)
+        return (0, PLAIN.index(method.partition("@")[0]), 0, method)
     name = rule.get("name", method.partition("@")[0])
     if name not in SWEEP:
         return (2, 0, 0, method)
     for i, params in enumerate(SWEEP[name]):
-        if all(rule.get(k) == v for k, v in _rounded(params).items()):
+        if all(rule.get(k) == v for k, v in params.items()):
             return (1, list(SWEEP).index(name), i, method)
     return (1, list(SWEEP).index(name), len(SWEEP[name]), method)
 

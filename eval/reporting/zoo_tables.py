@@ -13,8 +13,8 @@ from pathlib import Path
 
 from eval.config.methods import STRICT
 from eval.reporting.plots import pyplot
-from eval.reporting.tables import BOUND, DASH, drafting_of, format_quality, run_setting
-from eval.reporting.zoo import COST, SWEEP, TV, Group, Point, _rounded, drafts_name
+from eval.reporting.tables import BOUND, DASH, drafting_of, format_quality, run_setting, with_infinite_kl
+from eval.reporting.zoo import COST, SWEEP, TV, Group, Point, drafts_name
 from mars.rules import make_rule
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate
@@ -60,9 +60,7 @@ def table(group: Group) -> tuple[list[str], list[list[str]]]:
         row = [p.method, _params(p.rule), _num(p.value("speedup_vs_fastest"), "{:.2f}×"),
                _num(p.value("speedup"), "{:.2f}×"), _num(p.value("tau")), _num(p.value("relaxed_frac"), "{:.1%}")]
         if group.sampled:
-            kl = _sig(p.value("kl_per_token"))
-            if fig.get("kl_infinite_tokens"):
-                kl += f" (+∞ on {fig['kl_infinite_tokens']} tokens)"
+            kl = with_infinite_kl(_sig(p.value("kl_per_token")), fig)
             row += [_bounded(p, _sig(p.value("tv_per_token"))), _bounded(p, kl)]
         else:
             row += [_num(p.value("argmax_mismatch"), "{:.1%}"), _sig(p.value("logprob_regret"))]
@@ -117,7 +115,7 @@ def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[
     parts = ["# Rule zoo", "", f"Machine: {'; '.join(machines)}", "",
              "Settings of every run: " + "; ".join(f"{k} {next(iter(values[k]))}" for k in common) + "."]
     parts += ["", "Sweep (each rule from its mildest point to its most aggressive; ears at T > 0 only): "
-              + "; ".join(f"{name}: " + ", ".join(make_rule(name, **_rounded(p)).display for p in sweep)
+              + "; ".join(f"{name}: " + ", ".join(make_rule(name, **p).display for p in sweep)
                           for name, sweep in SWEEP.items() if name != STRICT) + "."]
     for (model, bench), plot in plots.items():
         parts += ["", f"## {model}, {bench}", "", f"![Pareto plot]({plot})"]
@@ -163,7 +161,7 @@ FIGURES = ("questions", "tokens_per_s", "speedup_vs_fastest", "speedup", "tau", 
 
 def zoo_json(groups_: Sequence[Group], plots: dict[tuple, str]) -> dict:
     return {
-        "sweep": {name: [make_rule(name, **_rounded(p)).display for p in sweep] for name, sweep in SWEEP.items()},
+        "sweep": {name: [make_rule(name, **p).display for p in sweep] for name, sweep in SWEEP.items()},
         "groups": [{
             "model": g.model, "bench": g.bench, "temperature": g.temperature, "drafting": g.drafting,
             "plot": plots.get((g.model, g.bench)), "fastest_plain": g.fastest_plain, "speed_figure": g.speed,

@@ -18,7 +18,7 @@ from eval.config.methods import GENERATE, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
 from eval.runner import locks
 from eval.runner.directories import answer_path
-from eval.runner.plain import GenerateWorker, hf_generate, hf_generate_batch
+from eval.runner.plain import GenerateWorker, hf_generate_batch
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
 from mars.adapter import context_length
@@ -27,31 +27,13 @@ from mars.sampling import SamplingConfig
 from mars.settings import TreeShape
 
 
-def generate(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, ids: list[int],
-             max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
-             tree: TreeShape | None = None) -> GenerationOutput:
-    """One answer of `method`; `model.generate` runs on `plain_model` (default: the generator's target),
-    or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`); a rule drafts `tree` (None: the
-    generator's current one)."""
-    if isinstance(plain_model, GenerateWorker):
-        return plain_model.answer(ids, sampling, max_new_tokens, eos, seed)
-    if method.kind == GENERATE:
-        return hf_generate(plain_model or gen.target.model, ids, sampling, max_new_tokens, eos, seed)
-    input_ids = torch.tensor([ids], dtype=torch.long)
-    rng = None
-    if not sampling.greedy:
-        rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
-    if tree is not None and method.kind != VANILLA:
-        gen.use_tree(tree)
-    decode = gen.vanilla if method.kind == VANILLA else gen.generate
-    return decode(input_ids, sampling, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=rng)
-
-
-def generate_batch(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
-                   max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
-                   tree: TreeShape | None = None) -> list[GenerationOutput]:
-    """`generate` for several prompts at once: `model.generate` left-padded, `vanilla_batch` or
-    `generate_batch` (`mars.batch`); one output per prompt, its `seconds` the time to its last token."""
+def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
+           max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
+           tree: TreeShape | None = None) -> list[GenerationOutput]:
+    """`method`'s answers to the prompts of `batch`, decoded together (one output per prompt, its `seconds`
+    the time from the batch's start to its last token): `model.generate` (left-padded) on `plain_model`
+    (default: the generator's target) or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`),
+    or our `vanilla` / `generate`; a rule drafts `tree` (None: the generator's current one)."""
     if isinstance(plain_model, GenerateWorker):
         return plain_model.answer_batch(batch, sampling, max_new_tokens, eos, seed)
     if method.kind == GENERATE:
@@ -61,9 +43,9 @@ def generate_batch(gen: SpeculativeGenerator, method: MethodConfig, sampling: Sa
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
     if tree is not None and method.kind != VANILLA:
         gen.use_tree(tree)
-    decode = gen.vanilla_batch if method.kind == VANILLA else gen.generate_batch
-    return decode([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling, max_new_tokens=max_new_tokens,
-                  eos_token_id=eos, generator=rng)
+    run = gen.vanilla if method.kind == VANILLA else gen.generate
+    return run([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling, max_new_tokens=max_new_tokens,
+               eos_token_id=eos, generator=rng)
 
 
 class Skip(Exception):
@@ -73,17 +55,17 @@ class Skip(Exception):
 class Evaluator:
     """Runs one method on one question (all its turns) and builds its answer record."""
 
-    def __init__(self, cfg: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
+    def __init__(self, run: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
                  plain_models: dict[str, object] | None = None, timing_device: str = "cpu",
                  trees: dict[str, TreeShape] | None = None):
-        self.cfg, self.gen, self.tokenizer, self.fmt = cfg, gen, tokenizer, fmt
+        self.run, self.gen, self.tokenizer, self.fmt = run, gen, tokenizer, fmt
         self.trees = trees or {}  # {method: the tree it drafts} (DecodeSettings.tree_for); others: the generator's
         self.timing_device = timing_device  # the timing lock its answers hold (eval.runner.locks.timed)
         # generate@<dtype> baselines: the target loaded in that dtype, or a worker process (eval.runner.plain)
         self.plain_models = plain_models or {}
         self.eos = sorted(eos_token_ids(gen.target.model, tokenizer))
         self.context = min(context_length(gen.target.model.config), gen.target.max_length)
-        self.figures = set(cfg.bench.quality)
+        self.figures = set(run.bench.quality)
         self._loglik: dict[tuple, tuple[float, int]] = {}  # for the current question only
 
     def budget(self, ids: list[int]) -> int:
@@ -91,7 +73,7 @@ class Evaluator:
         room = self.context - len(ids)
         if room < 1:
             raise Skip(f"the prompt ({len(ids)} tokens) fills the context of {self.context} tokens")
-        return min(self.cfg.max_new_tokens, room)
+        return min(self.run.max_new_tokens, room)
 
     def loglik(self, ids: list[int], tokens: list[int]) -> tuple[float, int]:
         key = (tuple(ids), tuple(tokens))  # strict greedy repeats vanilla's tokens: score them once
@@ -107,7 +89,7 @@ class Evaluator:
 
     def answer_batch(self, method: MethodConfig, sampling: SamplingConfig, questions: list[Question],
                      seed: int) -> list[dict]:
-        """Every turn of each question; with several questions, turn by turn as one batch (`generate_batch`).
+        """Every turn of each question; with several questions, turn by turn as one batch (`decode`).
 
         Batched, a turn's `wall_time` is the answer's share of its batch's wall time (by new tokens), so
         that total tokens / total wall_time is the batch's throughput wherever speed is pooled; its
@@ -122,14 +104,11 @@ class Evaluator:
             budgets = [self.budget(x) for x in ids]
             plain = self.plain_models.get(method.name)
             tree = self.trees.get(method.name)
-            if batched:
-                outs = generate_batch(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree)
-            else:
-                outs = [generate(self.gen, method, sampling, ids[0], budgets[0], self.eos, seed + turn, plain, tree)]
+            outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree)
             wall = max(o.seconds for o in outs)
             tokens = sum(len(o.tokens) for o in outs) or 1
             for i, x, out in zip(rows, ids, outs, strict=True):
-                turns[i].append((x, min(budgets) if batched else budgets[0], out))
+                turns[i].append((x, min(budgets), out))
                 texts[i].append(self.tokenizer.decode(out.tokens, skip_special_tokens=True))
                 shares[i].append(wall * len(out.tokens) / tokens if batched else out.seconds)
         return [self._record(method, q, texts[i], turns[i], shares[i], len(questions))
@@ -158,7 +137,7 @@ class Evaluator:
                      phase_seconds={k: round(v, 6) for k, v in phases.items()})
         if batch > 1:
             extra.update(batch_size=batch, latency=[round(o.seconds, 6) for o in outs])
-        return answer_record(question.question_id, f"{self.cfg.model.name}-{method.name}", texts,
+        return answer_record(question.question_id, f"{self.run.model.name}-{method.name}", texts,
                              [o.num_cycles for o in outs], [len(o.tokens) for o in outs],
                              [round(w, 6) for w in wall], extra)
 
@@ -229,9 +208,8 @@ def warm_up(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig]
             ids = [encode(evaluator.tokenizer, q, [], evaluator.fmt) for _, q in todo[:size]]
             budget = min(16, *(evaluator.budget(x) for x in ids))
             plain = evaluator.plain_models.get(m.name)
-            args = (samplings[m.name], ids if size > 1 else ids[0], budget, evaluator.eos, config.seed, plain,
-                    evaluator.trees.get(m.name))
-            (generate_batch if size > 1 else generate)(evaluator.gen, m, *args)
+            decode(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain,
+                   evaluator.trees.get(m.name))
         except Skip:
             break
 

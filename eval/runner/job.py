@@ -131,13 +131,11 @@ def machine() -> str:
     return text
 
 
-SANDBOXED = ("humaneval",)  # benchmarks whose answers run as programs in eval.scoring.sandbox
-
-
 def sandbox_level(run: RunConfig) -> str | None:
-    """The sandbox isolation level HumanEval's programs will run under (None for benchmarks without
-    programs); raises SandboxUnavailable now, before any model loads, where it would refuse."""
-    if run.bench.name not in SANDBOXED:
+    """The sandbox isolation level a sandboxed benchmark's programs (HumanEval's) will run under (None for
+    benchmarks without programs); raises SandboxUnavailable now, before any model loads, where it would refuse."""
+    spec = BENCHMARKS.get(run.bench.name)  # bench.name may name an unregistered set (a .jsonl of questions)
+    if spec is None or not spec.sandboxed:
         return None
     sandbox.allow_unisolated(run.sandbox.allow_unisolated)
     return sandbox.isolation()
@@ -213,9 +211,10 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
     return fmt, questions
 
 
-def run(cfg: DictConfig | RunConfig) -> dict:
-    """One job: answer what is missing, then write the job's summary (see the module docstring)."""
-    config = validate(cfg)  # value ranges, before anything else
+def run(composed: DictConfig | RunConfig) -> dict:
+    """One job: answer what is missing, then write the job's summary (see the module docstring). `composed`:
+    the config Hydra composed (or a `RunConfig`), validated into `config` first."""
+    config = validate(composed)  # value ranges, before anything else
     fmt, questions = check_settings(config)  # bad settings fail before any model loads
     level = sandbox_level(config)  # a sandbox that would refuse fails now, not after hours of answering
     if level == sandbox.UNISOLATED:
@@ -240,7 +239,7 @@ def run(cfg: DictConfig | RunConfig) -> dict:
             print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
             return summary
     started = time.time()
-    OmegaConf.save(OmegaConf.structured(config) if not isinstance(cfg, DictConfig) else cfg, job_dir / CONFIG,
+    OmegaConf.save(OmegaConf.structured(config) if not isinstance(composed, DictConfig) else composed, job_dir / CONFIG,
                    resolve=True)
     wandb_config = {**plain(config), "resolved": resolved.record()}
     if level is not None:

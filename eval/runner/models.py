@@ -131,8 +131,9 @@ def make_generator(target, head, settings: DecodeSettings, run: RunConfig,
                    profile: bool = False) -> SpeculativeGenerator:
     """Our decoding loop with the job's resolved settings (its tree, exact attention and kernels)."""
     m = run.model
-    return SpeculativeGenerator(target, head, **settings.generator_kwargs(), profile=profile, static=m.static,
-                                compile=m.compile, max_cache_len=m.max_cache_len)
+    return SpeculativeGenerator(target, head, settings.tree.value, exact_attention=settings.exact_attention.value,
+                                prepack=settings.prepack.value, profile=profile, static=m.static, compile=m.compile,
+                                max_cache_len=m.max_cache_len)
 
 
 def load_head(head: Setting, target):

@@ -22,8 +22,8 @@ import torch
 from eval.config.methods import ISA_LIMITS
 from eval.config.schema import RunConfig
 from mars.generate import GenerationOutput
-from mars.output import frozen_heap
 from mars.sampling import SamplingConfig
+from mars.timing import frozen_heap
 
 
 def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],

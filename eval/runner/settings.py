@@ -25,7 +25,6 @@ from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
 from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates
-from mars.generate import drafting_mode
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
 
@@ -49,8 +48,7 @@ def timing_device(run: RunConfig, gpus: list[int] | None) -> str:
 def fixed_tree(tree: TreeConfig, sampled: bool) -> TreeShape:
     """The configured tree; drafted as `tree.drafting` says, "auto" resolving by rule (sampled children
     when sampling and the tree is not adaptive) where nothing is measured."""
-    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive,
-                     drafting_mode(tree.drafting, sampled, tree.adaptive))
+    return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, tree.drafting).resolved(sampled)
 
 
 def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: dict | None) -> str:
@@ -214,5 +212,5 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
         prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
-        tree=tree_setting, drafting=Setting(tree.drafting, drafting_reason(run, tree, sampled, record)),
+        tree=tree_setting, drafting_reason=drafting_reason(run, tree, sampled, record),
         placement=placement_of(run), head=head, calibration=record, method_trees=method_trees)

@@ -196,7 +196,9 @@ def rouge(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, flo
 
 # --- reference-free: agreement with the same model's vanilla answers -----------------------------
 
-def _squash(text: str) -> str:
+def squash(text: str) -> str:
+    """`text` with every run of whitespace one space and none at the ends: what "identical" and "contains"
+    compare, so that a wrapped line or a trailing newline is no difference."""
     return " ".join(text.split())
 
 
@@ -230,19 +232,21 @@ def _pairs(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -
 
 def _rougeL_pair(scorer: RougeScorer, answer: str, vanilla: str) -> float:
     # Identical texts score 100 by definition, also when both are empty (rouge-score gives 0 there).
-    if _squash(answer) == _squash(vanilla):
+    if squash(answer) == squash(vanilla):
         return 100.0
     return 100 * scorer.score(vanilla, answer)["rougeL"].fmeasure
 
 
-def _vs_vanilla_each(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -> list[dict[str, float]]:
-    """The three vanilla-agreement figures of every turn (see the public functions below)."""
+def vs_vanilla_each(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -> list[dict[str, float]]:
+    """The three vanilla-agreement figures (`VS_VANILLA`) of every turn of every question, one dict per
+    turn (per question: a list of turns; see the functions below for each figure)."""
     scorer = _rouge_scorer(["rougeL"])
     return [{"rougeL_vs_vanilla": _rougeL_pair(scorer, a, v), "token_f1_vs_vanilla": 100 * token_f1(a, v),
-             "exact_match_vs_vanilla": float(_squash(a) == _squash(v))} for a, v in _pairs(answers, vanilla)]
+             "exact_match_vs_vanilla": float(squash(a) == squash(v))} for a, v in _pairs(answers, vanilla)]
 
 
-def _mean(each: Sequence[dict[str, float]], key: str) -> float:
+def mean_figure(each: Sequence[dict[str, float]], key: str) -> float:
+    """The mean of figure `key` over `each` (per-turn or per-question figures, at least one)."""
     return sum(e[key] for e in each) / len(each)
 
 
@@ -251,14 +255,14 @@ def rougeL_vs_vanilla(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequen
 
     rouge-score's RougeScorer(use_stemmer=True), vanilla as the target; identical texts score 100.
     """
-    return _mean(_vs_vanilla_each(answers, vanilla), "rougeL_vs_vanilla")
+    return mean_figure(vs_vanilla_each(answers, vanilla), "rougeL_vs_vanilla")
 
 
 def token_f1_vs_vanilla(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -> float:
     """Mean over all turns of SQuAD token F1 x100 against vanilla's turn."""
-    return _mean(_vs_vanilla_each(answers, vanilla), "token_f1_vs_vanilla")
+    return mean_figure(vs_vanilla_each(answers, vanilla), "token_f1_vs_vanilla")
 
 
 def exact_match_vs_vanilla(answers: Sequence[Sequence[str]], vanilla: Sequence[Sequence[str]]) -> float:
     """Fraction of turns identical to vanilla's after collapsing whitespace."""
-    return _mean(_vs_vanilla_each(answers, vanilla), "exact_match_vs_vanilla")
+    return mean_figure(vs_vanilla_each(answers, vanilla), "exact_match_vs_vanilla")

@@ -298,7 +298,14 @@ class TargetModel:
         longest, attention and products over the padded batch reduce in another order than over the prompt
         alone (on the embedded target, last-token logits 4e-6 apart in float32, 0.03 in bf16), and every row
         must start from exactly its prompt's prefill. capacity: cache entries per row.
-        Returns (logits at each prompt's last token [B, V], features [B, max T_b, F])."""
+        Returns (logits at each prompt's last token [B, V], features [B, max T_b, F]).
+
+        One prompt is one sequence (`prefill`; `rows` stays None): the `*_rows` operations then run the
+        single-sequence ones, which static shapes, compile and exact attention's plans are built for."""
+        if len(prompts) == 1:
+            self.rows = None
+            logits, features = self.prefill(prompts[0], capacity)
+            return logits[None], features[None]
         self.check_batching()
         caches, logits, features = [], [], []
         for prompt in prompts:
@@ -334,6 +341,8 @@ class TargetModel:
     def score_rows(self, forest: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """`score_tree` for a forest of B trees (`DraftTree.forest`), row b's tree after row b's sequence,
         in one forward. Returns (logits [B n, V] float32, features [B n, F]), nodes in forest order."""
+        if self.rows is None:  # one sequence (`prefill_rows` of one prompt)
+            return self.score_tree(forest)
         start = self.rows.write_at
         self.cache.truncate(start)
         device = self.devices.inputs
@@ -348,12 +357,17 @@ class TargetModel:
         logits, features = self._forward(forest.by_row(forest.tokens), positions, mask, 0, plan)
         return logits.flatten(0, 1), features.flatten(0, 1)
 
-    def keep_rows(self, paths: torch.Tensor, counts: list[int], counts_device: torch.Tensor) -> None:
-        """After `score_rows`: row b commits its tree's nodes paths[b, :counts[b]] (tree-local indices, root
-        first; [B, m] on the device, padded by repeating the last)."""
+    def keep_rows(self, paths: list[list[int]], paths_device: torch.Tensor, counts_device: torch.Tensor) -> None:
+        """After `score_rows`: row b commits its tree's nodes `paths[b]` (tree-local indices, root first),
+        given on the device as paths_device [B, m] (padded by repeating the last) with their lengths
+        counts_device [B]."""
+        if self.rows is None:  # one sequence
+            self.keep_path(paths[0], paths_device[0, : len(paths[0])])
+            return
+        counts = [len(p) for p in paths]
         start = self.rows.write_at
-        put = kept_columns(self.rows.device, counts_device.to(self.rows.device.device), paths.shape[1])
-        self.cache.keep_rows(put, start + paths.to(put.device))
+        put = kept_columns(self.rows.device, counts_device.to(self.rows.device.device), paths_device.shape[1])
+        self.cache.keep_rows(put, start + paths_device.to(put.device))
         self.rows.advance(counts, counts_device)
         self.cache.truncate(self.rows.write_at)
 
@@ -366,6 +380,6 @@ class TargetModel:
     @torch.inference_mode()
     def decode(self, token: int) -> torch.Tensor:
         """Plain decoding: feed one token, commit it, return the logits that follow it [V]."""
-        logits, _ = self.score_tree(DraftTree.root_only(token))
+        logits, _ = self.score_tree(DraftTree.roots_only(token))
         self.keep_path([0])
         return logits[0]

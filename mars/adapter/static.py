@@ -90,12 +90,27 @@ def pad_to(values: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([values, values.new_zeros(length - values.shape[0])])
 
 
+def check_static_options(static: bool, compile: str | None, max_cache_len: int | None) -> None:
+    """Refuse, with the fix, static-shape options given without static shapes or of the wrong kind (what a
+    generator's arguments and a run's `model.static`, `model.compile`, `model.max_cache_len` both need)."""
+    if not static:
+        if compile is not None or max_cache_len is not None:
+            raise ValueError("compile and max_cache_len apply to static shapes: pass static=True as well "
+                             "(model.static=true in a run's config)")
+        return
+    if max_cache_len is not None and (not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool)
+                                      or max_cache_len < 1):
+        raise ValueError(f"max_cache_len must be an integer >= 1, got {max_cache_len!r}")
+    if compile is not None and not isinstance(compile, str):
+        raise ValueError(f"compile must be a torch.compile mode name such as 'default' or "
+                         f"'reduce-overhead', got {compile!r}")
+
+
 def check_static_settings(static: bool, *, sliding_window: int | None, exact_attention: bool,
                           compile: str | None, max_cache_len: int | None) -> None:
     """Refuse, with the fix, the settings static shapes cannot run (before the model is touched)."""
+    check_static_options(static, compile, max_cache_len)
     if not static:
-        if compile is not None or max_cache_len is not None:
-            raise ValueError("compile and max_cache_len apply to static shapes: pass static=True as well")
         return
     if sliding_window is not None:
         raise NotImplementedError("static shapes support full-attention models only (no sliding window): "
@@ -103,12 +118,6 @@ def check_static_settings(static: bool, *, sliding_window: int | None, exact_att
     if exact_attention:
         raise ValueError("exact attention gathers each tree row's own keys, in shapes that change from tree to "
                          "tree, so it cannot run with static shapes: pass exact_attention=False (or 'auto')")
-    if max_cache_len is not None and (not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool)
-                                      or max_cache_len < 1):
-        raise ValueError(f"max_cache_len must be an integer >= 1, got {max_cache_len!r}")
-    if compile is not None and not isinstance(compile, str):
-        raise ValueError(f"compile must be a torch.compile mode name such as 'default' or "
-                         f"'reduce-overhead', got {compile!r}")
 
 
 ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")

@@ -112,8 +112,8 @@ class Relaxation:
     outright [n, n] bool: child j of node i is accepted with certainty when it is tried. Children are
     tried in draft order, so an earlier child that strict's test accepts still wins (and keeps the
     deeper subtree a sampled tree grows behind its first draws).
-    gate [n] float, open [n] bool: the rule's gate metric (recorded per verified position, e.g. for
-    histograms) and whether it let the rule relax there.
+    gate [n] float, relax_allowed [n] bool: the rule's gate metric (recorded per verified position,
+    e.g. for histograms) and whether it let the rule relax there.
     The other children:
     tolerance [n] float >= 0: tried with the strict test loosened by it,
         accepting c with probability min(1, r(c) / sum(r) + tolerance) under the residual r (greedy
@@ -131,7 +131,7 @@ class Relaxation:
 
     outright: torch.Tensor
     gate: torch.Tensor
-    open: torch.Tensor
+    relax_allowed: torch.Tensor
     tolerance: torch.Tensor | None = None
     tested: torch.Tensor | None = None
     fallback: torch.Tensor | None = None
@@ -185,6 +185,10 @@ class Rule:
     label: ClassVar[str | None] = None
     never_relaxes: ClassVar[dict | None] = None
     relaxing: ClassVar[tuple[dict, ...] | None] = None
+    # The parameter sets the rule zoo (eval.reporting.zoo) runs it at, from the mildest to the most
+    # aggressive, each relaxing at least as much as the one before (tests/test_zoo.py checks it on a random
+    # tree); () keeps the rule out of the zoo.
+    sweep: ClassVar[tuple[dict, ...]] = ()
 
     def relax(self, view: TargetView) -> Relaxation:  # pragma: no cover - every rule overrides it
         raise NotImplementedError

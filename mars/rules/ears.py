@@ -25,6 +25,9 @@ class Ears(Rule):
     greedy_form: ClassVar[bool] = False
     never_relaxes: ClassVar[dict] = {"beta": 0.0}
     relaxing: ClassVar[tuple[dict, ...]] = ({"beta": 0.5},)
+    # Around the default 0.1 (the zoo's pilot: 13% to 50% of tokens relaxed); sampling only, so the zoo
+    # runs it at T > 0.
+    sweep: ClassVar[tuple[dict, ...]] = ({"beta": 0.05}, {"beta": 0.1}, {"beta": 0.3}, {"beta": 0.6})
     label: ClassVar[str] = "beta"
     beta: float = 0.1
 

@@ -19,6 +19,7 @@ class Strict(Rule):
     name: ClassVar[str] = "strict"
     never_relaxes: ClassVar[dict] = {}
     relaxing: ClassVar[tuple[dict, ...]] = ()  # lossless
+    sweep: ClassVar[tuple[dict, ...]] = ({},)  # the zoo's lossless reference: every zoo job's method
 
     def relax(self, view: TargetView) -> Relaxation:
         return Relaxation.none(view)

@@ -23,6 +23,11 @@ class TopM(Rule):
     name: ClassVar[str] = "topm"
     never_relaxes: ClassVar[dict] = {"m": 0}
     relaxing: ClassVar[tuple[dict, ...]] = ({"m": 2, "alpha": 0.3},)
+    # A runner-up within alpha of the top token's probability, then three candidates; (2, 0.5) is the
+    # default. Greedy it spans 4-10% relaxed in the zoo's pilot; when sampling, accepting a drafted top-1
+    # outright is already most of the relaxation.
+    sweep: ClassVar[tuple[dict, ...]] = ({"m": 2, "alpha": 0.7}, {"m": 2, "alpha": 0.5}, {"m": 2, "alpha": 0.3},
+                                         {"m": 3, "alpha": 0.2})
     label: ClassVar[str] = "m"
     m: int = 2
     alpha: float = 0.5
@@ -43,7 +48,7 @@ class TopM(Rule):
         top = view.logits.topk(m, dim=-1)
         outright = view.children_among(top.indices) & (view.child_probs >= floor[:, None])
         runner_up = view.probs.gather(1, view.top2[:, None])[:, 0] / view.pmax.clamp(min=1e-30)
-        # Open where a token other than the argmax qualifies (greedy), or anywhere (sampling).
-        open_ = (view.pmax > 0) if not view.greedy else (runner_up >= self.alpha) & (m >= 2)
-        return Relaxation(outright, runner_up, open_, accepts=lambda nodes: view.vocab_among(top.indices, nodes)
+        # Allowed where a token other than the argmax qualifies (greedy), or anywhere (sampling).
+        relax_allowed = (view.pmax > 0) if not view.greedy else (runner_up >= self.alpha) & (m >= 2)
+        return Relaxation(outright, runner_up, relax_allowed, accepts=lambda nodes: view.vocab_among(top.indices, nodes)
                           & (view.probs[nodes] >= floor[nodes, None]))

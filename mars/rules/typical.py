@@ -29,6 +29,14 @@ class Typical(Rule):
     name: ClassVar[str] = "typical"
     never_relaxes: ClassVar[dict] = {"epsilon": 1.0, "delta": math.inf}
     relaxing: ClassVar[tuple[dict, ...]] = ({"epsilon": 0.3, "delta": 0.5}, {"epsilon": 0.3, "fallback": "reference"})
+    # epsilon 0.5, 0.3, 0.15 with delta = 100, then Medusa's default (0.09, 0.3). The bar is
+    # min(epsilon, delta exp(-H)), and at Medusa's delta (with or without its delta = sqrt(epsilon)) the
+    # entropy term sets it on a flat target whatever epsilon: in the zoo's pilot epsilon 0.25 ... 0.04 with
+    # delta = sqrt(epsilon) emitted the same tokens (72% relaxed at T=1, 13% at T=0). delta = 100 takes the
+    # entropy term out of play below H ~ 5 nats, so that epsilon alone (Medusa's posterior threshold) spans
+    # mild to aggressive.
+    sweep: ClassVar[tuple[dict, ...]] = ({"epsilon": 0.5, "delta": 100.0}, {"epsilon": 0.3, "delta": 100.0},
+                                         {"epsilon": 0.15, "delta": 100.0}, {"epsilon": 0.09, "delta": 0.3})
     label: ClassVar[str] = "epsilon"
     epsilon: float = 0.09  # Medusa's posterior_threshold
     delta: float = 0.3  # Medusa's posterior_alpha (sqrt(epsilon) in the paper)
