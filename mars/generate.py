@@ -374,11 +374,14 @@ def _joined(blocks: list[_Block]) -> _Block:
                   sum(b.counts_device for b in blocks))
 
 
-def _leave(gen: SpeculativeGenerator, rows: _Rows, keep: list[int], keep_device: torch.Tensor) -> None:
-    """Finished rows leave the batch: the target's and the head's caches keep only `keep`."""
+def _leave(gen: SpeculativeGenerator, rows: _Rows, keep: list[int], keep_device: torch.Tensor, behind: list[_Block],
+           roots: torch.Tensor) -> tuple[list[_Block], torch.Tensor]:
+    """Finished rows leave the batch: the target's and the head's caches, the head's pending catch-up and
+    the roots keep only `keep`."""
     gen.target.select_rows(keep, keep_device.to(gen.target.devices.inputs))
     gen.head.select_rows(keep, keep_device)
     rows.keep(keep)
+    return [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
 
 
 def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
@@ -412,8 +415,7 @@ def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Samp
         return
     if len(keep) < len(rows.live):  # rows done at their first token
         keep_device = torch.tensor(keep, dtype=torch.long, device=head.device)
-        _leave(gen, rows, keep, keep_device)
-        behind, roots = [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
+        behind, roots = _leave(gen, rows, keep, keep_device, behind, roots)
     hidden = logprobs = None
     clock.lap("prefill")
     while rows.live:
@@ -459,8 +461,7 @@ def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Samp
         behind.append(_kept_block(forest, features, paths, roots, [len(v.path) for v in verdicts], counts_device))
         if len(keep) < len(verdicts):
             keep_device = uploaded[: len(keep), width + 2]
-            _leave(gen, rows, keep, keep_device)
-            behind, roots = [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
+            behind, roots = _leave(gen, rows, keep, keep_device, behind, roots)
     ledger.settle()  # every row's `seconds` was taken at its last token: the accounting is outside them
 
 
