@@ -64,6 +64,9 @@ class Benchmark:
 
     name: ClassVar[str] = ""
     headline: ClassVar[str] = ""  # the metric reported as the benchmark's quality
+    # Each question's figure behind the headline, which quality-recovery intervals resample
+    # (eval.scoring.recovery): "" = the headline's own name in the per-question figures.
+    question_figure: ClassVar[str] = ""
     vs_vanilla: ClassVar[bool] = False  # scored against the same model's vanilla answers (no references)
     side_files: ClassVar[tuple[str, ...]] = ()  # other files of the set, next to its JSONL
     # Its answers run as programs (in eval.scoring.sandbox): a run checks the sandbox's isolation before any
@@ -96,6 +99,10 @@ class Benchmark:
               context: ScoreContext) -> tuple[dict, dict]:
         """(metrics including `headline`, per-question figures) of `answers` (checked against `questions`)."""
         raise NotImplementedError
+
+    def figure_of_question(self) -> str:
+        """The per-question figure's name (`question_figure`, else the headline's)."""
+        return self.question_figure or self.headline
 
 
 def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:

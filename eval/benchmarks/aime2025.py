@@ -14,6 +14,7 @@ INSTRUCTION = ("Solve the following math problem step by step. At the end, Prese
 class AIME2025(Benchmark):
     name = "aime2025"
     headline = "accuracy"
+    question_figure = "correct"
     hub = HubSource("opencompass/AIME2025", split="test", config="AIME2025-I")
 
     def from_hub(self, row: dict, index: int) -> dict:

@@ -18,6 +18,7 @@ def score_final_numbers(answers: dict[str, list[str]], questions: dict[str, dict
 class GSM8K(Benchmark):
     name = "gsm8k"
     headline = "accuracy"
+    question_figure = "correct"
     hub = HubSource("openai/gsm8k", split="test", config="main")
 
     def from_hub(self, row: dict, index: int) -> dict:

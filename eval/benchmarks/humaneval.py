@@ -16,6 +16,7 @@ INSTRUCTION = "Complete the code I provided.\n\n"  # the collected set's wording
 class HumanEval(Benchmark):
     name = "humaneval"
     headline = "pass@1"
+    question_figure = "passed"
     side_files = (TASKS_FILE,)  # the official tasks with their unit tests (completion prompts; scoring)
     sandboxed = True  # model-written programs run against the tests
     hub = HubSource("openai/openai_humaneval", split="test")

@@ -32,6 +32,7 @@ def score_translation(answers: dict[str, list[str]], questions: dict[str, dict],
 class WMT19(Benchmark):
     name = "wmt19"
     headline = "bleu"
+    question_figure = "bleu"  # sentence BLEU: the corpus figure has no per-question parts
     hub = HubSource("wmt/wmt19", split="validation", config="zh-en")
 
     def from_hub(self, row: dict, index: int) -> dict:

@@ -126,11 +126,24 @@ class Entry:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+SAMPLED_DRAFTS = " (sampled drafts)"  # after a rule's name: its tree drew its children (tree.drafting=sample)
+
+
 def batched_name(method: str, fig: dict) -> str:
-    """How a report names a method's figures: as the run does at batch size 1, `<method>[B=<b>]` when the
-    run decoded b requests at a time (a batch sweep's points are rows of their own)."""
+    """How a report names a method's figures: as the run does at batch size 1 with top-k drafts;
+    `SAMPLED_DRAFTS` after it when its tree sampled its children (the run's tree label ends " sampled"), so
+    that both drafting modes at one temperature are rows of their own; `[B=<b>]` last when the run decoded
+    b requests at a time (a batch sweep's points are rows of their own)."""
     size = fig.get("batch_size") or 1
+    if str(fig.get("tree") or "").endswith(" sampled"):
+        method += SAMPLED_DRAFTS
     return method if size == 1 else f"{method}[B={size}]"
+
+
+def drafted_like(reference: str, method: str) -> str:
+    """The rule baseline `reference` (strict) drafted as `method` was: a sampled-draft method's recovery is
+    against strict on sampled drafts too."""
+    return reference + SAMPLED_DRAFTS if reference == STRICT and method.endswith(SAMPLED_DRAFTS) else reference
 
 
 def batch_of(method: str) -> tuple[str, int]:
@@ -146,13 +159,16 @@ def is_plain(method: str) -> bool:
 
 
 def method_order(method: str, theta: float | None = None) -> tuple:
-    """generate (each precision), vanilla, strict, then MARS from the strictest θ down, then anything else by name."""
+    """generate (each precision), vanilla, strict, then MARS from the strictest θ down, then anything else by
+    name; rules on sampled drafts (`SAMPLED_DRAFTS`) after all of those, in the same order."""
     fixed = {GENERATE: 0, VANILLA: 1, STRICT: 2}
-    if method.partition("@")[0] == GENERATE:
-        return 0, 0.0, method
-    if method in fixed:
-        return fixed[method], 0.0, method
-    return (3, -theta, method) if theta is not None else (4, 0.0, method)
+    sampled = method.endswith(SAMPLED_DRAFTS)
+    base = method.removesuffix(SAMPLED_DRAFTS)
+    if base.partition("@")[0] == GENERATE:
+        return sampled, 0, 0.0, method
+    if base in fixed:
+        return sampled, fixed[base], 0.0, method
+    return (sampled, 3, -theta, method) if theta is not None else (sampled, 4, 0.0, method)
 
 
 def _wmean(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
@@ -262,6 +278,7 @@ def _fill_ratios(entries: list[Entry]) -> None:
         base, size = batch_of(e.method)
         group = groups[e.model, e.bench, e.temperature, size]
         for name, (reference, figure) in RATIOS.items():
+            reference = drafted_like(reference, base)
             if reference == FASTEST_PLAIN:
                 timed = [p for p in group.values() if is_plain(p.method) and p.value(figure) is not None]
                 reference = batch_of(max(timed, key=lambda p: p.value(figure)).method)[0] if timed else reference

@@ -51,6 +51,28 @@ def cell(e: Entry | None) -> str:
     return f"{_fmt(e, 'speedup', '×')} / {_fmt(e, 'tau')} / {quality} ({_fmt(e, 'quality_recovery')})"
 
 
+def recovery_cell(e: Entry | None) -> str:
+    """What a quality recovery rests on (`eval.scoring.recovery`): `recovery [low, high] k/n` (k of the n
+    paired questions scored above zero by either method), why it is undefined (strict scored zero), then
+    `agree A%` (ROUGE-L of the answers against strict's) and `ll L` (the target's mean log-likelihood per
+    token of the method's answers), each where the run measured it."""
+    if e is None:
+        return DASH
+    ci, parts = e.fig.get("quality_recovery_ci"), []
+    if ci and ci.get("undefined"):
+        parts.append(f"none: {ci['undefined']}")
+    elif ci and ci.get("recovery") is not None:
+        low, high = ci.get("low"), ci.get("high")
+        interval = f"[{low:.2f}, {high:.2f}]" if low is not None and high is not None else "[interval unknown]"
+        parts.append(f"{ci['recovery']:.2f} {interval} {ci['nonzero']}/{ci['n']}")
+    agree = (e.fig.get("agreement_vs_strict") or {}).get("rougeL_vs_strict")
+    if agree is not None:
+        parts.append(f"agree {agree:.0f}")
+    if e.value("loglik") is not None:
+        parts.append(f"ll {e.value('loglik'):.3f}")
+    return " · ".join(parts) or DASH
+
+
 def generate_cell(e: Entry | None) -> str:
     return DASH if e is None else _fmt(e, "speedup_vs_generate", "×")
 
@@ -191,6 +213,9 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
                       f"Cost of the relaxation per emitted token (mars/cost.py; {BOUND}: an upper bound): ")
         for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
                               (fastest_cell, "Speedup over the fastest plain decoding timed in the run"),
+                              (recovery_cell, "Quality recovery against strict with its 95% bootstrap interval and "
+                               "the questions it rests on (nonzero / paired); agreement with strict's answers "
+                               "(ROUGE-L); the target's mean log-likelihood per answer token"),
                               (cost_cell, cost_title + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
             header, rows = table(entries, t, render)
             rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
@@ -216,7 +241,13 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
               "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
               "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
               "and exact match in percent, BLEU / chrF / ROUGE raw.",
-              "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss).",
+              "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss). In its own table: "
+              "`r [low, high] k/n`, a paired percentile bootstrap interval over the n questions both answered, k "
+              "of which either method scored above zero (what a 0/1 metric rests on); `none: strict scores 0 ...` "
+              "where strict solved nothing (no ratio, not 0/0); `agree`: ROUGE-L of the answers against "
+              "strict's (at T=0 strict's are plain decoding's; at T>0 read a relaxed method's against vanilla's, "
+              "two lossless samples); `ll`: the target's mean log-likelihood per token of the answers "
+              "(`eval.scoring.recovery`).",
               "- `*`: computed against the baseline (vanilla or strict) from another run dir, i.e. a separate "
               "job: not interleaved question by question, so machine drift is not controlled.",
               f"- `{CONTENDED}`: timed while another process of ours computed (contended_questions > 0 for the "

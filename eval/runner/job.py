@@ -35,7 +35,7 @@ from eagle.sources import provenance
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat, prompt_format
 from eval.benchmarks.questions import Question
-from eval.benchmarks.scoring import score
+from eval.benchmarks.scoring import answer_turns, score
 from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, GenerateConfig, MethodConfig, RuleMethod, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard, validate
@@ -65,6 +65,7 @@ from eval.runner.plain import GenerateWorker
 from eval.runner.settings import resolve_settings, timing_device
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality, sandbox
+from eval.scoring.recovery import agreement, paired_recovery
 from mars.settings import DecodeSettings
 
 # --- quality ------------------------------------------------------------------------------------
@@ -76,12 +77,16 @@ def question_categories(run: RunConfig, questions: list[tuple[int, Question]]) -
 
 
 def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[str, dict]) -> str | None:
-    """Add each method's task quality (`quality`, `quality_recovery` vs strict and vs vanilla) to `figures`.
+    """Add each method's task quality (`quality`, `quality_recovery` vs strict and vs vanilla) to `figures`,
+    and against strict what the recovery rests on (`eval.scoring.recovery`): `quality_recovery_ci` (n,
+    the questions it rests on, a paired bootstrap interval, why it is undefined where strict scores 0)
+    and `agreement_vs_strict` (ROUGE-L and exact match of each method's answers against strict's).
 
     Public benchmarks are scored by `eval.score`; the embedded stdlib prompts by their parse rate
     and token probability. Returns the headline metric's name (None when nothing is scored).
     """
     bench, metric = run.bench.name, None
+    each: dict[str, dict] = {}  # method -> {question id: per-question figures}
     if bench in BENCHMARKS:
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
         plain_answers = records.get(VANILLA) or records.get(GENERATE)
@@ -89,12 +94,14 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
             plain_answers = records.get(STRICT)
         for method, recs in records.items():
             try:
-                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers, source=run.bench.source)
+                result = score(bench, recs, run.bench.data_dir, baseline=plain_answers, source=run.bench.source,
+                               per_question=True)
             except (ValueError, FileNotFoundError, RuntimeError) as e:  # RuntimeError: an unreachable judge
                 # The answers are on disk; a scoring failure must not lose the run's summary.
                 figures[method]["quality_error"] = str(e)
                 continue
             metric = result["metric"]
+            each[method] = result.pop("per_question")
             figures[method]["quality"] = {k: v for k, v in result.items() if k not in ("bench", "n", "metric")}
     elif any("parse_rate" in fig for fig in figures.values()):
         metric = "parse_rate"
@@ -108,7 +115,32 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
             base = figures.get(reference, {}).get("quality", {}).get(metric)
             if method != reference and value is not None and base:
                 fig[key] = ratio(value, base)
+    if STRICT in each:
+        # A judge's ratings are lists per turn, not one figure per question: no interval for them.
+        against_strict(None if metric == "judge_score" else BENCHMARKS[bench].figure_of_question(),
+                       records, each, figures)
     return metric
+
+
+def against_strict(key: str | None, records: dict[str, list[dict]], each: dict[str, dict],
+                   figures: dict[str, dict]) -> None:
+    """Every other method's `quality_recovery_ci` (per-question figure `key`, paired by question) and
+    `agreement_vs_strict` (its answers against strict's), from the methods' per-question figures `each`."""
+    strict_turns = {str(r["question_id"]): answer_turns(r) for r in records[STRICT]}
+    for method, per in each.items():
+        if method == STRICT:
+            continue
+        if key is not None:
+            common = [q for q in each[STRICT] if q in per and key in per[q] and key in each[STRICT][q]]
+            ci = paired_recovery([float(per[q][key]) for q in common], [float(each[STRICT][q][key]) for q in common])
+            # Its "recovery" is the ratio of the per-question means it resamples: the headline's ratio, except
+            # where the headline is a corpus figure (BLEU; `figure` names what it is).
+            figures[method]["quality_recovery_ci"] = {**ci, "figure": key}
+        mine = {str(r["question_id"]): answer_turns(r) for r in records[method]}
+        paired = [q for q in strict_turns if q in mine]
+        if paired:
+            figures[method]["agreement_vs_strict"] = agreement([mine[q] for q in paired],
+                                                               [strict_turns[q] for q in paired])
 
 
 # --- the machine and the settings --------------------------------------------------------------

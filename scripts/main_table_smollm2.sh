@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The MARS paper's main-table protocol on a real chat model on a CPU: SmolLM2-135M-Instruct (model=smollm2,
+# its EAGLE-3 heads from scripts/build_smollm2.sh) on every chat benchmark of the paper that the benchmark
+# directory holds: MT-bench (both turns), HumanEval (programs run in the sandbox), GSM8K, Alpaca, CNN/DM
+# (sum), Natural Questions (qa), WMT19 zh->en. Per benchmark: T = 0, and T = 1 drafting both ways (the
+# paper's top-k trees, as the EAGLE-3 and MARS code draft, and sampled trees), each a sweep of MARS
+# θ = 0.8, 0.9, 0.95 whose jobs share model.generate, vanilla and strict as baselines (answered once,
+# interleaved question by question). Then the report: speed against our vanilla and the fastest plain
+# decoding, τ, acceptance per depth, exact TV / KL costs, task quality per benchmark, quality recovery
+# against strict with its bootstrap interval and the questions it rests on, agreement with strict's
+# answers and the target's log-likelihood of each method's answers (Markdown, CSV, plots), and one
+# offline W&B run per job. A rerun answers nothing twice: every finished answer is kept and skipped.
+#
+#   scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides...]
+#   NUM_PROMPTS=3 MAX_NEW_TOKENS=64 scripts/main_table_smollm2.sh /tmp/small     # the small setting (default)
+#   NUM_PROMPTS=1000 MAX_NEW_TOKENS=256 scripts/main_table_smollm2.sh results/smollm2-full  # every question
+#
+# NUM_PROMPTS caps the questions per benchmark (the sets hold 79-164); BENCHES, TEMPERATURES override the
+# lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/
+# (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md, report.csv and the plots; `wandb sync
+# OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later. The times of both settings on this
+# project's CPUs are in the README ("The paper's main table on a real model").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/out_dir.sh
+out="$(out_dir "usage: scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides...]" "$@")"
+shift
+export MARS_BENCH_DIR="${MARS_BENCH_DIR:-$(cd .. && pwd)/shared/data/bench}"
+common=(model=smollm2 "bench=${BENCHES:-mt_bench,humaneval,gsm8k,alpaca,sum,qa,wmt19}"
+        "num_prompts=${NUM_PROMPTS:-3}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
+        method=mars "method.theta=0.8,0.9,0.95"
+        logging=offline logging.group=main_table_smollm2
+        "out_dir=$out/runs/\${model.name}/\${bench.name}")
+start=$SECONDS
+IFS=, read -ra temperatures <<< "${TEMPERATURES:-0,1}"  # one sweep per temperature
+for t in "${temperatures[@]}"; do
+    case "$t" in
+        0) python -m eval.run -m "${common[@]}" sampling=t0 "hydra.sweep.dir=$out/sweeps/t0" "$@" ;;
+        1) python -m eval.run -m "${common[@]}" sampling=t1 "tree.drafting=topk,sample" \
+               "hydra.sweep.dir=$out/sweeps/t1" "$@" ;;
+        *) echo "TEMPERATURES holds $t: the protocol runs 0 and 1 (sampling presets t0, t1)" >&2; exit 2 ;;
+    esac
+done
+python -m eval.report "$out/runs" --out "$out"
+echo "main_table_smollm2: $((SECONDS - start)) s; report: $out/report.md"
