@@ -9,12 +9,18 @@ coverage measured on the other half, and the output layer's time at each size (f
 8 rows, the rows a draft step expands) is set beside one float32 target decode. Writes JSON.
 
     python scripts/draft_vocab.py --target DIR --prompts runs/smollm2/prompts.jsonl --out vocab.json
+    python scripts/draft_vocab.py --target DIR --sequences runs/smollm2/draft/data/sequences.pt --out vocab.json
+
+`--sequences`: count and score on a training run's sequences instead (the target's own answers the head
+trains on, `eagle.train.draft --generate`; its answer tokens are where the loss mask is set), shuffled with a
+fixed seed before halving (the file holds the greedy answers, then the sampled ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -23,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.config import eos_token_ids
 from eagle.precision import resolve_dtype
-from eagle.train.data import read_jsonl, record_prompt
+from eagle.train.data import Sequences, read_jsonl, record_prompt
 from mars.adapter.cache import cache_keyword
 
 SIZES = (4096, 8192, 16384, 32768)
@@ -39,23 +45,15 @@ def best_ms(fn, repeats: int = 30) -> float:
     return 1000 * sorted(times)[len(times) // 4]  # the lower quartile: the cost without the machine's noise
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--prompts", required=True, help="JSONL of chat records (eval.chat_prompts)")
-    ap.add_argument("--count", type=int, default=256)
-    ap.add_argument("--tokens", type=int, default=192)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=resolve_dtype("auto").dtype).eval()
+def generated_answers(args, model, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, answers): --prompts encoded and answered greedily by the target; the answers are kept in
+    OUT.answers.json, so that a rerun only measures again."""
     prompts = [record_prompt(r, tokenizer) for _, r in zip(range(args.count), read_jsonl(args.prompts), strict=False)]
     eos = eos_token_ids(model, tokenizer)
     answers: list[list[int]] = []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start = time.perf_counter()
-    kept = Path(args.out + ".answers.json")  # the answers, kept: a rerun only measures again
+    kept = Path(args.out + ".answers.json")
     if kept.exists():
         answers = json.loads(kept.read_text())
     for b in range(len(answers), len(prompts), args.batch):
@@ -71,6 +69,30 @@ def main() -> None:
             answers.append(row[:cut])
         print(f"answered {len(answers)}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", flush=True)
         kept.write_text(json.dumps(answers))
+    return prompts, answers
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help="JSONL of chat records (eval.chat_prompts): the target answers them")
+    source.add_argument("--sequences", help="a training run's sequences.pt: the answers it holds")
+    ap.add_argument("--count", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=resolve_dtype("auto").dtype).eval()
+    if args.sequences:
+        seqs = Sequences.load(Path(args.sequences))
+        answers = [row[1:][mask[:-1]].tolist() for row, mask in zip(seqs.input_ids, seqs.loss_mask, strict=True)]
+        random.Random(0).shuffle(answers)
+        first = int(seqs.loss_mask[0].nonzero()[0])  # the first sequence's prompt: the context a decode is timed at
+        prompts = [seqs.input_ids[0, :first + 1].tolist()]
+    else:
+        prompts, answers = generated_answers(args, model, tokenizer)
     half = len(answers) // 2
     counts = torch.bincount(torch.tensor([t for a in answers[:half] for t in a]), minlength=model.config.vocab_size)
     order = counts.argsort(descending=True)
@@ -102,7 +124,8 @@ def main() -> None:
                     row[name] = best_ms(lambda layer=layer, x=x: layer(x))
             sizes[n] = row
             print(n, row, flush=True)
-    result = {"target": args.target, "prompts": len(prompts), "answer_tokens": sum(map(len, answers)),
+    result = {"target": args.target, "source": args.sequences or args.prompts, "answers": len(answers),
+              "answer_tokens": sum(map(len, answers)),
               "counted_on": half, "scored_on": len(answers) - half, "decode_ms_float32": decode_ms,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
               "sizes": sizes}
