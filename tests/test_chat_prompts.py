@@ -50,9 +50,9 @@ def test_duplicates_go_in_order_and_counts_add_up():
 
 
 def test_docstring_prompts_ask_about_the_train_split_only():
-    prompts = docstring_prompts(200, seed=1)
-    assert len(prompts) == 200 and len(set(prompts)) > 190
-    assert prompts == docstring_prompts(200, seed=1)  # deterministic
+    prompts = docstring_prompts(60, seed=1)
+    assert len(prompts) == 60 and len(set(prompts)) > 55
+    assert prompts == docstring_prompts(60, seed=1)  # deterministic
     root = stdlib_root()
     modules = {p.split("`")[3] if p.startswith("What does") else None for p in prompts} - {None}
     assert modules
