@@ -13,7 +13,9 @@ core. Precision differs from ours and is stated with the figure: llama.cpp multi
 bf16 decode the weights once (exactly, into float32) and compute in that precision. Writes
 {"machine", "capability", "llama_cpp", "decode_tokens_per_s", "end_to_end_tokens_per_s", "per_prompt"}:
 decode counts the tokens after the first (what `model.generate`'s per-token rate compares with), end to
-end includes the prompt's evaluation.
+end includes the prompt's evaluation. `model.generate` (float32) answers each prompt right after llama.cpp,
+in the same process, for a ratio measured in one run, and the two greedy outputs are compared (the
+computations differ, so the tokens may part).
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ from eval.runner.job import machine
 CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
 
 
+def hf_greedy(model, ids: list[int], tokens: int, eos: list[int]) -> dict:
+    """transformers' `model.generate` in float32 (the fastest plain decoding on an AVX2-only CPU), greedy."""
+    prompt = torch.tensor([ids])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos[0])[0, len(ids):].tolist()
+    return {"tokens": out, "new_tokens": len(out), "seconds": time.perf_counter() - start}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -55,16 +67,16 @@ def main() -> None:
 
     directory = local_model(CONFIG.target, CONFIG.target_sha256)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory)  # only for its end-of-turn ids (generation config)
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     eos = eos_token_ids(model, tokenizer)
-    del model
     fmt = prompt_format(CONFIG)
     questions = load_questions(args.bench, bench_dir(None), limit=args.prompts)
     prompts = [encode(tokenizer, Question(q.question_id, q.turns[:1]), [], fmt) for q in questions]
     llm = llama_cpp.Llama(model_path=str(gguf_file(CONFIG.target)), n_ctx=2048, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     per_prompt = []
-    for ids in prompts:
+    for ids in prompts:  # llama.cpp, then model.generate on the same prompt: drift touches both alike
         start = time.perf_counter()
         first = None
         tokens: list[int] = []
@@ -75,15 +87,25 @@ def main() -> None:
             if token in eos or len(tokens) >= args.tokens:
                 break
         end = time.perf_counter()
+        theirs = hf_greedy(model, ids, args.tokens, sorted(eos))
+        same = next((i for i, (a, b) in enumerate(zip(tokens, theirs["tokens"], strict=False)) if a != b),
+                    min(len(tokens), len(theirs["tokens"])))
         per_prompt.append({"prompt_tokens": len(ids), "new_tokens": len(tokens), "seconds": end - start,
-                           "decode_seconds": end - first, "tokens": tokens})
+                           "decode_seconds": end - first, "tokens": tokens, "generate": theirs,
+                           "same_prefix_as_float32": same})
     decode_tokens = sum(p["new_tokens"] - 1 for p in per_prompt)
     seconds = sum(p["seconds"] for p in per_prompt)
+    hf_tokens = sum(p["generate"]["new_tokens"] for p in per_prompt)
+    hf_seconds = sum(p["generate"]["seconds"] for p in per_prompt)
+    llama_rate = sum(p["new_tokens"] for p in per_prompt) / seconds
     report = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(),
               "llama_cpp": llama_cpp.__version__, "threads": args.threads, "bench": args.bench,
               "file": str(gguf_file(CONFIG.target)), "precision": "Q4_1 / Q8_0 blocks, 8-bit activations (llama.cpp)",
               "decode_tokens_per_s": decode_tokens / sum(p["decode_seconds"] for p in per_prompt),
-              "end_to_end_tokens_per_s": sum(p["new_tokens"] for p in per_prompt) / seconds,
+              "end_to_end_tokens_per_s": llama_rate,
+              "generate_float32_end_to_end_tokens_per_s": hf_tokens / hf_seconds,
+              "llama_cpp_vs_generate_float32": llama_rate / (hf_tokens / hf_seconds),
+              "identical_to_float32_greedy": sum(p["tokens"] == p["generate"]["tokens"] for p in per_prompt),
               "per_prompt": per_prompt}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print({k: v for k, v in report.items() if k != "per_prompt"})
