@@ -28,6 +28,16 @@ def arch(request) -> str:
     return request.param
 
 
+# The suite's longest tests (30-70 s each on 2 cores) start first: pytest-xdist's work stealing then ends the
+# run with short tests on both workers, not with one worker finishing a long test while the other waits.
+# Whole modules move, so that a module's fixtures (the real model's conversion) are not set up twice.
+LONG_FIRST = ("test_lossless.py", "test_real_model.py", "test_runs.py", "test_readme.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.split("::")[0].rsplit("/", 1)[-1] not in LONG_FIRST)  # stable
+
+
 @pytest.fixture(scope="module")
 def single_thread() -> Iterator[None]:
     """Run a module's tests on one torch thread, then restore the setting.

@@ -139,6 +139,7 @@ def timer(lock_dir: str, exclusive: bool, sections: int, out, ready) -> None:
     counts against it with all its CPU so far), then times `sections` CPU-bound sections, reporting each
     one's interval and verdict."""
     os.environ["MARS_LOCK_DIR"] = lock_dir
+    results = []
     with locks.registered("cpu"):
         ready.wait(30)
         for _ in range(sections):
@@ -146,7 +147,12 @@ def timer(lock_dir: str, exclusive: bool, sections: int, out, ready) -> None:
                 start = time.monotonic()
                 spin(0.15)
                 end = time.monotonic()
-            out.put((os.getpid(), start, end, timing.exclusive, timing.contended))
+            results.append((os.getpid(), start, end, timing.exclusive, timing.contended))
+        # Reported once both are done: a queue's put (pickling, starting its feeder thread) is computing, and
+        # one made between sections would run while the other job times its next section.
+        ready.wait(30)
+    for result in results:
+        out.put(result)
 
 
 @pytest.mark.parametrize("exclusive", [True, False])
