@@ -31,9 +31,9 @@ def _colors(entries: Iterable[Entry]) -> dict[str, object]:
     """One colour per method across every plot: baselines fixed, MARS along a colormap by θ."""
     plt = pyplot()
     fixed = {GENERATE: "tab:brown", VANILLA: "tab:gray", STRICT: "black"}
-    methods = sorted({(method_order(e.method, e.theta), e.method) for e in entries})
-    mars = [m for o, m in methods if o[0] == 3]
-    others = [m for o, m in methods if o[0] != 3 and m not in fixed]  # e.g. generate@bfloat16, other rules
+    methods = sorted({(method_order(e.method, e.theta), e.method, e.theta is not None) for e in entries})
+    mars = [m for _, m, is_mars in methods if is_mars]  # on either drafting mode
+    others = [m for _, m, is_mars in methods if not is_mars and m not in fixed]  # e.g. generate@bfloat16, other rules
     colors = {m: plt.cm.viridis(0.1 + 0.65 * i / max(1, len(mars) - 1)) for i, m in enumerate(mars)}
     colors.update({m: plt.cm.tab10(3 + i % 7) for i, m in enumerate(others)})
     return {**colors, **fixed}
