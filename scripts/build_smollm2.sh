@@ -25,6 +25,8 @@ heldout="${HELDOUT:-64}"
 draft_vocab="${DRAFT_VOCAB:-16384}"   # provisional: stage 2 on 256 answers cannot rank tokens past the ~5k it saw (README)
 draft_minutes="${DRAFT_MINUTES:-100}"
 kl_minutes="${KL_MINUTES:-100}"
+sampled_answers="${SAMPLED_ANSWERS:-768}"   # T = 1 answers (of the 1,287 prompts of that half, the shortest first):
+# ~2.7 min per 32 in float32 on the 2-core AVX2 EPYC; the greedy half is answered whole
 seq_len="${SEQ_LEN:-384}"   # answers past ~330 tokens are mostly greedy loops (24 of 64 first answers hit 478)
 mkdir -p "$runs"
 
@@ -49,8 +51,9 @@ unfinished() {  # a training run whose schedule has steps left
 
 n=$(wc -l < "$runs/prompts.jsonl")
 python -m eagle.train.draft --target "$target" --out "$runs/draft" --data-jsonl "$runs/prompts.jsonl" --generate \
-    --gen-temperature 0 1 --gen-batch 32 --seq-len "$seq_len" --max-tokens $((n * 2 * seq_len)) \
-    --draft-vocab-size "$draft_vocab" --batch 8 --epochs 2 --ttt-steps 5 --lr 5e-4 --warmup 50 --save-every 50 \
+    --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" --gen-batch 32 --seq-len "$seq_len" \
+    --max-tokens $((n * 2 * seq_len)) --draft-vocab-size "$draft_vocab" --batch 8 --epochs 2 --ttt-steps 5 \
+    --lr 5e-4 --warmup 50 --save-every 50 \
     --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
 if unfinished "$runs/draft"; then
     echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
@@ -64,8 +67,9 @@ if [ ! -f "$runs/draft_kl/data/sequences.pt" ]; then
     cp "$runs/draft/data/sequences.pt" "$runs/draft_kl/data/sequences.pt"
 fi
 python -m eagle.train.draft --target "$target" --init "$runs/draft/final" --out "$runs/draft_kl" \
-    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 --gen-batch 32 --seq-len "$seq_len" \
-    --max-tokens $((n * 2 * seq_len)) --target-dist full --target-dtype float32 --batch 8 --epochs 1 \
+    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" \
+    --gen-batch 32 --seq-len "$seq_len" --max-tokens $((n * 2 * seq_len)) --target-dist full --target-dtype float32 \
+    --batch 8 --epochs 1 \
     --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 20 --minutes "$kl_minutes" --eval-sequences 0 \
     --wandb "${WANDB_MODE_DRAFT:-offline}"
 if unfinished "$runs/draft_kl"; then

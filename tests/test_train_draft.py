@@ -27,7 +27,7 @@ from eagle.train.data import (
     most_frequent_ids,
     token_counts,
 )
-from eagle.train.draft import batch_indices, build_head, lr_factor, train
+from eagle.train.draft import batch_indices, build_head, check_data_dir, generation_limits, lr_factor, train
 from eagle.train.evaluate import continuation_data, evaluate_head
 from eagle.train.ttt import head_vocab_ids, target_to_draft, ttt_attention_mask, ttt_loss, ttt_unroll
 
@@ -344,6 +344,42 @@ def test_generation_killed_between_batches_resumes_to_what_one_run_writes(target
     assert [m for m in said if m.startswith("generated")] == ["generated 6/7 responses", "generated 7/7 responses"]
     for name in ("input_ids", "lengths", "loss_mask"):
         assert torch.equal(getattr(resumed, name), getattr(whole, name)), name
+
+
+def test_a_generation_limit_answers_the_shortest_prompts_as_an_unlimited_run_does(target_dir, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    prompts = [[5 + i, 6, 7 + i % 3, 9][: 4 - i % 3] for i in range(7)]  # lengths 4, 3, 2, 4, 3, 2, 4
+    kwargs = dict(seq_len=12, batch_size=2, temperature=1.0, seed=3, log=lambda _: None)
+    whole = generate_sequences(model, tokenizer, prompts, **kwargs)
+    progress = tmp_path / "generating.pt"
+    limited = generate_sequences(model, tokenizer, prompts, progress=progress, limit=4, **kwargs)
+    shortest = [2, 5, 1, 4]  # by length, ties in prompt order; answered in prompt order
+    for name in ("input_ids", "lengths", "loss_mask"):
+        assert torch.equal(getattr(limited, name), getattr(whole, name)[sorted(shortest)]), name
+    said = []
+    raised = generate_sequences(model, tokenizer, prompts, progress=progress, limit=6, **{**kwargs, "log": said.append})
+    assert said == ["resuming generation: 4/6 responses already written", "generated 6/6 responses"]
+    assert torch.equal(raised.input_ids, whole.input_ids[:6])
+    with pytest.raises(ValueError, match="positive"):
+        generate_sequences(model, tokenizer, prompts, limit=0, **kwargs)
+
+
+def test_a_generation_limit_may_change_until_the_sequences_exist(tmp_path):
+    spec = {"seq_len": 12, "gen_limit": None}
+    check_data_dir(tmp_path, spec)
+    check_data_dir(tmp_path, {**spec, "gen_limit": [4]})  # still generating: the limit is updated
+    assert json.loads((tmp_path / "meta.json").read_text())["gen_limit"] == [4]
+    with pytest.raises(ValueError, match="seq_len"):
+        check_data_dir(tmp_path, {"seq_len": 16, "gen_limit": [4]})
+    (tmp_path / "sequences.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="gen_limit"):
+        check_data_dir(tmp_path, {**spec, "gen_limit": [6]})
+    assert generation_limits(None, 2, 1) == [None, None]
+    assert generation_limits([5], 2, 2) == [3, 3]
+    assert generation_limits([8, 3], 2, 1) == [8, 3]
+    with pytest.raises(ValueError, match="one per --gen-temperature"):
+        generation_limits([1, 2, 3], 2, 1)
 
 
 def test_batches_cover_each_epoch_once():

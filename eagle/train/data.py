@@ -237,7 +237,7 @@ def _response(row: torch.Tensor, eos_ids: frozenset[int]) -> list[int]:
 def generate_sequences(
     model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
     temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
-    progress: Path | None = None,
+    progress: Path | None = None, limit: int | None = None,
 ) -> Sequences:
     """The target continues each prompt (greedy at temperature 0, else sampled) up to `seq_len` tokens.
 
@@ -245,19 +245,25 @@ def generate_sequences(
     learns the distribution it will be asked to predict. The loss mask covers the response only.
     Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded. With `progress`,
     the finished batches are saved there after each batch and skipped when rerun (each batch is seeded
-    by its position, so a resumed run writes what an uninterrupted one would).
+    by its position, so a resumed run writes what an uninterrupted one would). With `limit`, only the
+    `limit` shortest prompts are answered: the same batches, with the same seeds, as a run without it
+    answers first, so a limit can be set or raised on a run in progress.
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
     prompts = [p[: seq_len // 2] for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be a positive number of prompts, got {limit}")
+        order = order[:limit]
     rows: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
     if progress is not None and progress.exists():
         saved = torch.load(progress)
         if saved["prompts"] == prompts and saved["temperature"] == temperature and saved["seed"] == seed:
             rows, starts = saved["rows"], saved["starts"]
-            log(f"resuming generation: {len(rows)}/{len(prompts)} responses already written")
+            log(f"resuming generation: {sum(i in rows for i in order)}/{len(order)} responses already written")
     device = next(model.parameters()).device
     for b in range(0, len(order), batch_size):
         group = order[b : b + batch_size]
@@ -277,8 +283,8 @@ def generate_sequences(
             atomic_save({"prompts": prompts, "temperature": temperature, "seed": seed, "rows": rows,
                          "starts": starts}, progress)
         log(f"generated {min(b + batch_size, len(order))}/{len(order)} responses")
-    return _pad_sequences([rows[i] for i in range(len(prompts))], [starts[i] for i in range(len(prompts))],
-                          seq_len, pad_id)
+    answered = sorted(order)
+    return _pad_sequences([rows[i] for i in answered], [starts[i] for i in answered], seq_len, pad_id)
 
 
 def _pad_sequences(rows: list[list[int]], response_starts: list[int], seq_len: int, pad_id: int) -> Sequences:

@@ -66,9 +66,11 @@ from eagle.train.data import (
 from eagle.train.ttt import ttt_loss
 
 DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "data_hub", "data_split", "seq_len", "max_tokens", "generate",
-                  "prompt_len", "gen_temperature", "top_k", "target_dist", "seed")
+                  "prompt_len", "gen_temperature", "gen_limit", "top_k", "target_dist", "seed")
 # Data directories written before a key existed were built with its then only value.
-DATA_SPEC_DEFAULTS = {"target_dist": "topk"}
+DATA_SPEC_DEFAULTS = {"target_dist": "topk", "gen_limit": None}
+# Settings a run may change while its answers are still being generated (a limit keeps the answers written).
+UNTIL_SEQUENCES_KEYS = ("gen_limit",)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--prompt-len", type=int, default=64, help="--generate from the corpus: prompt length")
     data.add_argument("--gen-temperature", type=float, nargs="+", default=[0.0],
                       help="--generate: 0 = greedy; several values split the prompts between them")
+    data.add_argument("--gen-limit", type=int, nargs="+",
+                      help="--generate: answer at most this many prompts per temperature (one value, or one per "
+                           "--gen-temperature), the shortest first; default: every prompt")
     data.add_argument("--gen-batch", type=int, default=16)
     data.add_argument("--top-k", type=int, default=32, help="target distribution kept as its top-k")
     data.add_argument("--target-dist", choices=TARGET_DISTS, default="topk",
@@ -202,6 +207,9 @@ def check_data_dir(data_dir: Path, spec: dict) -> None:
     if meta.exists():
         old = {**DATA_SPEC_DEFAULTS, **json.loads(meta.read_text())}
         diff = {k: (old.get(k), v) for k, v in spec.items() if old.get(k) != v}
+        if diff and set(diff) <= set(UNTIL_SEQUENCES_KEYS) and not (data_dir / "sequences.pt").exists():
+            meta.write_text(json.dumps(spec, indent=2))
+            diff = {}
         if diff:
             raise ValueError(f"{data_dir} holds data built with other settings {diff} (old, new): "
                              "pass another --data-dir or --out, or delete it")
@@ -230,6 +238,16 @@ def generation_prompts(args: argparse.Namespace, tokenizer, cache_dir: Path) -> 
     return corpus_prompts(corpus_tokens(tokenizer, None, "train", cache_dir), count, args.prompt_len, args.seed)
 
 
+def generation_limits(gen_limit: list[int] | None, temperatures: int, world: int) -> list[int | None]:
+    """--gen-limit as one cap per temperature for one of `world` processes (each answers its share)."""
+    if gen_limit is None:
+        return [None] * temperatures
+    if len(gen_limit) not in (1, temperatures):
+        raise ValueError(f"--gen-limit takes one value or one per --gen-temperature ({temperatures}), "
+                         f"got {len(gen_limit)}")
+    return [-(-n // world) for n in (gen_limit * temperatures if len(gen_limit) == 1 else gen_limit)]
+
+
 def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log) -> Sequences:
     """Build (once) and load the training sequences; generation is split across processes."""
     path = data_dir / "sequences.pt"
@@ -238,10 +256,11 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
             rank, world = accelerator.process_index, accelerator.num_processes
             prompts = generation_prompts(args, tokenizer, data_dir)[rank::world]
             temperatures = args.gen_temperature
+            limits = generation_limits(args.gen_limit, len(temperatures), world)
             part = Sequences.concat([
                 generate_sequences(target, tokenizer, prompts[i :: len(temperatures)], args.seq_len, args.gen_batch,
                                    t, args.seed + rank * len(temperatures) + i, log,
-                                   progress=data_dir / f"generating.rank{rank}.part{i}.pt")
+                                   progress=data_dir / f"generating.rank{rank}.part{i}.pt", limit=limits[i])
                 for i, t in enumerate(temperatures)])
             part.save(data_dir / f"sequences.rank{rank}.pt")
             accelerator.wait_for_everyone()
@@ -452,7 +471,8 @@ def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, 
     summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
                "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
                "lr": args.lr, "target": args.target, "init": args.init, "generate": args.generate,
-               "gen_temperature": args.gen_temperature if args.generate else None, "target_dist": args.target_dist,
+               "gen_temperature": args.gen_temperature if args.generate else None,
+               "gen_limit": args.gen_limit if args.generate else None, "target_dist": args.target_dist,
                "loss": "forward KL, full distribution" if args.target_dist == "full" else "soft CE, top-k"}
     (final / "training_summary.json").write_text(json.dumps(summary, indent=2))
     if args.eval_sequences and (args.eval_jsonl or not (args.data_jsonl or args.data_hub)):
