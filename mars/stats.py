@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from mars.accounting import PendingCost, settle
 
 if TYPE_CHECKING:  # annotations only: the stats read verdicts, they do not run the verifier
@@ -180,3 +182,38 @@ class VerifyStats:
             **self.cost(),
         }
 
+
+
+def chi_square_pvalue(counts: Counter, probs: dict, min_expected: float = 5.0) -> float:
+    """Pearson's goodness of fit of observed `counts` to the distribution `probs` (same keys; missing = 0).
+
+    How losslessness is tested on samples: `probs` is the distribution the target defines, `counts` what a
+    sampler emitted. Cells expected fewer than `min_expected` times are pooled into one (merged with the
+    smallest remaining cell if the pool itself is too small), so that the chi-square law holds. An
+    observation in a cell of probability 0 fails outright (p = 0). The p-value is the chi-square survival
+    function, Q(k / 2, x / 2) (torch's regularised upper incomplete gamma, in float64).
+    """
+    n = sum(counts.values())
+    total = sum(probs.values())
+    if not math.isclose(total, 1.0, abs_tol=1e-4):
+        raise ValueError(f"probs must sum to 1 (got {total}): give every cell, with the rest of the mass as one")
+    if any(probs.get(key, 0.0) <= 0 for key in counts):
+        return 0.0
+    cells = sorted(probs, key=lambda k: probs[k])
+    expected = [n * probs[k] / total for k in cells]
+    observed = [counts.get(k, 0) for k in cells]
+    obs = [o for o, e in zip(observed, expected, strict=True) if e >= min_expected]
+    exp = [e for e in expected if e >= min_expected]
+    pool_obs = sum(o for o, e in zip(observed, expected, strict=True) if e < min_expected)
+    pool_exp = sum(e for e in expected if e < min_expected)
+    if pool_exp > 0:
+        if pool_exp < min_expected and exp:  # merge the pool with the smallest big cell
+            pool_obs, pool_exp = pool_obs + obs.pop(0), pool_exp + exp.pop(0)
+        obs.append(pool_obs)
+        exp.append(pool_exp)
+    if len(obs) < 2:
+        raise ValueError(f"{len(obs)} cell(s) after pooling those expected < {min_expected} times: draw more samples")
+    scale = sum(obs) / sum(exp)  # guard rounding of the expected total
+    statistic = sum((o - e * scale) ** 2 / (e * scale) for o, e in zip(obs, exp, strict=True))
+    dof = torch.tensor((len(obs) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, torch.tensor(statistic / 2, dtype=torch.float64)))

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
@@ -44,6 +43,7 @@ from eval.runner.job import machine
 from eval.runs.jsonl import read_jsonl
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.settings import TreeShape
+from mars.stats import chi_square_pvalue
 
 CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
 CHI2_PROMPT = "Name a primary colour."  # a chat question whose first tokens spread over a few answers
@@ -134,18 +134,10 @@ def chi2(model, tokenizer, head, tree: TreeShape, samples: int, seed: int = 0) -
         key = tuple(out.tokens[:3])
         counts[key if key in exact else ("other",)] += 1
         accepted += max(out.accept_lengths[:1], default=0)
+    p = chi_square_pvalue(counts, exact, MIN_EXPECTED)
     cells = sorted(exact, key=exact.get, reverse=True)
-    expected = [samples * exact[c] for c in cells]
-    observed = [counts.get(c, 0) for c in cells]
-    big = [i for i, e in enumerate(expected) if e >= MIN_EXPECTED]
-    rest = [i for i in range(len(cells)) if i not in big]
-    obs, exp = [observed[i] for i in big], [expected[i] for i in big]
-    if rest:
-        obs.append(sum(observed[i] for i in rest))
-        exp.append(sum(expected[i] for i in rest))
-    p = float(chisquare(obs, [e * sum(obs) / sum(exp) for e in exp]).pvalue)
-    return {"drafting": tree.drafting, "tree": tree.label, "samples": samples, "cells": len(obs), "p_value": p,
-            "passes": p > 0.01, "first_cycle_accepted_mean": accepted / samples, "prompt": CHI2_PROMPT,
+    return {"drafting": tree.drafting, "tree": tree.label, "samples": samples, "cells_before_pooling": len(exact),
+            "p_value": p, "passes": p > 0.01, "first_cycle_accepted_mean": accepted / samples, "prompt": CHI2_PROMPT,
             "top_cells": {" ".join(map(str, c)): {"exact": exact[c], "observed": counts.get(c, 0) / samples}
                           for c in cells[:8] if c != ("other",)},
             "other_mass": exact[("other",)]}

@@ -7,18 +7,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections import Counter
 from collections.abc import Callable
 
 import torch
 import transformers
-from scipy.stats import chisquare
 
 from eagle import Eagle3Head
 from eagle.scripted import ScriptedHead
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
 from mars.settings import TreeShape
+from mars.stats import chi_square_pvalue  # noqa: F401  (re-exported: the tests test losslessness with it)
 from mars.syncs import SyncCounter
 from mars.timing import PhaseClock
 
@@ -119,36 +118,6 @@ def tree_outcome_distribution(processed: torch.Tensor, tree: DraftTree) -> dict[
 
 def emitted(verdict, tree: DraftTree) -> tuple[int, ...]:
     return tuple(tree.tokens[verdict.path[1:]].tolist()) + (verdict.next_token,)
-
-
-def chi_square_pvalue(counts: Counter, probs: dict, min_expected: float = 5.0) -> float:
-    """Goodness of fit of observed `counts` to `probs` (same keys; missing = 0).
-
-    Cells with expected count < min_expected are pooled into one cell (merged with the smallest
-    remaining cell if the pool itself is too small). An observation in a cell of probability 0
-    fails the test outright (p = 0).
-    """
-    n = sum(counts.values())
-    if any(probs.get(key, 0.0) <= 0 for key in counts):
-        return 0.0
-    total = sum(probs.values())
-    assert math.isclose(total, 1.0, abs_tol=1e-4), total
-    cells = sorted(probs, key=lambda k: probs[k])
-    expected = [n * probs[k] / total for k in cells]
-    observed = [counts.get(k, 0) for k in cells]
-    big = [i for i, e in enumerate(expected) if e >= min_expected]
-    small = [i for i, e in enumerate(expected) if e < min_expected]
-    obs = [observed[i] for i in big]
-    exp = [expected[i] for i in big]
-    if small:
-        pool_obs, pool_exp = sum(observed[i] for i in small), sum(expected[i] for i in small)
-        if pool_exp < min_expected and exp:  # merge the pool with the smallest big cell
-            pool_obs, pool_exp = pool_obs + obs.pop(0), pool_exp + exp.pop(0)
-        obs.append(pool_obs)
-        exp.append(pool_exp)
-    assert len(obs) >= 2, "too few cells for a chi-square test"
-    scale = sum(obs) / sum(exp)  # guard rounding of the expected total
-    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
 
 
 def unit_roundoff(dtype: torch.dtype = torch.float32) -> float:

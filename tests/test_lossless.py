@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import random
 from collections import Counter
 
 import pytest
@@ -115,6 +117,27 @@ def test_first_two_tokens_when_the_tree_covers_the_first_token():
     # rounding), and the two sides may take each row's softmax from differently shaped kernels.
     rel = summation_tolerance(V, 1.0, term_error=probability_error(V))
     assert marginal(tree_outcome_distribution(processed, tree), slice(0, 2)) == pytest.approx(exact, rel=rel)
+
+
+def test_the_chi_square_pvalue_is_pearsons_with_small_cells_pooled():
+    from scipy.stats import chisquare
+
+    rng = random.Random(0)
+    for cells in (2, 5, 12):  # every cell expected >= 5 times at n = 300: nothing pooled, exactly scipy's test
+        weights = [0.5 + rng.random() for _ in range(cells)]
+        probs = {k: w / sum(weights) for k, w in enumerate(weights)}
+        counts = Counter(rng.choices(list(probs), list(probs.values()), k=300))
+        scipy_p = chisquare([counts[k] for k in probs], [300 * probs[k] for k in probs]).pvalue
+        assert math.isclose(chi_square_pvalue(counts, probs), scipy_p, rel_tol=1e-9)
+    # Pooled: {a: 0.5, b: 0.49} are big at n = 200, {c, d} are pooled (2 expected), then merged with b.
+    probs = {"a": 0.5, "b": 0.49, "c": 0.005, "d": 0.005}
+    counts = Counter({"a": 90, "b": 104, "c": 5, "d": 1})
+    assert math.isclose(chi_square_pvalue(counts, probs), chisquare([90, 110], [100, 100]).pvalue, rel_tol=1e-9)
+    assert chi_square_pvalue(Counter({"a": 1, "e": 1}), probs) == 0.0  # an impossible outcome was emitted
+    with pytest.raises(ValueError, match="sum to 1"):
+        chi_square_pvalue(counts, {"a": 0.5})
+    with pytest.raises(ValueError, match="draw more samples"):
+        chi_square_pvalue(Counter({"a": 3}), {"a": 0.5, "b": 0.5})
 
 
 def test_the_chi_square_test_detects_a_lossy_rule():
