@@ -90,3 +90,5 @@ for head in draft draft_kl; do
 done
 python -m eagle.train.export --target "$target" --draft "$runs/draft/final" --sampling-draft "$runs/draft_kl/final" \
     --out data/models/smollm2 --heads-only
+# The held-out prompts ship with the heads: the model card's figures and scripts/real_model_checks.py use them.
+cp "$heldout_prompts" data/prompts/smollm2_heldout.jsonl

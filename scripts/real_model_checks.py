@@ -9,7 +9,7 @@ tests of the same properties run on tiny models and on a few prompts of this one
   conversion then found by path, size and mtime): seconds from the call to a model ready to run, and
   apart from them the Python imports of torch and transformers' Llama code that any such process pays;
 - identity: strict greedy speculation against `model.generate` (float32, greedy, stopping at the same
-  end-of-turn ids) on the held-out chat prompts (runs/smollm2/prompts.heldout.jsonl: none trained on),
+  end-of-turn ids) on the held-out chat prompts (data/prompts/smollm2_heldout.jsonl: none trained on),
   token for token, and the tokens per cycle it reached;
 - chi2: strict sampling at T = 1 against the target's own distribution of the first three emitted tokens
   on a chat prompt (token 1 from the prefill, tokens 2-3 from the first cycle(s): drafted, verified,
@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--draft", default=str(REPO_ROOT / CONFIG.draft))
     parser.add_argument("--sampling-draft", default=str(REPO_ROOT / CONFIG.sampling_draft))
-    parser.add_argument("--prompts", default=str(REPO_ROOT / "runs" / "smollm2" / "prompts.heldout.jsonl"))
+    parser.add_argument("--prompts", default=str(REPO_ROOT / "data" / "prompts" / "smollm2_heldout.jsonl"))
     parser.add_argument("--identity", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--samples", type=int, default=1500)

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from test_report import fake_summary, write_run
 
+from eval.config.paths import bench_dir
 from eval.report import main
 from eval.reporting.summaries import SAMPLED_DRAFTS, load_runs, merge_runs, method_order
 from eval.reporting.tables import recovery_cell
-from eval.runner.job import against_strict
+from eval.runner.job import against_strict, score_quality
 from eval.scoring.recovery import agreement, paired_recovery
 
 
@@ -91,6 +93,26 @@ def test_a_job_pairs_each_method_with_strict_by_question():
     assert "quality_recovery_ci" not in figures["strict"]
     against_strict(None, {"strict": strict, "mars": mars}, each, figures := {"strict": {}, "mars": {}})
     assert "quality_recovery_ci" not in figures["mars"] and "agreement_vs_strict" in figures["mars"]
+
+
+def test_the_method_a_set_is_scored_against_gets_no_recovery():
+    """MT-bench at T = 1 is scored against vanilla's answers: vanilla scores 100 by construction, so a ratio of
+    it to strict's score (an independent sample) would mean nothing; the others keep theirs."""
+    run = SimpleNamespace(bench=SimpleNamespace(name="mt_bench", data_dir=bench_dir(), source="local"),
+                          sampling=SimpleNamespace(temperature=1.0))
+    texts = {"vanilla": "the cat sat on the mat", "strict": "a cat sat on a mat", "mars@0.9": "the cat sat there"}
+    records = {m: [{"question_id": q, "choices": [{"turns": [f"{t} {q}", "more"]}]} for q in (81, 82, 83)]
+               for m, t in texts.items()}
+    figures = {m: {} for m in records}
+    assert score_quality(run, records, figures) == "rougeL_vs_vanilla"
+    assert figures["vanilla"]["quality"]["rougeL_vs_vanilla"] == 100.0
+    assert "quality_recovery" not in figures["vanilla"]
+    assert figures["vanilla"]["quality_recovery_ci"]["undefined"] == "every method is scored against vanilla's answers"
+    assert "agreement_vs_strict" in figures["vanilla"]
+    mars = figures["mars@0.9"]
+    assert mars["quality_recovery"] == pytest.approx(
+        mars["quality"]["rougeL_vs_vanilla"] / figures["strict"]["quality"]["rougeL_vs_vanilla"])
+    assert mars["quality_recovery_ci"]["n"] == 3 and mars["quality_recovery_ci"]["undefined"] is None
 
 
 def t1_run(drafting: str) -> dict:

@@ -89,9 +89,10 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
     each: dict[str, dict] = {}  # method -> {question id: per-question figures}
     if bench in BENCHMARKS:
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
-        plain_answers = records.get(VANILLA) or records.get(GENERATE)
-        if plain_answers is None and run.sampling.temperature == 0:
-            plain_answers = records.get(STRICT)
+        yardstick = next((m for m in (VANILLA, GENERATE) if m in records), None)
+        if yardstick is None and run.sampling.temperature == 0:
+            yardstick = STRICT if STRICT in records else None
+        plain_answers = records[yardstick] if yardstick else None
         for method, recs in records.items():
             try:
                 result = score(bench, recs, run.bench.data_dir, baseline=plain_answers, source=run.bench.source,
@@ -109,28 +110,37 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
             fig["quality"] = {k: fig[k] for k in ("parse_rate", "token_prob") if k in fig}
     if metric is None:
         return None
+    # On a set scored against plain answers, the method that wrote them scores 100 by construction: a
+    # "recovery" of it (at T = 1 against strict's independent sample) would say nothing.
+    scored_against = yardstick if bench in BENCHMARKS and BENCHMARKS[bench].vs_vanilla and metric != "judge_score" \
+        else None
     for method, fig in figures.items():
         value = fig.get("quality", {}).get(metric)
         for key, reference in (("quality_recovery", STRICT), ("quality_recovery_vs_vanilla", VANILLA)):
             base = figures.get(reference, {}).get("quality", {}).get(metric)
-            if method != reference and value is not None and base:
+            if method not in (reference, scored_against) and value is not None and base:
                 fig[key] = ratio(value, base)
     if STRICT in each:
         # A judge's ratings are lists per turn, not one figure per question: no interval for them.
         against_strict(None if metric == "judge_score" else BENCHMARKS[bench].figure_of_question(),
-                       records, each, figures)
+                       records, each, figures, scored_against)
     return metric
 
 
 def against_strict(key: str | None, records: dict[str, list[dict]], each: dict[str, dict],
-                   figures: dict[str, dict]) -> None:
+                   figures: dict[str, dict], scored_against: str | None = None) -> None:
     """Every other method's `quality_recovery_ci` (per-question figure `key`, paired by question) and
-    `agreement_vs_strict` (its answers against strict's), from the methods' per-question figures `each`."""
+    `agreement_vs_strict` (its answers against strict's), from the methods' per-question figures `each`.
+    `scored_against`: the method whose answers the benchmark scores every method against (its interval
+    says so instead of a ratio)."""
     strict_turns = {str(r["question_id"]): answer_turns(r) for r in records[STRICT]}
     for method, per in each.items():
         if method == STRICT:
             continue
-        if key is not None:
+        if method == scored_against:
+            figures[method]["quality_recovery_ci"] = {
+                "n": len(per), "undefined": f"every method is scored against {method}'s answers"}
+        elif key is not None:
             common = [q for q in each[STRICT] if q in per and key in per[q] and key in each[STRICT][q]]
             ci = paired_recovery([float(per[q][key]) for q in common], [float(each[STRICT][q][key]) for q in common])
             # Its "recovery" is the ratio of the per-question means it resamples: the headline's ratio, except
