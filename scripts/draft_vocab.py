@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="draft vocabulary sizes to score")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -110,7 +111,7 @@ def main() -> None:
 
         decode_ms = best_ms(decode)
         sizes = {}
-        for n in (*SIZES, vocab):
+        for n in sorted({*args.sizes, vocab}):
             if n > vocab:
                 continue
             inside = torch.zeros(vocab, dtype=torch.bool)
