@@ -39,6 +39,7 @@ import torch
 from eagle.config import eos_token_ids
 from eagle.precision import resolve_dtype
 from eagle.train.corpus import read_source, stdlib_files, stdlib_root
+from eagle.train.data import read_jsonl
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.config.paths import bench_path
 
@@ -206,10 +207,13 @@ class Overlap:
         return any(turn in inner for turn in self.short)  # a short turn inside the prompt
 
 
-def build(sources: dict[str, list[str]], overlap: Overlap) -> tuple[list[dict], dict]:
-    """The records, and counts per source: offered, kept, dropped as duplicates, dropped for overlap."""
+def build(sources: dict[str, list[str]], overlap: Overlap, exclude: Iterable[str] = ()) -> tuple[list[dict], dict]:
+    """The records, and counts per source: offered, kept, dropped as duplicates (of each other or of an
+    `exclude` prompt: another set's, which this one must not share), dropped for overlap."""
     offered = Counter({s: len(p) for s, p in sources.items()})
-    unique = deduplicated((text, s) for s, prompts in sources.items() for text in prompts)
+    taken = {tuple(words(text)) for text in exclude}
+    unique = [(t, s) for t, s in deduplicated((text, s) for s, prompts in sources.items() for text in prompts)
+              if tuple(words(t)) not in taken]
     kept = [(t, s) for t, s in unique if not overlap(t)]
     stats = {s: {"offered": offered[s], "duplicates": offered[s] - sum(1 for _, x in unique if x == s),
                  "overlap": sum(1 for _, x in unique if x == s) - sum(1 for _, x in kept if x == s),
@@ -228,7 +232,9 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=64, help="prompts kept out of training, written to OUT's "
                     ".heldout.jsonl (the head's held-out scores, strict-equals-plain checks)")
     ap.add_argument("--dtype", default="auto", help="the target's precision for the self prompts (eagle.precision)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the self prompts' first batch seed (one per batch after it)")
+    ap.add_argument("--exclude", nargs="*", default=[],
+                    help="prompt JSONL files this set must not share a prompt with (e.g. the training set)")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -242,7 +248,8 @@ def main() -> None:
         sources["chatterbot"] = chatterbot_prompts()
     if args.docstrings:
         sources["docstrings"] = docstring_prompts(args.docstrings, args.seed)
-    records, stats = build(sources, Overlap(benchmark_turns(args.bench_dir)))
+    exclude = [r["messages"][0]["content"] for path in args.exclude for r in read_jsonl(path)]
+    records, stats = build(sources, Overlap(benchmark_turns(args.bench_dir)), exclude)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     random.Random(args.seed).shuffle(records)  # sources mixed; the held-out prompts a sample of all of them

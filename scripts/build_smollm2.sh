@@ -10,8 +10,9 @@
 #      output layer's cost at each size, beside a target decode
 #   3. the greedy head: EAGLE-3 with training-time test on the target's own answers to the prompts,
 #      greedy and T = 1 (eagle.train.draft --generate), DRAFT_VOCAB words, in chunks of DRAFT_MINUTES
-#   4. the sampling head: distilled on the target's full T = 1 distributions, in chunks of KL_MINUTES
-#   5. the greedy head's confidence temperature, the scores, export to data/models/smollm2 (bf16)
+#   4. the greedy head's confidence temperature (on fresh self-written prompts); the sampling head: distilled
+#      on the target's full T = 1 distributions, in chunks of KL_MINUTES
+#   5. the scores on the held-out prompts, export to data/models/smollm2 (bf16) with those prompts
 # While a training stage's schedule is unfinished the script says so and stops: rerun it to continue
 # (each chunk fits a 3-hour session with room to spare).
 #
@@ -54,15 +55,30 @@ unfinished() {  # a training run whose schedule has steps left
 }
 
 n=$(wc -l < "$runs/prompts.jsonl")
-python -m eagle.train.draft --target "$target" --out "$runs/draft" --data-jsonl "$runs/prompts.jsonl" --generate \
-    --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" --gen-batch 32 --seq-len "$seq_len" \
-    --max-tokens $((n * 2 * seq_len)) --draft-vocab-size "$draft_vocab" --batch 8 --epochs 2 --ttt-steps 5 \
-    --lr 5e-4 --warmup 50 --save-every 50 \
-    --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
+# A finished stage is not run again: that would save its final/ afresh (the confidence temperature lost).
 if unfinished "$runs/draft"; then
-    echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
-    exit 0
+    python -m eagle.train.draft --target "$target" --out "$runs/draft" --data-jsonl "$runs/prompts.jsonl" \
+        --generate --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" --gen-batch 32 --seq-len "$seq_len" \
+        --max-tokens $((n * 2 * seq_len)) --draft-vocab-size "$draft_vocab" --batch 8 --epochs 2 --ttt-steps 5 \
+        --lr 5e-4 --warmup 50 --save-every 50 --minutes "$draft_minutes" --eval-sequences 0 \
+        --wandb "${WANDB_MODE_DRAFT:-offline}"
+    if unfinished "$runs/draft"; then
+        echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
+        exit 0
+    fi
 fi
+
+# The greedy head's confidence temperature, fitted on the target's greedy answers to prompts neither trained on nor
+# held out: self-written ones from batch seeds far from the training set's (~7 min), any shared prompt dropped.
+heldout_prompts="$runs/prompts.heldout.jsonl"
+confidence_prompts="$runs/confidence_prompts.jsonl"
+[ -s "$confidence_prompts" ] || python -m eval.chat_prompts --target "$target" --self 300 --docstrings 0 \
+    --no-chatterbot --heldout 0 --seed 100000 --exclude "$runs/prompts.jsonl" "$heldout_prompts" \
+    --out "$confidence_prompts"
+python -c 'import json, sys; sys.exit("confidence_temperature" not in json.load(open(sys.argv[1])))' \
+    "$runs/draft/final/config.json" || python -m eagle.train.confidence --target "$target" \
+    --draft "$runs/draft/final" --prompts "$confidence_prompts" --sequences 256 --dtype float32 \
+    --sequences-cache "$runs/confidence_seqs.pt" --out "$runs/draft/final/confidence.json" --write
 
 # The sampling head trains on stage 3's sequences (the target's answers, greedy and T = 1): generating them
 # again would double the longest part of the build. Only its features differ (full distributions).
@@ -70,21 +86,18 @@ if [ ! -f "$runs/draft_kl/data/sequences.pt" ]; then
     mkdir -p "$runs/draft_kl/data"
     cp "$runs/draft/data/sequences.pt" "$runs/draft_kl/data/sequences.pt"
 fi
-python -m eagle.train.draft --target "$target" --init "$runs/draft/final" --out "$runs/draft_kl" \
-    --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" \
-    --gen-batch 32 --seq-len "$seq_len" --max-tokens $((n * 2 * seq_len)) --target-dist full --target-dtype float32 \
-    --batch 8 --epochs 1 \
-    --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 20 --minutes "$kl_minutes" --eval-sequences 0 \
-    --wandb "${WANDB_MODE_DRAFT:-offline}"
 if unfinished "$runs/draft_kl"; then
-    echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun to continue" >&2
-    exit 0
+    python -m eagle.train.draft --target "$target" --init "$runs/draft/final" --out "$runs/draft_kl" \
+        --data-jsonl "$runs/prompts.jsonl" --generate --gen-temperature 0 1 --gen-limit "$n" "$sampled_answers" \
+        --gen-batch 32 --seq-len "$seq_len" --max-tokens $((n * 2 * seq_len)) --target-dist full \
+        --target-dtype float32 --batch 8 --epochs 1 --ttt-steps 5 --lr 2e-4 --warmup 10 --save-every 20 \
+        --minutes "$kl_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
+    if unfinished "$runs/draft_kl"; then
+        echo "stage 4 stopped before the end of its schedule (KL_MINUTES=$kl_minutes): rerun to continue" >&2
+        exit 0
+    fi
 fi
 
-heldout_prompts="$runs/prompts.heldout.jsonl"
-python -m eagle.train.confidence --target "$target" --draft "$runs/draft/final" --prompts "$runs/prompts.jsonl" \
-    --sequences 256 --dtype float32 --sequences-cache "$runs/confidence_seqs.pt" \
-    --out "$runs/draft/final/confidence.json" --write
 for head in draft draft_kl; do
     for t in 0 1; do  # sum min(p, q) per draft step on the target's own answers to held-out prompts
         python -m eagle.train.evaluate --target "$target" --draft "$runs/$head/final" --prompts "$heldout_prompts" \

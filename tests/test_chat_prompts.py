@@ -49,6 +49,13 @@ def test_duplicates_go_in_order_and_counts_add_up():
     assert all(r["messages"][0]["role"] == "user" and r["source"] in "ab" for r in records)
 
 
+def test_a_set_built_beside_another_shares_none_of_its_prompts():
+    records, stats = build({"a": ["Tell me a joke!", "Name a colour.", "Why is the sky blue?"]}, Overlap([]),
+                           exclude=["tell me a   JOKE", "Why is the sky green?"])
+    assert [r["messages"][0]["content"] for r in records] == ["Name a colour.", "Why is the sky blue?"]
+    assert stats == {"a": {"offered": 3, "duplicates": 1, "overlap": 0, "kept": 2}}
+
+
 def test_docstring_prompts_ask_about_the_train_split_only():
     prompts = docstring_prompts(60, seed=1)
     assert len(prompts) == 60 and len(set(prompts)) > 55
