@@ -1,0 +1,80 @@
+"""What one draft-verify cycle costs on this machine, phase by phase, beside plain decoding: a JSON report.
+
+For each tree shape the speculative loop decodes one chat prompt with phase timing on (`profile=True`:
+prefill, catch-up of the head, drafting, the target's tree forward, acceptance, cache update) and the
+report gives milliseconds per cycle; `model.generate` decodes the same prompt greedily for the plain
+figure. Acceptance does not matter for these costs (any head will do, a trained one or a stand-in),
+so the figures say how many plain tokens a cycle must win back: a cycle of C ms against plain decoding
+at P ms per token needs tau > C / P to be faster.
+
+    python scripts/cycle_costs.py OUT.json --draft data/models/smollm2/draft          # model=smollm2's target
+    python scripts/cycle_costs.py OUT.json --target DIR --draft DIR --trees 8/4/2 20/4/5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from eagle.checkpoint import load_draft
+from eagle.sources import local_model
+from eval.config.paths import REPO_ROOT
+from eval.runner.job import machine
+from mars import SpeculativeGenerator
+from mars.settings import TreeShape
+
+PROMPT = "Write a short story about a robot who learns to paint, in three paragraphs."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--target", help="a model directory or GGUF spec (default: configs/model/smollm2.yaml's)")
+    parser.add_argument("--draft", required=True)
+    parser.add_argument("--trees", nargs="+", default=["8/4/2", "12/4/3", "20/4/5", "30/5/6", "50/6/10"],
+                        help="total/depth/branching")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    if args.target is None:
+        config = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+        directory = local_model(config.target, config.target_sha256)
+    else:
+        directory = local_model(args.target)
+    dtype = getattr(torch, args.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    head = load_draft(args.draft, model)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    report = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(),
+              "threads": torch.get_num_threads(), "dtype": args.dtype, "prompt_tokens": ids.shape[1],
+              "tokens": args.tokens, "trees": {}}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=8, do_sample=False)  # warm-up
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False)
+    plain_ms = 1000 * (time.perf_counter() - start) / args.tokens
+    report["generate_ms_per_token"] = plain_ms
+    for shape in args.trees:
+        gen = SpeculativeGenerator(model, head, TreeShape(*map(int, shape.split("/"))), profile=True)
+        gen.generate(ids, max_new_tokens=8)  # warm-up
+        out = gen.generate(ids, max_new_tokens=args.tokens)
+        phases = {k: 1000 * v / out.num_cycles for k, v in out.phase_seconds.items() if k != "accounting"}
+        cycle = sum(v for k, v in phases.items() if k != "prefill")  # the prompt's forward is paid once per call
+        report["trees"][shape] = {"cycles": out.num_cycles, "ms_per_cycle": round(cycle, 2),
+                                  "phases_ms": {k: round(v, 2) for k, v in phases.items()},
+                                  "tau_to_match_generate": round(cycle / plain_ms, 2)}
+        print(shape, report["trees"][shape], flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
