@@ -87,6 +87,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
     """
     bench, metric = run.bench.name, None
     each: dict[str, dict] = {}  # method -> {question id: per-question figures}
+    yardstick = None  # the method whose answers a reference-free set is scored against
     if bench in BENCHMARKS:
         # Reference-free sets compare against the same model's plain greedy output (strict greedy == vanilla).
         yardstick = next((m for m in (VANILLA, GENERATE) if m in records), None)
@@ -112,8 +113,7 @@ def score_quality(run: RunConfig, records: dict[str, list[dict]], figures: dict[
         return None
     # On a set scored against plain answers, the method that wrote them scores 100 by construction: a
     # "recovery" of it (at T = 1 against strict's independent sample) would say nothing.
-    scored_against = yardstick if bench in BENCHMARKS and BENCHMARKS[bench].vs_vanilla and metric != "judge_score" \
-        else None
+    scored_against = yardstick if yardstick and BENCHMARKS[bench].vs_vanilla and metric != "judge_score" else None
     for method, fig in figures.items():
         value = fig.get("quality", {}).get(metric)
         for key, reference in (("quality_recovery", STRICT), ("quality_recovery_vs_vanilla", VANILLA)):
