@@ -140,6 +140,8 @@ def test_running_totals_match_the_summary_definitions():
     assert totals.tokens_per_s == pytest.approx(figures["tokens_per_s"])
     assert totals.tau == pytest.approx(figures["tau"]) == pytest.approx((16 + 8 + 12) / 12)
     assert tracking.RunningTotals().tau == 1.0 and tracking.RunningTotals().tokens_per_s == 0.0
+    # per turn: the first turns of all three (16 + 8 + 0 tokens over 5 + 3 + 0 cycles), the one second turn
+    assert figures["tau_by_turn"] == pytest.approx([(16 + 8) / 8, 12 / 4])
 
 
 def test_summary_items_flat_numeric_and_headline():

@@ -17,6 +17,8 @@ Definitions (all pooled over the questions every method answered):
                            comes from the prefill, in no cycle, so tau = sum(new_tokens - 1) / sum(cycles)
                            (the reference tools' "tau" divides by the last loop index instead, which
                            overstates it; they also credit a bonus token when EOS ends a path early)
+  tau_by_turn              tau of each turn position pooled over the questions that have it (MT-bench: the
+                           first turns', then the second's, asked after a longer context)
   relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
   parse_rate, loglik       see `eval.scoring.quality`; token_prob = exp(loglik)
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
@@ -71,6 +73,16 @@ def cycle_counts(record: dict) -> tuple[int, int]:
     return sum(n - 1 for n in choice["new_tokens"] if n > 0), sum(choice["idxs"])
 
 
+def tau_by_turn(records: list[dict]) -> list[float]:
+    """tau per turn position (0-based), each pooled over the records that reached that turn."""
+    turns = max((len(r["choices"][0]["new_tokens"]) for r in records), default=0)
+    out = []
+    for i in range(turns):
+        choices = [r["choices"][0] for r in records if len(r["choices"][0]["new_tokens"]) > i]
+        out.append(tau(sum(max(c["new_tokens"][i] - 1, 0) for c in choices), sum(c["idxs"][i] for c in choices)))
+    return out
+
+
 def tokens_per_s(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds else 0.0
 
@@ -109,6 +121,7 @@ def method_figures(records: list[dict]) -> dict:
         "mean_question_tokens_per_s": sum(per_question) / len(per_question) if per_question else 0.0,
         "cycles": cycles,
         "tau": tau(cycle_tokens, cycles),
+        "tau_by_turn": tau_by_turn(records),
         "relaxed_tokens": relaxed,
         "relaxed_frac": relaxed / tokens if tokens else 0.0,
         "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),
