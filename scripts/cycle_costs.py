@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
 from eagle.sources import local_model
-from eval.config.paths import REPO_ROOT
+from eval.config.schema import composed
 from eval.runner.job import machine
 from mars import SpeculativeGenerator
 from mars.settings import TreeShape
@@ -43,7 +42,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     if args.target is None:
-        config = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+        config = composed("model=smollm2").model
         directory = local_model(config.target, config.target_sha256)
     else:
         directory = local_model(args.target)

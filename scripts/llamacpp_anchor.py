@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.config import eos_token_ids
@@ -35,10 +34,11 @@ from eagle.sources import gguf_file, local_model
 from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
-from eval.config.paths import REPO_ROOT, bench_dir
+from eval.config.paths import bench_dir
+from eval.config.schema import composed
 from eval.runner.job import machine
 
-CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+CONFIG = composed("model=smollm2").model
 
 
 def hf_greedy(model, ids: list[int], tokens: int, eos: list[int]) -> dict:

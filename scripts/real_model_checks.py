@@ -30,7 +30,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
@@ -39,13 +38,14 @@ from eagle.sources import local_model, provenance
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
+from eval.config.schema import composed
 from eval.runner.job import machine
 from eval.runs.jsonl import read_jsonl
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.settings import TreeShape
 from mars.stats import chi_square_pvalue
 
-CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+CONFIG = composed("model=smollm2").model
 CHI2_PROMPT = "Name a primary colour."  # a chat question whose first tokens spread over a few answers
 MASS = 1e-4  # prefixes below this probability are not expanded: their mass is the "other" cell
 MIN_EXPECTED = 5.0

@@ -11,18 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import hf_greedy
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.scripted import ScriptedHead
 from eagle.sources import gguf_file, local_model, provenance
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
-from eval.config.paths import REPO_ROOT
+from eval.config.schema import composed
 from mars import SpeculativeGenerator
 from mars.settings import TreeShape
 
-CONFIG = OmegaConf.load(REPO_ROOT / "configs" / "model" / "smollm2.yaml")
+CONFIG = composed("model=smollm2").model
 QUESTIONS = [Question(0, ["What is the capital of France?"]),
              Question(1, ["Write a haiku about autumn leaves."]),
              Question(2, ["Name three prime numbers.", "Which of them is the largest?"])]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -39,6 +40,7 @@ from eval.config.methods import (
     method_spec,
     rule_schema,
 )
+from eval.config.paths import REPO_ROOT
 from mars.adapter.static import check_static_options
 from mars.rules import RULES, make_rule
 from mars.settings import NAMED_TREES, TreeShape
@@ -306,3 +308,11 @@ def register() -> None:
     for mode in WandbMode:
         cs.store(group="logging", name=mode.value, node=LoggingConfig(mode=mode))
 register()
+
+
+def composed(*overrides: str) -> DictConfig:
+    """The job config `python -m eval.run OVERRIDES` composes, without running it: where a script reads a
+    model's settings (`composed("model=smollm2").model`), whatever package its YAML file writes to (a model may
+    also set its tree's calibration prompts, `# @package _global_`)."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        return compose("config", overrides=list(overrides))
