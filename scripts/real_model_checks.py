@@ -147,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
     parser.add_argument("--draft", default=str(REPO_ROOT / CONFIG.draft))
-    parser.add_argument("--sampling-draft", default=str(REPO_ROOT / CONFIG.sampling_draft))
+    parser.add_argument("--sampling-draft", default=str(REPO_ROOT / (CONFIG.sampling_draft or CONFIG.draft)))
     parser.add_argument("--prompts", default=str(REPO_ROOT / "data" / "prompts" / "smollm2_heldout.jsonl"))
     parser.add_argument("--identity", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
