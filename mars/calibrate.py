@@ -247,7 +247,7 @@ class Halving:
                         untimed = [a for a in alive if a.units == 0]
                         for a in untimed:
                             a.dropped = {"round": r + 1, "prompts": 0, "tokens_per_s": None,
-                                         "reason": "not timed within the budget",
+                                         "reason": NOT_TIMED,
                                          "elapsed_s": round(time.perf_counter() - started, 1)}
                         self.log(f"calibration budget spent in round {r + 1}: {len(untimed)} candidates not timed")
                         return False
@@ -287,6 +287,14 @@ class Halving:
                 break
             size, r = size * 2, r + 1
         return max(self.alive(), key=lambda a: a.speed)
+
+
+NOT_TIMED = "not timed within the budget"  # a dropped candidate's reason when the budget ran out before it
+
+
+def untimed(record: dict) -> int:
+    """How many of a calibration record's candidates the budget left untimed."""
+    return sum(1 for d in record["dropped"].values() if d.get("reason") == NOT_TIMED)
 
 
 class Budget:
@@ -416,7 +424,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
               "kernel_candidates": {k.label: {"plain": round(plains[k].speed, 2) if k in plains else None,
                                               "trees": {a.tree.label: round(a.speed, 2) for a in everything
                                                         if a.kernels == k and a.units},
-                                              "identical": identical.get(k, False)} for k in kernels},
+                                              # None: not checked, the budget ran out before its precision
+                                              "identical": identical.get(k)} for k in kernels},
               "tokens_per_s": {**{a.tree.label: round(a.speed, 2) for a in chosen if a.units},
                                "plain": round(plains[best.kernels].speed, 2)},
               "speedup_over_plain": round(best.speed / plains[best.kernels].speed, 3),

@@ -12,11 +12,15 @@
 # offline W&B run per job. A rerun answers nothing twice: every finished answer is kept and skipped.
 #
 #   scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides...]
-#   NUM_PROMPTS=3 MAX_NEW_TOKENS=64 scripts/main_table_smollm2.sh /tmp/small     # the small setting (default)
-#   NUM_PROMPTS=1000 MAX_NEW_TOKENS=256 scripts/main_table_smollm2.sh results/smollm2-full  # every question
+#   scripts/main_table_smollm2.sh /tmp/small              # the small setting (the defaults below)
+#   NUM_PROMPTS=1000 MAX_NEW_TOKENS=256 TREE=calibrated scripts/main_table_smollm2.sh results/smollm2-full
 #
-# NUM_PROMPTS caps the questions per benchmark (the sets hold 79-164); BENCHES, TEMPERATURES override the
-# lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/
+# NUM_PROMPTS caps the questions per benchmark (the sets hold 79-164; small: 2); MAX_NEW_TOKENS (small: 64).
+# TREE is the tree preset. Small: cpu, one fixed 20/4/5 tree for every method (only the precision is measured).
+# Full: calibrated, a tree timed for strict and for each θ in each mode, cached per machine. Those 12 calibrations
+# need ~2 min each to time every candidate once on the 2-core AVX2 EPYC; inside a small budget they would time
+# only the first candidate or two.
+# BENCHES, TEMPERATURES override the lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/
 # (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md, report.csv and the plots; `wandb sync
 # OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later. The times of both settings on this
 # project's CPUs are in the README ("The paper's main table on a real model").
@@ -27,7 +31,8 @@ out="$(out_dir "usage: scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides
 shift
 export MARS_BENCH_DIR="${MARS_BENCH_DIR:-$(cd .. && pwd)/shared/data/bench}"
 common=(model=smollm2 "bench=${BENCHES:-mt_bench,humaneval,gsm8k,alpaca,sum,qa,wmt19}"
-        "num_prompts=${NUM_PROMPTS:-3}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
+        "num_prompts=${NUM_PROMPTS:-2}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
+        "tree=${TREE:-cpu}"
         method=mars "method.theta=0.8,0.9,0.95"
         logging=offline logging.group=main_table_smollm2
         "out_dir=$out/runs/\${model.name}/\${bench.name}")

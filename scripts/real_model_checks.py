@@ -15,7 +15,7 @@ tests of the same properties run on tiny models and on a few prompts of this one
   on a chat prompt (token 1 from the prefill, tokens 2-3 from the first cycle(s): drafted, verified,
   corrected). The exact joint p(x1) p(x2 | x1) p(x3 | x1, x2) is computed by target forwards over every
   prefix above a mass threshold; the rest of the mass is one cell. One χ² goodness-of-fit test per
-  drafting mode (top-k trees with the greedy head, sampled trees with the sampling head), p > 0.01 passes,
+  drafting mode (top-k trees and sampled trees, with the head eval.run samples with), p > 0.01 passes,
   as the suite's tests of the tiny models do (tests/test_lossless.py).
 """
 
@@ -171,8 +171,10 @@ def main() -> None:
         report["identity"] = {**identity(model, tokenizer, head, tree, prompts, args.tokens),
                               "tokens": args.tokens, "seconds": time.perf_counter() - start}
     if "chi2" not in args.skip:
-        sampling_head = load_draft(args.sampling_draft, model) if Path(args.sampling_draft).exists() else head
-        report["chi2"] = [chi2(model, tokenizer, head, tree, args.samples),
+        # The head eval.run samples with, in both drafting modes (model.sampling_draft, else model.draft).
+        same = Path(args.sampling_draft).resolve() == Path(args.draft).resolve()
+        sampling_head = head if same else load_draft(args.sampling_draft, model)
+        report["chi2"] = [chi2(model, tokenizer, sampling_head, tree, args.samples),
                           chi2(model, tokenizer, sampling_head, TreeShape(total, depth, branching, drafting="sample"),
                                args.samples, seed=1)]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

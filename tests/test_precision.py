@@ -180,6 +180,8 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
                        max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
     assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
     assert record["kernel_candidates"]["float32+packed"] == {"plain": None, "trees": {}, "identical": False}
+    from eval.runner.settings import untimed_why
+    assert untimed_why(record, "float32+packed") == "its output differed from plain decoding"
     assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2, drafting="topk").__dict__}
 
 
@@ -208,6 +210,12 @@ def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budg
     assert len(spent["rounds"]) == 1 and not spent["cached"] and spent["budget_s"] == 0.0
     assert TreeShape(**spent["tree"]) == CALIBRATED[0] and len(spent["dropped"]) == len(CALIBRATED) - 1
     assert all(d["reason"] == "not timed within the budget" for d in spent["dropped"].values())
+    # and the settings' reasons say so, instead of "the fastest of 13 candidates"
+    from eval.runner.settings import measured_of
+    assert measured_of(record, len(CALIBRATED)) == f"the fastest of {len(CALIBRATED)} candidates"
+    assert measured_of(spent, len(CALIBRATED)) == (
+        f"the fastest timed of {len(CALIBRATED)} candidates ({len(CALIBRATED) - 1} of {len(CALIBRATED)} candidate "
+        "runs not timed within the 0 s budget)")
 
 
 def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_path):

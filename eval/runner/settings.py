@@ -24,7 +24,7 @@ from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
-from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates
+from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates, untimed
 from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
 
 
@@ -110,13 +110,31 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
     same = [k for k in options if k.dtype == kernels.dtype]
     if len(same) > 1 and record and record.get("kernel_candidates"):
         speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values(), default=None) for k in same}
-        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" if v else f"{label} not timed (output differed)"
+        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" if v else
+                                        f"{label} not timed ({untimed_why(record, label)})"
                                         for label, v in speed.items())
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
         return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (eagle/kernels.py)"
     return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
+
+
+def untimed_why(record: dict, kernels_label: str) -> str:
+    """Why a kernel candidate of a calibration record has no speed."""
+    if record["kernel_candidates"][kernels_label]["identical"] is False:  # None: never checked
+        return "its output differed from plain decoding"
+    return "the budget ran out before it"
+
+
+def measured_of(record: dict, offered: int) -> str:
+    """"the fastest of N candidates", saying so when the budget left some untimed (their count in kernel x tree
+    runs, of all the record's)."""
+    left = untimed(record)
+    if not left:
+        return f"the fastest of {offered} candidates"
+    return (f"the fastest timed of {offered} candidates ({left} of {len(record['timed_prompts'])} candidate runs "
+            f"not timed within the {record['budget_s']:.0f} s budget)")
 
 
 def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None) -> str:
@@ -131,8 +149,11 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
                   if not label.startswith(kernels.dtype) and f["trees"]}
         verdict = "" if record.get("kernels_reproduce_plain", True) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
+        untried = [f"{label} not timed ({untimed_why(record, label)})" for label, f in figures.items()
+                   if not label.startswith(kernels.dtype) and not f["trees"]]
         return (f"measured: strict {best:.1f} tok/s in calibration against "
-                + (", ".join(f"{label} {v:.1f}" for label, v in others.items()) or "no other precision") + verdict)
+                + (", ".join([*(f"{label} {v:.1f}" for label, v in others.items()), *untried]) or "no other precision")
+                + verdict)
     return f"auto: the only candidate here ({kernels.label})"
 
 
@@ -194,7 +215,7 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     else:
         kernels = options[0]
     if run.tree.calibrate:
-        tree_setting = Setting(tree, f"measured: the fastest of {len(trees)} candidates, "
+        tree_setting = Setting(tree, f"measured: {measured_of(record, len(trees))}, "
                                      f"{record['speedup_over_plain']:.2f}x plain decoding in calibration "
                                      f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
     else:
@@ -205,7 +226,7 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
                         trees=trees, log=log, drafting=run.tree.drafting, batch=run.batch_size, budget=budget.next(),
                         exclusive=exclusive)
         method_trees[method.name] = Setting(
-            TreeShape(**own["tree"]), f"measured for {method.name}: the fastest of {len(trees)} candidates with "
+            TreeShape(**own["tree"]), f"measured for {method.name}: {measured_of(own, len(trees))} with "
             f"{kernels.label}, {own['speedup_over_plain']:.2f}x plain decoding in calibration "
             f"({'cached: ' if own['cached'] else 'saved to '}{own['cache']})", own)
     return DecodeSettings(
