@@ -145,15 +145,13 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     if record and record.get("kernel_candidates"):
         figures = record["kernel_candidates"]
         best = max(figures[kernels.label]["trees"].values())
-        others = {label: max(f["trees"].values()) for label, f in figures.items()
-                  if not label.startswith(kernels.dtype) and f["trees"]}
+        others = [f"{label} {max(f['trees'].values()):.1f}" if f["trees"] else
+                  f"{label} not timed ({untimed_why(record, label)})"
+                  for label, f in figures.items() if not label.startswith(kernels.dtype)]
         verdict = "" if record.get("kernels_reproduce_plain", True) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
-        untried = [f"{label} not timed ({untimed_why(record, label)})" for label, f in figures.items()
-                   if not label.startswith(kernels.dtype) and not f["trees"]]
         return (f"measured: strict {best:.1f} tok/s in calibration against "
-                + (", ".join([*(f"{label} {v:.1f}" for label, v in others.items()), *untried]) or "no other precision")
-                + verdict)
+                + (", ".join(others) or "no other precision") + verdict)
     return f"auto: the only candidate here ({kernels.label})"
 
 
