@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The MARS paper's main-table protocol on a real chat model on a CPU: SmolLM2-135M-Instruct (model=smollm2,
-# its EAGLE-3 heads from scripts/build_smollm2.sh) on every chat benchmark of the paper that the benchmark
-# directory holds: MT-bench (both turns), HumanEval (programs run in the sandbox), GSM8K, Alpaca, CNN/DM
-# (sum), Natural Questions (qa), WMT19 zh->en. Per benchmark: T = 0, and T = 1 drafting both ways (the
-# paper's top-k trees, as the EAGLE-3 and MARS code draft, and sampled trees), each a sweep of MARS
-# θ = 0.8, 0.9, 0.95 whose jobs share model.generate, vanilla and strict as baselines (answered once,
-# interleaved question by question). Then the report: speed against our vanilla and the fastest plain
-# decoding, τ, acceptance per depth, exact TV / KL costs, task quality per benchmark, quality recovery
-# against strict with its bootstrap interval and the questions it rests on, agreement with strict's
-# answers and the target's log-likelihood of each method's answers (Markdown, CSV, plots), and one
-# offline W&B run per job. A rerun answers nothing twice: every finished answer is kept and skipped.
+# The MARS paper's main-table protocol on a real chat model on a CPU: SmolLM2-135M-Instruct (model=smollm2, its
+# EAGLE-3 heads from scripts/build_smollm2.sh) on every chat benchmark of the paper that the benchmark directory
+# holds: MT-bench (both turns), HumanEval (programs run in the sandbox), GSM8K, Alpaca, CNN/DM (sum), Natural
+# Questions (qa), WMT19 zh->en. Per benchmark: T = 0, and T = 1 drafting both ways (the paper's top-k trees, as
+# the EAGLE-3 and MARS code draft, and sampled trees). One job per benchmark and mode answers model.generate
+# (float32 and bf16), vanilla, strict and MARS θ = 0.8, 0.9, 0.95 together, interleaved question by question, so
+# every ratio is measured in one run. Then the report: speed against our vanilla and the fastest plain decoding,
+# τ, acceptance per depth, exact TV / KL costs, task quality per benchmark, quality recovery against strict with
+# its bootstrap interval and the questions it rests on, agreement with strict's answers and the target's log-
+# likelihood of each method's answers (Markdown, CSV, plots), and one offline W&B run per job. A rerun answers
+# nothing twice: every finished answer is kept and skipped.
 #
 #   scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides...]
 #   scripts/main_table_smollm2.sh /tmp/small              # the small setting (the defaults below)
@@ -20,20 +20,25 @@
 # Full: calibrated, a tree timed for strict and for each θ in each mode, cached per machine. Those 12 calibrations
 # need ~2 min each to time every candidate once on the 2-core AVX2 EPYC; inside a small budget they would time
 # only the first candidate or two.
-# BENCHES, TEMPERATURES override the lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/
-# (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md, report.csv and the plots; `wandb sync
-# OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later. The times of both settings on this
-# project's CPUs are in the README ("The paper's main table on a real model").
+# BENCHES, TEMPERATURES, THETAS override the lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves
+# OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/ (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md,
+# report.csv and the plots; `wandb sync OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later.
+# The times of both settings on this project's CPUs are in the README ("The paper's main table on a real model").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/out_dir.sh
 out="$(out_dir "usage: scripts/main_table_smollm2.sh OUT_DIR [eval.run overrides...]" "$@")"
 shift
 export MARS_BENCH_DIR="${MARS_BENCH_DIR:-$(cd .. && pwd)/shared/data/bench}"
+IFS=, read -ra thetas <<< "${THETAS:-0.8,0.9,0.95}"
+# The job's own method is MARS at the first θ; the other θs are baselines of the same job, so that all seven
+# methods are timed interleaved, and the pair is loaded and warmed up once per benchmark and mode.
+others=""
+for theta in "${thetas[@]:1}"; do others+=",mars@$theta"; done
 common=(model=smollm2 "bench=${BENCHES:-mt_bench,humaneval,gsm8k,alpaca,sum,qa,wmt19}"
         "num_prompts=${NUM_PROMPTS:-2}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
         "tree=${TREE:-cpu}"
-        method=mars "method.theta=0.8,0.9,0.95"
+        method=mars "method.theta=${thetas[0]}" "baselines=[generate,vanilla,strict$others]"
         logging=offline logging.group=main_table_smollm2
         "out_dir=$out/runs/\${model.name}/\${bench.name}")
 start=$SECONDS

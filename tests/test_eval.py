@@ -131,17 +131,25 @@ def test_function_source_cuts_at_the_end_of_the_function():
     assert not ended and written == 1 and source.startswith("def area(self):") and source.endswith("return 1\n")
 
 
-def test_loglik_matches_a_full_forward():
+def test_loglik_matches_a_full_forward_for_every_completion_of_a_kept_prompt():
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)).eval()
-    prompt, completion = [1, 5, 7], [9, 11, 2]
-    total, n = quality.completion_loglik(model, prompt, completion)
-    with torch.no_grad():
-        logprobs = model(torch.tensor([prompt + completion])).logits[0].float().log_softmax(-1)
-    expected = sum(logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion))
-    assert n == 3 and total == pytest.approx(expected, abs=1e-4)
-    assert quality.token_prob(total, n) == pytest.approx(torch.tensor(expected / 3).exp().item(), rel=1e-4)
+    prompt = [1, 5, 7]
+
+    def full_forward(completion):
+        with torch.no_grad():
+            logprobs = model(torch.tensor([prompt + completion])).logits[0].float().log_softmax(-1)
+        return sum(logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion))
+
+    total, n = quality.completion_loglik(model, prompt, [9, 11, 2])
+    assert n == 3 and total == pytest.approx(full_forward([9, 11, 2]), abs=1e-4)
+    assert quality.token_prob(total, n) == pytest.approx(torch.tensor(total / 3).exp().item(), rel=1e-4)
+    kept = quality.PromptLoglik(model, prompt)  # the cache is cut back to the prompt after each completion
+    for completion in ([9, 11, 2], [4], [30, 31, 32, 33, 34], [9, 11, 2]):
+        total, n = kept(completion)
+        assert n == len(completion) and total == pytest.approx(full_forward(completion), abs=1e-4)
+    assert kept([]) == (0.0, 0)
 
 
 # --- answer files -----------------------------------------------------------------------------

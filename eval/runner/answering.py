@@ -67,6 +67,7 @@ class Evaluator:
         self.context = min(context_length(gen.target.model.config), gen.target.max_length)
         self.figures = set(run.bench.quality)
         self._loglik: dict[tuple, tuple[float, int]] = {}  # for the current question only
+        self._prompts: dict[tuple, quality.PromptLoglik] = {}  # its prompts, each computed once for every method
 
     def budget(self, ids: list[int]) -> int:
         """max_new_tokens, or what still fits the context after a long prompt."""
@@ -77,12 +78,17 @@ class Evaluator:
 
     def loglik(self, ids: list[int], tokens: list[int]) -> tuple[float, int]:
         key = (tuple(ids), tuple(tokens))  # strict greedy repeats vanilla's tokens: score them once
+        if not tokens:
+            return 0.0, 0
         if key not in self._loglik:
-            self._loglik[key] = quality.completion_loglik(self.gen.target.model, ids, tokens)
+            if key[0] not in self._prompts:
+                self._prompts[key[0]] = quality.PromptLoglik(self.gen.target.model, ids)
+            self._loglik[key] = self._prompts[key[0]](tokens)
         return self._loglik[key]
 
     def start(self, question: Question) -> None:
         self._loglik.clear()
+        self._prompts.clear()
 
     def answer(self, method: MethodConfig, sampling: SamplingConfig, question: Question, seed: int) -> dict:
         return self.answer_batch(method, sampling, [question], seed)[0]

@@ -16,10 +16,11 @@ indented at or left of the `def` line (the model moved on to the next definition
   Blank lines and lines inside multi-line strings are judged by indentation like any other line;
   the same rule applies to every method, so rates are comparable.
 
-`loglik`: the mean per-token log-likelihood of the generated tokens under the target (one forward
-of prompt + completion, fp32 log-softmax), pooled over tokens. Its exponential, `token_prob`, the
-geometric-mean probability the target gives the tokens, is the figure compared across methods:
-greedy decoding takes the target's top token every step, so relaxed acceptances can only lower it.
+`loglik`: the mean per-token log-likelihood of the generated tokens under the target (a forward of the
+prompt, kept for every completion of it, then of the completion; fp32 log-softmax), pooled over tokens.
+Its exponential, `token_prob`, the geometric-mean probability the target gives the tokens, is the figure
+compared across methods: greedy decoding takes the target's top token every step, so relaxed acceptances
+can only lower it.
 
 quality_recovery = figure(MARS) / figure(strict), per figure (parse rate, token_prob). Strict greedy
 decoding equals vanilla greedy decoding, so strict's figures are vanilla's.
@@ -82,17 +83,44 @@ def parses(prompt: str, completion: str, stopped_by_eos: bool) -> bool:
     return status == "complete" if ended else status != "invalid"
 
 
-@torch.inference_mode()
+class PromptLoglik:
+    """Log-likelihoods under `model` of completions of one prompt, the prompt computed once: every method
+    answers the same question, and a long prompt (a CNN/DM article) costs far more than its answers.
+
+    The prompt's KV cache is kept and cut back to the prompt after each completion; a completion's figure
+    equals one forward of prompt + completion (`tests/test_eval.py`) up to float rounding."""
+
+    @torch.inference_mode()
+    def __init__(self, model, prompt_ids: list[int]):
+        from transformers import DynamicCache
+
+        from mars.adapter.cache import cache_keyword
+
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache, self.keyword = DynamicCache(), cache_keyword(model)
+        out = model(input_ids=torch.tensor([prompt_ids], device=self.device), use_cache=True, logits_to_keep=1,
+                    **{self.keyword: self.cache})
+        self.first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # the first completion token's
+
+    @torch.inference_mode()
+    def __call__(self, completion_ids: list[int]) -> tuple[float, int]:
+        """(sum of log p(completion token | everything before it), number of tokens)."""
+        if not completion_ids:
+            return 0.0, 0
+        total = self.first[completion_ids[0]].item()
+        if len(completion_ids) > 1:
+            rest = torch.tensor([completion_ids[:-1]], device=self.device)
+            logits = self.model(input_ids=rest, use_cache=True, **{self.keyword: self.cache}).logits[0]
+            self.cache.crop(-rest.shape[1])  # back to the prompt (a negative length drops that many tokens)
+            target = torch.tensor(completion_ids[1:], device=self.device)
+            total += torch.log_softmax(logits.float(), dim=-1).gather(-1, target[:, None]).sum().item()
+        return total, len(completion_ids)
+
+
 def completion_loglik(model, prompt_ids: list[int], completion_ids: list[int]) -> tuple[float, int]:
     """(sum of log p(completion token | everything before it), number of tokens) under `model`."""
-    if not completion_ids:
-        return 0.0, 0
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids + completion_ids], device=device)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(completion_ids) + 1).logits[0, :-1]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    target = torch.tensor(completion_ids, device=device)
-    return logprobs.gather(-1, target[:, None]).sum().item(), len(completion_ids)
+    return PromptLoglik(model, prompt_ids)(completion_ids) if completion_ids else (0.0, 0)
 
 
 def token_prob(loglik_sum: float, tokens: int) -> float:
