@@ -15,7 +15,7 @@
 #   scripts/main_table_smollm2.sh /tmp/small              # the small setting (the defaults below)
 #   NUM_PROMPTS=1000 MAX_NEW_TOKENS=256 TREE=calibrated scripts/main_table_smollm2.sh results/smollm2-full
 #
-# NUM_PROMPTS caps the questions per benchmark (the sets hold 79-164; small: 2); MAX_NEW_TOKENS (small: 64).
+# NUM_PROMPTS caps the questions per benchmark (the sets hold 79-164; small: 2); MAX_NEW_TOKENS (small: 32).
 # TREE is the tree preset. Small: cpu, one fixed 20/4/5 tree for every method (only the precision is measured).
 # Full: calibrated, a tree timed for strict and for each θ in each mode, cached per machine. Those 12 calibrations
 # need ~2 min each to time every candidate once on the 2-core AVX2 EPYC; inside a small budget they would time
@@ -36,7 +36,7 @@ IFS=, read -ra thetas <<< "${THETAS:-0.8,0.9,0.95}"
 others=""
 for theta in "${thetas[@]:1}"; do others+=",mars@$theta"; done
 common=(model=smollm2 "bench=${BENCHES:-mt_bench,humaneval,gsm8k,alpaca,sum,qa,wmt19}"
-        "num_prompts=${NUM_PROMPTS:-2}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
+        "num_prompts=${NUM_PROMPTS:-2}" "max_new_tokens=${MAX_NEW_TOKENS:-32}"
         "tree=${TREE:-cpu}"
         method=mars "method.theta=${thetas[0]}" "baselines=[generate,vanilla,strict$others]"
         logging=offline logging.group=main_table_smollm2
