@@ -143,8 +143,9 @@ def test_loglik_matches_a_full_forward_for_every_completion_of_a_kept_prompt():
         return sum(logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion))
 
     total, n = quality.completion_loglik(model, prompt, [9, 11, 2])
-    assert n == 3 and total == pytest.approx(full_forward([9, 11, 2]), abs=1e-4)
-    assert quality.token_prob(total, n) == pytest.approx(torch.tensor(total / 3).exp().item(), rel=1e-4)
+    expected = full_forward([9, 11, 2])
+    assert n == 3 and total == pytest.approx(expected, abs=1e-4)
+    assert quality.token_prob(total, n) == pytest.approx(torch.tensor(expected / 3).exp().item(), rel=1e-4)
     kept = quality.PromptLoglik(model, prompt)  # the cache is cut back to the prompt after each completion
     for completion in ([9, 11, 2], [4], [30, 31, 32, 33, 34], [9, 11, 2]):
         total, n = kept(completion)

@@ -77,9 +77,9 @@ class Evaluator:
         return min(self.run.max_new_tokens, room)
 
     def loglik(self, ids: list[int], tokens: list[int]) -> tuple[float, int]:
-        key = (tuple(ids), tuple(tokens))  # strict greedy repeats vanilla's tokens: score them once
-        if not tokens:
+        if not tokens:  # nothing to score: no prompt forward either
             return 0.0, 0
+        key = (tuple(ids), tuple(tokens))  # strict greedy repeats vanilla's tokens: score them once
         if key not in self._loglik:
             if key[0] not in self._prompts:
                 self._prompts[key[0]] = quality.PromptLoglik(self.gen.target.model, ids)
