@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -13,6 +14,12 @@ from pathlib import Path
 def text_config(config):
     """The decoder text config of a Hugging Face config (multimodal configs nest it); else the config itself."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def cache_keyword(model) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` where it has one (transformers
+    >= 5.24, which deprecates `past_key_values` for removal in 5.40), else `past_key_values` (5.0-5.23)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def eos_token_ids(model=None, tokenizer=None, eos_token_id: int | list[int] | None = None) -> frozenset[int]:

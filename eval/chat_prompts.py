@@ -34,10 +34,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import torch
-
 from eagle.config import eos_token_ids
 from eagle.precision import resolve_dtype
+from eagle.train.answering import answer_prompts
 from eagle.train.corpus import read_source, stdlib_files, stdlib_root
 from eagle.train.data import read_jsonl
 from eval.benchmarks import BENCHMARKS, load_questions
@@ -64,26 +63,26 @@ def user_turn_prefix(tokenizer) -> str:
     return text[: text.index(SENTINEL)]
 
 
-def self_prompts(model, tokenizer, count: int, batch: int = 32, max_tokens: int = 96, seed: int = 0,
+def self_prompts(model, tokenizer, count: int, batch: int = 64, max_tokens: int = 96, seed: int = 0,
                  log=print) -> list[str]:
     """`count` user messages the target writes at temperature 1 from `user_turn_prefix` (Magpie), kept when
-    they end with its end-of-turn token within `max_tokens`."""
-    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
-    eos = sorted(eos_token_ids(model, tokenizer))  # its end-of-turn token(s), as the engine stops on them
+    they end with its end-of-turn token within `max_tokens`. Written by continuous batching
+    (`eagle.train.answering`), each row sampled from its own generator seeded by (seed, its number)."""
+    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    eos = eos_token_ids(model, tokenizer)  # its end-of-turn token(s), as the engine stops on them
     out: list[str] = []
-    generator_seed = seed
+    first = 0
     while len(out) < count:
-        torch.manual_seed(generator_seed)
-        generator_seed += 1
-        ids = prefix.expand(batch, -1)
-        with torch.inference_mode():
-            rows = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                  top_p=1.0, top_k=0, max_new_tokens=max_tokens, eos_token_id=eos,
-                                  pad_token_id=eos[0])[:, ids.shape[1]:]
-        for row in rows.tolist():
-            ended = [i for i, t in enumerate(row) if t in eos]
-            if ended:
-                text = tokenizer.decode(row[: ended[0]], skip_special_tokens=True).strip()
+        # ~80% of the rows end in time and are long enough: ask for a little more than is missing
+        asked = max(batch, int(1.3 * (count - len(out))))
+        answers, _ = answer_prompts(model, {k: prefix for k in range(first, first + asked)},
+                                    len(prefix) + max_tokens, eos, min(eos), batch_size=batch, temperature=1.0,
+                                    seed=seed, loop_cap=None, log=log)
+        first += asked
+        for k in sorted(answers):
+            row = answers[k]
+            if row and row[-1] in eos:
+                text = tokenizer.decode(row[:-1], skip_special_tokens=True).strip()
                 if len(words(text)) >= 3:
                     out.append(text)
         log(f"self prompts: {min(len(out), count)}/{count}")
@@ -248,7 +247,9 @@ def main() -> None:
         sources["chatterbot"] = chatterbot_prompts()
     if args.docstrings:
         sources["docstrings"] = docstring_prompts(args.docstrings, args.seed)
-    exclude = [r["messages"][0]["content"] for path in args.exclude for r in read_jsonl(path)]
+    # a prompt file's records ({"messages"}) or a question file's ({"turns"}: the calibration prompts)
+    exclude = [r["messages"][0]["content"] if "messages" in r else r["turns"][0]
+               for path in args.exclude for r in read_jsonl(path)]
     records, stats = build(sources, Overlap(benchmark_turns(args.bench_dir)), exclude)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

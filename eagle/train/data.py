@@ -28,6 +28,7 @@ The target's distribution is kept in one of two forms (`target_dist`):
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ import torch
 
 from eagle.config import eos_token_ids
 from eagle.precision import HALF
+from eagle.train.answering import LoopCap, answer_prompts
 from eagle.train.corpus import read_source, stdlib_files
 
 
@@ -213,41 +215,25 @@ def _autocast(model) -> torch.autocast:
     return torch.autocast(next(model.parameters()).device.type, dtype=dtype, enabled=dtype in HALF)
 
 
-def _pad_left(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        mask[row, width - len(p):] = 1
-    return ids, mask
-
-
-def _response(row: torch.Tensor, eos_ids: frozenset[int]) -> list[int]:
-    """Generated tokens up to and including the first EOS."""
-    out = []
-    for token in row.tolist():
-        out.append(token)
-        if token in eos_ids:
-            break
-    return out
+SAVE_SECONDS = 60.0  # how often generate_sequences saves its finished answers (what a kill may lose)
 
 
 @torch.no_grad()
 def generate_sequences(
     model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
     temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
-    progress: Path | None = None, limit: int | None = None,
+    progress: Path | None = None, limit: int | None = None, loop_cap: LoopCap | None = None,
 ) -> Sequences:
     """The target continues each prompt (greedy at temperature 0, else sampled) up to `seq_len` tokens.
 
     This is how EAGLE-3 builds its data: responses written by the target itself, so the draft
     learns the distribution it will be asked to predict. The loss mask covers the response only.
-    Prompts are truncated to seq_len // 2 tokens and batched by length, left-padded. With `progress`,
-    the finished batches are saved there after each batch and skipped when rerun (each batch is seeded
-    by its position, so a resumed run writes what an uninterrupted one would). With `limit`, only the
-    `limit` shortest prompts are answered: the same batches, with the same seeds, as a run without it
-    answers first, so a limit can be set or raised on a run in progress.
+    Prompts are truncated to seq_len // 2 tokens and answered by continuous batching
+    (`eagle.train.answering`: a finished row leaves its batch, a waiting prompt takes its place; each
+    sampled answer seeded by its prompt's index), `loop_cap` ending answers that repeat a block. With
+    `progress`, the finished answers are saved there about every minute and kept when rerun, so an
+    interrupted run loses at most a minute and writes what an uninterrupted one would. With `limit`, only
+    the `limit` shortest prompts are answered, so a limit can be set or raised on a run in progress.
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
@@ -257,34 +243,34 @@ def generate_sequences(
         if limit < 1:
             raise ValueError(f"limit must be a positive number of prompts, got {limit}")
         order = order[:limit]
-    rows: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
+    rows: dict[int, list[int]] = {}  # prompt index -> answer
+    spec = {"prompts": prompts, "temperature": temperature, "seed": seed, "loop_cap": loop_cap,
+            "answering": "continuous"}
     if progress is not None and progress.exists():
-        saved = torch.load(progress)
-        if saved["prompts"] == prompts and saved["temperature"] == temperature and saved["seed"] == seed:
-            rows, starts = saved["rows"], saved["starts"]
+        saved = torch.load(progress, weights_only=False)
+        if all(saved.get(k) == v for k, v in spec.items()):
+            rows = saved["rows"]
             log(f"resuming generation: {sum(i in rows for i in order)}/{len(order)} responses already written")
-    device = next(model.parameters()).device
-    for b in range(0, len(order), batch_size):
-        group = order[b : b + batch_size]
-        if all(i in rows for i in group):
-            continue
-        ids, mask = _pad_left([prompts[i] for i in group], pad_id)
-        torch.manual_seed(seed + b)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
-            dict(do_sample=False)
+    saved_at = [time.monotonic()]
+
+    def keep(index: int, answer: list[int]) -> None:
+        rows[index] = answer
+        if progress is not None and time.monotonic() - saved_at[0] >= SAVE_SECONDS:
+            atomic_save({**spec, "rows": rows}, progress)
+            saved_at[0] = time.monotonic()
+
+    todo = {i: prompts[i] for i in order if i not in rows}
+    if todo:
         with _autocast(model):
-            out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=seq_len - ids.shape[1],
-                                 pad_token_id=pad_id, **sampling).cpu()
-        for row, i in enumerate(group):
-            rows[i] = (prompts[i] + _response(out[row, ids.shape[1]:], eos_ids))[:seq_len]
-            starts[i] = len(prompts[i])
+            _, stats = answer_prompts(model, todo, seq_len, eos_ids, pad_id, batch_size=batch_size,
+                                      temperature=temperature, seed=seed, loop_cap=loop_cap, on_answer=keep, log=log)
+        log(f"generated {stats.answers} responses: {stats.answer_tokens} tokens at {stats.tokens_per_s:.0f}/s, "
+            f"{stats.looped} cut as loops, {stats.capped} at the length cap")
         if progress is not None:
-            atomic_save({"prompts": prompts, "temperature": temperature, "seed": seed, "rows": rows,
-                         "starts": starts}, progress)
-        log(f"generated {min(b + batch_size, len(order))}/{len(order)} responses")
+            atomic_save({**spec, "rows": rows}, progress)
     answered = sorted(order)
-    return _pad_sequences([rows[i] for i in answered], [starts[i] for i in answered], seq_len, pad_id)
+    return _pad_sequences([prompts[i] + rows[i] for i in answered], [len(prompts[i]) for i in answered], seq_len,
+                          pad_id)
 
 
 def _pad_sequences(rows: list[list[int]], response_starts: list[int], seq_len: int, pad_id: int) -> Sequences:
@@ -314,6 +300,32 @@ def most_frequent_ids(counts: torch.Tensor, n: int) -> torch.Tensor:
     return order[:n].sort().values
 
 
+# --- packing -----------------------------------------------------------------------------------
+
+def pack_windows(order: list[int], lengths: torch.Tensor, width: int, group: int = 256) -> list[list[int]]:
+    """Sequences (indices, in `order`) laid end to end into windows of at most `width` tokens: first fit,
+    longest first, within consecutive groups of `group` sequences (so an epoch's shuffle still decides
+    which sequences train together). Every sequence lands in exactly one window."""
+    windows: list[list[int]] = []
+    for start in range(0, len(order), group):
+        chunk = sorted(order[start : start + group], key=lambda i: -int(lengths[i]))
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in chunk:
+            n = int(lengths[i])
+            if n > width:
+                raise ValueError(f"sequence {i} has {n} tokens, more than the packed width {width}")
+            at = next((b for b, r in enumerate(room) if r >= n), None)
+            if at is None:
+                bins.append([i])
+                room.append(width - n)
+            else:
+                bins[at].append(i)
+                room[at] -= n
+        windows += bins
+    return windows
+
+
 # --- target features --------------------------------------------------------------------------
 
 @dataclass
@@ -326,6 +338,9 @@ class FeatureBatch:
     topk_ids: torch.Tensor | None = None  # "topk": [B, T, k] long, by decreasing probability
     topk_probs: torch.Tensor | None = None  # "topk": [B, T, k] float32, renormalised over the k
     last_hidden: torch.Tensor | None = None  # "full": [B, T, H] the target's final post-norm state (its precision)
+    # Packed windows (`pack_windows`): [B, T] long, the sequence each position belongs to (1, 2, ... within a
+    # row; 0 on padding). None: one sequence per row. Attention and the loss stay within a sequence.
+    doc_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         has_topk, has_full = self.topk_ids is not None, self.last_hidden is not None
@@ -341,7 +356,7 @@ class FeatureBatch:
         return FeatureBatch(*(None if getattr(self, n) is None else getattr(self, n).to(device) for n in FIELDS))
 
 
-FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs", "last_hidden")
+FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs", "last_hidden", "doc_ids")
 TARGET_DISTS = ("topk", "full")
 
 
@@ -434,6 +449,34 @@ class FeatureStore:
         if i not in self._open:
             self._open[i] = torch.load(self.shard_path(i), mmap=True, weights_only=True)
         return self._open[i]
+
+    def packed(self, windows: list[list[int]], width: int) -> FeatureBatch:
+        """The stored features of the sequences of each window laid end to end (each cut to its length), one
+        window a row of `width` positions, right-padded; `doc_ids` tells the sequences apart."""
+        if any(sum(int(self.sequences.lengths[i]) for i in w) > width for w in windows):
+            raise ValueError(f"a packed window holds more than {width} tokens")
+        full = "last_hidden" in self._shard(0)
+        names = ("features", "last_hidden") if full else ("features", "topk_ids", "topk_probs")
+        first = self._shard(0)
+        out = {name: first[name].new_zeros((len(windows), width, *first[name].shape[2:])) for name in names}
+        ids = torch.zeros(len(windows), width, dtype=torch.long)
+        mask = torch.zeros(len(windows), width, dtype=torch.bool)
+        docs = torch.zeros(len(windows), width, dtype=torch.long)
+        for row, window in enumerate(windows):
+            at = 0
+            for doc, index in enumerate(window, start=1):
+                n = int(self.sequences.lengths[index])
+                shard = self._shard(index // self.shard_size)
+                for name in names:
+                    out[name][row, at : at + n] = shard[name][index % self.shard_size, :n]
+                ids[row, at : at + n] = self.sequences.input_ids[index, :n]
+                mask[row, at : at + n] = self.sequences.loss_mask[index, :n]
+                docs[row, at : at + n] = doc
+                at += n
+        if full:
+            return FeatureBatch(ids, mask, out["features"], last_hidden=out["last_hidden"], doc_ids=docs)
+        return FeatureBatch(ids, mask, out["features"], out["topk_ids"].long(), out["topk_probs"].float(),
+                            doc_ids=docs)
 
     def batch(self, indices: torch.Tensor) -> FeatureBatch:
         """The stored features of sequences `indices`, in that order."""

@@ -37,6 +37,7 @@ import random
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ from torch import nn
 from eagle.config import text_config
 from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
 from eagle.precision import resolve_dtype
+from eagle.train.answering import LoopCap
 from eagle.train.data import (
     FIELDS,
     TARGET_DISTS,
@@ -59,6 +61,7 @@ from eagle.train.data import (
     generate_sequences,
     hub_records,
     most_frequent_ids,
+    pack_windows,
     read_jsonl,
     record_prompt,
     token_counts,
@@ -66,9 +69,9 @@ from eagle.train.data import (
 from eagle.train.ttt import ttt_loss
 
 DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "data_hub", "data_split", "seq_len", "max_tokens", "generate",
-                  "prompt_len", "gen_temperature", "gen_limit", "top_k", "target_dist", "seed")
+                  "prompt_len", "gen_temperature", "gen_limit", "gen_each", "loop_cap", "top_k", "target_dist", "seed")
 # Data directories written before a key existed were built with its then only value.
-DATA_SPEC_DEFAULTS = {"target_dist": "topk", "gen_limit": None}
+DATA_SPEC_DEFAULTS = {"target_dist": "topk", "gen_limit": None, "gen_each": False, "loop_cap": False}
 # Settings a run may change while its answers are still being generated (a limit keeps the answers written).
 UNTIL_SEQUENCES_KEYS = ("gen_limit",)
 
@@ -98,7 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--gen-limit", type=int, nargs="+",
                       help="--generate: answer at most this many prompts per temperature (one value, or one per "
                            "--gen-temperature), the shortest first; default: every prompt")
-    data.add_argument("--gen-batch", type=int, default=16)
+    data.add_argument("--gen-each", action="store_true",
+                      help="--generate: answer every prompt at every --gen-temperature (default: split the prompts)")
+    data.add_argument("--loop-cap", action="store_true",
+                      help="--generate: end an answer once it repeats a block (eagle.train.answering.LoopCap)")
+    data.add_argument("--gen-batch", type=int, default=16, help="--generate: rows decoding at once")
     data.add_argument("--top-k", type=int, default=32, help="target distribution kept as its top-k")
     data.add_argument("--target-dist", choices=TARGET_DISTS, default="topk",
                       help="topk: train on the renormalised top-k (soft cross-entropy); full: on the target's whole "
@@ -115,6 +122,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--minutes", type=float, help="stop (checkpoint, save final) after this wall time")
     train.add_argument("--stop-at", type=int, help="stop at this step without finishing the schedule; rerun resumes")
     train.add_argument("--ttt-steps", type=int, default=7)
+    train.add_argument("--ttt-curriculum", metavar="STEPS:FRACTION",
+                       help="unroll only STEPS draft steps for the first FRACTION of the schedule, --ttt-steps after "
+                       "(e.g. 2:0.8): a short unroll costs less per step, the full one is learnt at the end")
+    train.add_argument("--pack", action="store_true",
+                       help="lay several sequences end to end in each window of --seq-len tokens (attention and loss "
+                       "kept within a sequence), instead of one right-padded sequence per window")
+    train.add_argument("--warm-start", action="store_true",
+                       help="EAGLE-3: the head's lm_head starts as the target's output embedding rows of the draft "
+                       "vocabulary, its final norm as the target's (instead of random and ones)")
     train.add_argument("--decay", type=float, default=0.8, help="loss weight of TTT step j is decay**j")
     train.add_argument("--grad-clip", type=float, default=0.5)
     train.add_argument("--target-dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
@@ -186,11 +202,12 @@ class TTTObjective(nn.Module):
         # A plain attribute, not a submodule: it is not trained and must not be wrapped by data parallelism.
         self.__dict__["target_lm_head"] = target_lm_head
 
-    def forward(self, input_ids, loss_mask, features, topk_ids=None, topk_probs=None, last_hidden=None):
-        batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs, last_hidden)
+    def forward(self, input_ids, loss_mask, features, topk_ids=None, topk_probs=None, last_hidden=None,
+                doc_ids=None, steps: int | None = None):
+        batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs, last_hidden, doc_ids)
         dtype = torch.bfloat16 if self.autocast else None
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            result = ttt_loss(self.head, batch, self.steps, self.decay, compute_dtype=dtype,
+            result = ttt_loss(self.head, batch, steps or self.steps, self.decay, compute_dtype=dtype,
                               target_lm_head=self.target_lm_head)
         return result.loss, result.steps
 
@@ -257,10 +274,12 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
             prompts = generation_prompts(args, tokenizer, data_dir)[rank::world]
             temperatures = args.gen_temperature
             limits = generation_limits(args.gen_limit, len(temperatures), world)
+            loop_cap = LoopCap() if args.loop_cap else None
             part = Sequences.concat([
-                generate_sequences(target, tokenizer, prompts[i :: len(temperatures)], args.seq_len, args.gen_batch,
-                                   t, args.seed + rank * len(temperatures) + i, log,
-                                   progress=data_dir / f"generating.rank{rank}.part{i}.pt", limit=limits[i])
+                generate_sequences(target, tokenizer, prompts if args.gen_each else prompts[i :: len(temperatures)],
+                                   args.seq_len, args.gen_batch, t, args.seed + rank * len(temperatures) + i, log,
+                                   progress=data_dir / f"generating.rank{rank}.part{i}.pt", limit=limits[i],
+                                   loop_cap=loop_cap)
                 for i, t in enumerate(temperatures)])
             part.save(data_dir / f"sequences.rank{rank}.pt")
             accelerator.wait_for_everyone()
@@ -273,6 +292,57 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
             chunk_tokens(tokens, args.seq_len, count, args.seed).save(path)
         accelerator.wait_for_everyone()
     return Sequences.load(path)
+
+
+def warm_start(head: Eagle3Head, target) -> None:
+    """The head's output layer and final norm as the target's own for the draft vocabulary: its lm_head rows
+    of those words (a tied target's token embedding) and its final norm. The head's last hidden state then
+    reads like the target's last one from the first step, instead of through a random map."""
+    norm = getattr(target.get_decoder(), "norm", None)
+    if norm is None or norm.weight.shape != head.norm.weight.shape:
+        raise ValueError("--warm-start needs a target whose decoder has a final `norm` of the head's hidden size")
+    rows = head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=head.d2t.device))
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[rows.to(head.lm_head.weight.device)].float())
+        head.norm.weight.copy_(norm.weight.float())
+
+
+def ttt_depth(step: int, total: int, steps: int, curriculum: str | None) -> int:
+    """Draft steps unrolled at training step `step`: the curriculum's short unroll for its first fraction
+    of the schedule, then `steps`."""
+    if not curriculum:
+        return steps
+    short, _, fraction = curriculum.partition(":")
+    if not fraction or int(short) < 1 or not 0 <= float(fraction) <= 1:
+        raise ValueError(f"--ttt-curriculum takes STEPS:FRACTION, e.g. 2:0.8, not {curriculum!r}")
+    return int(short) if step < float(fraction) * total else steps
+
+
+class PackedEpochs:
+    """Windows of packed sequences (`pack_windows`), a fresh seeded shuffle each epoch; `batch(step)` is the
+    global batch of windows at a step, so resuming at a step is exact. Every epoch has the steps of the
+    first one (a later shuffle may pack into a window more or fewer; the surplus is dropped, a shortfall
+    wraps around)."""
+
+    def __init__(self, lengths: torch.Tensor, width: int, global_batch: int, seed: int):
+        self.lengths, self.width, self.global_batch, self.seed = lengths, width, global_batch, seed
+        self._plans: dict[int, list[list[int]]] = {}
+        self.steps_per_epoch = len(self.plan(0)) // global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{len(lengths)} sequences pack into fewer windows than one global batch of "
+                             f"{global_batch}")
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(len(self.lengths), generator=generator).tolist()
+            self._plans = {epoch: pack_windows(order, self.lengths, self.width)}  # one epoch kept at a time
+        return self._plans[epoch]
+
+    def batch(self, step: int) -> list[list[int]]:
+        epoch, k = divmod(step, self.steps_per_epoch)
+        plan = self.plan(epoch)
+        return [plan[i % len(plan)] for i in range(k * self.global_batch, (k + 1) * self.global_batch)]
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -318,17 +388,37 @@ def step_metrics(loss: torch.Tensor, stats, lr: float) -> dict:
 
 # --- training ---------------------------------------------------------------------------------
 
-def save_checkpoint(path: Path, head: DraftHead, optimizer, scheduler, step: int) -> None:
+@dataclass
+class Counters:
+    """What a run has spent, kept across resumes: positions that carried a loss at draft step 1 (the TTT
+    unroll's first step; each is also trained at the deeper steps the unroll reaches), this process's CPU
+    seconds (all its threads) and wall seconds in training steps."""
+
+    loss_positions: int = 0
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def save_checkpoint(path: Path, head: DraftHead, optimizer, scheduler, step: int,
+                    counters: Counters | None = None) -> None:
     atomic_save({
         "head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "step": step, "config": head.config.to_json(),
+        "step": step, "config": head.config.to_json(), "counters": (counters or Counters()).as_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }, path)
 
 
-def load_checkpoint(path: Path, head: DraftHead, optimizer, scheduler) -> int:
-    """Restore a run; returns its step."""
+def write_progress(out: Path, step: int, total: int, counters: Counters) -> None:
+    """<out>/progress.json: where the schedule stands at the last checkpoint (read by `eagle.train.status`)."""
+    (out / "progress.json").write_text(json.dumps({"step": step, "schedule_steps": total, **counters.as_dict()}))
+
+
+def load_checkpoint(path: Path, head: DraftHead, optimizer, scheduler, counters: Counters | None = None) -> int:
+    """Restore a run (and its `counters`, where the checkpoint has them); returns its step."""
     state = torch.load(path, weights_only=False, map_location="cpu")
     if state["config"] != head.config.to_json():
         raise ValueError(f"{path} belongs to a head of another shape or target; use another --out")
@@ -339,6 +429,9 @@ def load_checkpoint(path: Path, head: DraftHead, optimizer, scheduler) -> int:
     random.setstate(state["rng"]["python"])
     if state["rng"]["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    if counters is not None:
+        for name, value in state.get("counters", {}).items():
+            setattr(counters, name, value)
     return state["step"]
 
 
@@ -376,6 +469,12 @@ def train(argv: list[str] | None = None) -> DraftHead:
         head.set_draft_vocab(most_frequent_ids(counts, head.config.draft_vocab_size))
         coverage = counts[head.t2d].sum() / counts.sum().clamp_min(1)
         log(f"draft vocabulary {head.config.draft_vocab_size} covers {coverage:.1%} of training next tokens")
+    if args.warm_start:
+        if args.init is not None or not isinstance(head, Eagle3Head):
+            raise ValueError("--warm-start starts a fresh EAGLE-3 head; it cannot be combined with --init or --kind "
+                             "eagle1")
+        warm_start(head, target)
+        log("warm start: lm_head and final norm from the target's")
     head.to(accelerator.device)
 
     store = FeatureStore(data_dir, seqs, args.shard_size)
@@ -388,12 +487,18 @@ def train(argv: list[str] | None = None) -> DraftHead:
     accelerator.wait_for_everyone()
 
     global_batch = args.batch * accelerator.num_processes
-    total = schedule_length(args, len(seqs), global_batch)
+    packed = PackedEpochs(seqs.lengths, seqs.seq_len, global_batch, args.seed) if args.pack else None
+    if packed is not None:
+        if args.online:
+            raise ValueError("--pack reads stored features; it cannot be combined with --online")
+        log(f"packing: {len(packed.plan(0))} windows of {seqs.seq_len} tokens for {len(seqs)} sequences")
+    total = schedule_length(args, packed.steps_per_epoch * global_batch if packed else len(seqs), global_batch)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, args.warmup))
     ckpt = out / "checkpoint.pt"
-    step = load_checkpoint(ckpt, head, optimizer, scheduler) if ckpt.exists() else 0
+    counters = Counters()
+    step = load_checkpoint(ckpt, head, optimizer, scheduler, counters) if ckpt.exists() else 0
     if step:
         log(f"resumed from step {step}")
 
@@ -408,40 +513,55 @@ def train(argv: list[str] | None = None) -> DraftHead:
     run = init_wandb(args, out, accelerator.is_main_process)
     history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
     rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
-    tokens_per_step = global_batch * (seqs.seq_len - 1)
     t0 = t_log = time.time()
-    start_step = log_step = step
+    cpu_mark, wall_mark = time.process_time(), time.time()
+    start_step = step
+    positions_at_start = positions_at_log = counters.loss_positions
     model.train()
     while step < total and step != args.stop_at:
-        indices = batch_indices(step, len(seqs), global_batch, args.seed)[rank_slice]
-        batch = store.batch(indices) if not args.online else \
-            collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k, args.target_dist)
-        loss, stats = model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS})
+        if packed is not None:
+            batch = store.packed(packed.batch(step)[rank_slice], seqs.seq_len)
+        else:
+            indices = batch_indices(step, len(seqs), global_batch, args.seed)[rank_slice]
+            batch = store.batch(indices) if not args.online else \
+                collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k, args.target_dist)
+        depth = ttt_depth(step, total, args.ttt_steps, args.ttt_curriculum)
+        loss, stats = model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS}, steps=depth)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(params, args.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        counters.loss_positions += int(accelerator.reduce(torch.tensor(stats[0].count, device=accelerator.device),
+                                                          "sum"))
+        counters.cpu_seconds += time.process_time() - cpu_mark
+        counters.wall_seconds += time.time() - wall_mark
+        cpu_mark, wall_mark = time.process_time(), time.time()
         metrics = step_metrics(loss, stats, scheduler.get_last_lr()[0])
         if run is not None:
             run.log(metrics, step=step)
         if step % args.log_every == 0 or step == total:
-            rate = tokens_per_step * (step - log_step) / (time.time() - t_log)
-            t_log, log_step = time.time(), step
-            accs = " ".join(f"{metrics[f'acc_{j}']:.2f}" for j in range(args.ttt_steps))
-            log(f"step {step}/{total} loss {metrics['loss']:.3f} acc {accs} lr {metrics['lr']:.2e} tok/s {rate:.0f}")
+            rate = (counters.loss_positions - positions_at_log) / (time.time() - t_log)
+            t_log, positions_at_log = time.time(), counters.loss_positions
+            accs = " ".join(f"{metrics[f'acc_{j}']:.2f}" for j in range(depth))
+            log(f"step {step}/{total} loss {metrics['loss']:.3f} acc {accs} lr {metrics['lr']:.2e} "
+                f"loss positions/s {rate:.0f}")
             if history:
-                history.write(json.dumps({"step": step, **metrics, "tokens_per_s": rate}) + "\n")
+                history.write(json.dumps({"step": step, **metrics, "ttt_depth": depth, **counters.as_dict(),
+                                          "loss_positions_per_s": rate}) + "\n")
                 history.flush()
         if step % args.save_every == 0 and accelerator.is_main_process:
-            save_checkpoint(ckpt, head, optimizer, scheduler, step)
+            save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
+            write_progress(out, step, total, counters)
         if args.minutes is not None and out_of_time(accelerator, t0, args.minutes):
             break
     if accelerator.is_main_process:
-        save_checkpoint(ckpt, head, optimizer, scheduler, step)
-        finish(args, head, target, tokenizer, out, data_dir, step, total,
-               (step - start_step) * tokens_per_step / max(time.time() - t0, 1e-9), log)
+        save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
+        write_progress(out, step, total, counters)
+        finish(args, head, target, tokenizer, out, data_dir, step, total, counters,
+               (step - start_step) and (counters.loss_positions - positions_at_start) / max(time.time() - t0, 1e-9),
+               log)
     accelerator.wait_for_everyone()
     if history:
         history.close()
@@ -461,15 +581,17 @@ def out_of_time(accelerator, t0: float, minutes: float) -> bool:
 
 
 def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, step: int, total: int,
-           tokens_per_s: float, log) -> None:
+           counters: Counters, loss_positions_per_s: float, log) -> None:
     """Save the public-layout head, then score it on held-out data as it will be loaded for decoding."""
     from eagle.checkpoint import load_draft, save_draft
     from eagle.train.evaluate import run_evaluation
 
     final = out / "final"
     save_draft(head, final)
-    summary = {"step": step, "schedule_steps": total, "train_tokens_per_s_this_run": tokens_per_s,
-               "kind": args.kind, "ttt_steps": args.ttt_steps, "seq_len": args.seq_len, "batch": args.batch,
+    summary = {"step": step, "schedule_steps": total, "loss_positions_per_s_this_run": loss_positions_per_s,
+               **counters.as_dict(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+               "kind": args.kind, "ttt_steps": args.ttt_steps, "ttt_curriculum": args.ttt_curriculum,
+               "pack": args.pack, "warm_start": args.warm_start, "seq_len": args.seq_len, "batch": args.batch,
                "lr": args.lr, "target": args.target, "init": args.init, "generate": args.generate,
                "gen_temperature": args.gen_temperature if args.generate else None,
                "gen_limit": args.gen_limit if args.generate else None, "target_dist": args.target_dist,

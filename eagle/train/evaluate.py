@@ -40,6 +40,7 @@ from eagle.train.data import (
     record_prompt,
 )
 from eagle.train.ttt import StepStats, ttt_loss
+from eagle.tree import DraftTree, grow_tree
 
 
 @torch.no_grad()
@@ -68,6 +69,59 @@ def evaluate_head(head: DraftHead, target_model, seqs: Sequences, steps: int = 3
         "chain_accept_length_estimate": chain,
         "steps": per_step,
     }
+
+
+def accepted_length(tree: DraftTree, continuation: list[int]) -> int:
+    """How many tokens of `continuation` (the target's own next tokens after the root) the tree holds as a
+    path from its root: what strict greedy verification accepts from it."""
+    children, tokens = tree.children, tree.tokens.tolist()
+    node, accepted = 0, 0
+    for token in continuation:
+        node = next((c for c in children[node] if tokens[c] == token), None)
+        if node is None:
+            break
+        accepted += 1
+    return accepted
+
+
+@torch.no_grad()
+def offline_tau(head: DraftHead, target_model, seqs: Sequences, depth: int, branching: int, total_tokens: int) -> dict:
+    """Strict greedy decoding's tau, replayed without the target's verification passes, over `seqs` (the
+    target's own greedy answers: prompt, then answer, `loss_mask` covering the answer).
+
+    Each cycle grows one EAGLE-2 tree (`grow_tree`, this fixed shape) from the head's state over the
+    target's teacher-forced features; it accepts the longest prefix of the answer's next tokens that the
+    tree holds, plus the target's own next token, and the next cycle's root is that token, as in decoding.
+    The features are the target's over the whole answer in one forward (decoding computes them in pieces:
+    equal up to rounding, which can flip near-ties). Returns {"tau", "cycles", "tokens", "tree",
+    "accept_lengths": per sequence, the drafted tokens each cycle accepted}."""
+    cycles = emitted = 0
+    per_sequence: list[list[int]] = []
+    for n in range(len(seqs)):
+        length = int(seqs.lengths[n])
+        answered = seqs.loss_mask[n].nonzero().flatten()
+        if len(answered) == 0:
+            continue
+        start = int(answered[0]) + 1  # the answer's first token: the target's first decoded one
+        ids = seqs.input_ids[n, :length].to(head.device)
+        features = collect_features(target_model, seqs.select(torch.tensor([n])), head.config.feature_layers,
+                                    target_dist="full").features[0, :length].to(head.device)
+        head.reset()
+        hidden, logprobs = head.extend(features[:start], ids[1 : start + 1])
+        root = start
+        per_sequence.append([])
+        while root < length - 1:
+            tree = grow_tree(head, ids[root], hidden, logprobs, depth, branching, total_tokens)
+            accepted = accepted_length(tree, ids[root + 1 :].tolist())
+            cycles += 1
+            emitted += accepted + 1
+            per_sequence[-1].append(accepted)
+            after = min(root + accepted + 1, length - 1)
+            hidden, logprobs = head.extend(features[root:after], ids[root + 1 : after + 1])
+            root = after
+    return {"tau": emitted / max(cycles, 1), "cycles": cycles, "tokens": emitted,
+            "tree": {"depth": depth, "branching": branching, "total_tokens": total_tokens},
+            "accept_lengths": per_sequence}
 
 
 def heldout_data(tokenizer, jsonl: str | None, seq_len: int, count: int, cache_dir: Path, seed: int = 0):
@@ -135,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="--prompts: sampling seed")
     ap.add_argument("--sequences-cache", help="--prompts: keep the continuations in this file and reuse them when it "
                     "exists, so that several heads are scored on the same text without generating it again")
+    ap.add_argument("--offline-tau", metavar="DEPTH:BRANCHING:TOTAL",
+                    help="--prompts at --gen-temperature 0: also replay strict greedy decoding with trees of this "
+                    "fixed shape over the answers (`offline_tau`), e.g. 5:4:16")
     ap.add_argument("--out", help="also write the report to this JSON file")
     args = ap.parse_args(argv)
     if args.prompts and args.jsonl:
@@ -150,6 +207,11 @@ def main(argv: list[str] | None = None) -> None:
             if cache is not None:
                 seqs.save(cache)
         report = evaluate_head(head, target, seqs, args.steps)
+        if args.offline_tau:
+            if args.gen_temperature != 0:
+                raise SystemExit("--offline-tau replays strict greedy decoding: it needs greedy answers "
+                                 "(--gen-temperature 0)")
+            report["offline_tau"] = offline_tau(head, target, seqs, *map(int, args.offline_tau.split(":")))
         report["data"] = {"prompts": args.prompts, "count": len(seqs), "seq_len": args.seq_len,
                           "gen_temperature": args.gen_temperature, "seed": args.seed, "dtype": str(target.dtype)}
     else:

@@ -67,22 +67,46 @@ def layer_step(head: DraftHead, embeds, hidden, cos, sin, mask, past):
 
 
 def ttt_unroll(head: DraftHead, features: torch.Tensor, input_ids: torch.Tensor, steps: int,
-               compute_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """The head's output hidden states [B, T - 1, H] of each TTT step (row i = draft position i)."""
+               compute_dtype: torch.dtype | None = None, doc_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The head's output hidden states [B, T - 1, H] of each TTT step (row i = draft position i).
+
+    doc_ids [B, T] (packed windows): step 0's causal attention is cut at sequence boundaries, so each
+    position sees only its own sequence, as if each sequence sat alone in its row. Rotary positions stay
+    those of the window: attention depends only on the distance between two positions of one sequence.
+    """
     length = input_ids.shape[1] - 1
     dtype = compute_dtype or head.dtype
     hidden = head.project_features(features[:, :length].to(head.dtype))
+    causal = None
+    if doc_ids is not None:
+        docs = doc_ids[:, :length]
+        causal = (ttt_attention_mask(length, 0, input_ids.device) & (docs[:, :, None] == docs[:, None, :]))[:, None]
     keys, values, outputs = [], [], []
     for j in range(steps):
         cos, sin = head.rotary(torch.arange(j, j + length, device=input_ids.device), dtype)
         embeds = head.embed(shift_left(input_ids, j + 1)[:, :length])
-        mask = None if j == 0 else ttt_attention_mask(length, j, input_ids.device)[None, None]
+        if j == 0:
+            mask = causal
+        elif causal is None:
+            mask = ttt_attention_mask(length, j, input_ids.device)[None, None]
+        else:
+            diagonal = torch.eye(length, dtype=torch.bool, device=input_ids.device).expand(len(causal), 1, -1, -1)
+            mask = torch.cat([causal] + [diagonal] * j, dim=-1)
         past = None if j == 0 else (torch.cat(keys, dim=2), torch.cat(values, dim=2))
         hidden, k, v = layer_step(head, embeds, hidden, cos, sin, mask, past)
         keys.append(k)
         values.append(v)
         outputs.append(hidden)
     return outputs
+
+
+def step_valid(batch: FeatureBatch, shift: int, length: int) -> torch.Tensor:
+    """[B, length] bool: draft position i is trained at the TTT step predicting from position i + shift
+    (its target there is inside a response, and, in a packed window, of the same sequence as i)."""
+    valid = shift_left(batch.loss_mask, shift)[:, :length]
+    if batch.doc_ids is not None:
+        valid = valid & (shift_left(batch.doc_ids, shift)[:, :length] == batch.doc_ids[:, :length])
+    return valid
 
 
 def target_to_draft(head: DraftHead) -> torch.Tensor | None:
@@ -149,7 +173,7 @@ class TargetDist(NamedTuple):
 def _target_dist(batch: FeatureBatch, shift: int, length: int, t2d_index: torch.Tensor | None) -> TargetDist:
     ids = shift_left(batch.topk_ids, shift)[:, :length]
     probs = shift_left(batch.topk_probs, shift)[:, :length].float()
-    valid = shift_left(batch.loss_mask, shift)[:, :length]
+    valid = step_valid(batch, shift, length)
     argmax = ids[..., 0]
     if t2d_index is None:
         return TargetDist(ids, probs, probs, valid, argmax)
@@ -219,28 +243,32 @@ def ttt_loss(head: DraftHead, batch: FeatureBatch, steps: int, decay: float = 0.
             raise ValueError("a batch with the target's full distribution (last_hidden) needs target_lm_head")
         full_logp = target_logprobs(target_lm_head, batch.last_hidden)
         vocab_ids = head_vocab_ids(head, full_logp.device)
-    outputs = ttt_unroll(head, batch.features, batch.input_ids, steps, compute_dtype)
+    outputs = ttt_unroll(head, batch.features, batch.input_ids, steps, compute_dtype, batch.doc_ids)
     t2d_index = target_to_draft(head)
     total = torch.zeros((), device=batch.input_ids.device)
     result = TTTResult(total)
     for j, out in enumerate(outputs):
-        logp = torch.log_softmax(head.logits(out).float(), dim=-1)
+        # Only the trained positions go through the output layer (prompt, padding and positions whose
+        # target lies past their sequence carry no loss): on chat answers that is ~40% of the rows.
         if full_logp is not None:
-            target_logp = shift_left(full_logp, j + 1)[:, :length]
-            valid = shift_left(batch.loss_mask, j + 1)[:, :length]
+            valid = step_valid(batch, j + 1, length)
+            target_logp = shift_left(full_logp, j + 1)[:, :length][valid]  # [N, V]
+            logp = torch.log_softmax(head.logits(out[valid]).float(), dim=-1)  # [N, Vh]
             per_position = full_kl(logp, target_logp, vocab_ids)
-            stats = _full_agreement(head, logp.detach(), target_logp, vocab_ids, valid, topk)
+            stats = _full_agreement(head, logp.detach(), target_logp, vocab_ids,
+                                    torch.ones_like(per_position, dtype=torch.bool), topk)
         else:
             target = _target_dist(batch, j + 1, length, t2d_index)
             valid = target.valid
-            per_position = -(target.probs * logp.gather(-1, target.ids)).sum(-1)
-            stats = _agreement(head, logp.detach(), target, topk)
+            trained = TargetDist(*(x[valid] for x in target))  # [N, k] / [N]
+            logp = torch.log_softmax(head.logits(out[valid]).float(), dim=-1)  # [N, Vh]
+            per_position = -(trained.probs * logp.gather(-1, trained.ids)).sum(-1)
+            stats = _agreement(head, logp.detach(), trained, topk)
         if not isinstance(head, Eagle3Head):
-            next_feature = shift_left(batch.features, j + 1)[:, :length].float()
-            regression = F.smooth_l1_loss(out.float(), next_feature, reduction="none").mean(-1)
+            next_feature = shift_left(batch.features, j + 1)[:, :length][valid].float()
+            regression = F.smooth_l1_loss(out[valid].float(), next_feature, reduction="none").mean(-1)
             per_position = regression + ce_weight * per_position
-        weight = valid.float()
-        step_loss = (per_position * weight).sum() / weight.sum().clamp_min(1.0)
+        step_loss = per_position.sum() / max(int(valid.sum()), 1)
         total = total + decay**j * step_loss
         stats.loss = float(step_loss.detach()) * stats.count
         result.steps.append(stats)

@@ -11,20 +11,12 @@ tail. Two kinds, one interface (`PathCache`):
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from eagle.config import text_config
+from eagle.config import cache_keyword, text_config  # noqa: F401  (cache_keyword: re-exported for mars.adapter)
 from eagle.rows import move_rows
-
-
-def cache_keyword(model) -> str:
-    """The keyword a model's forward takes its KV cache by: `cache` where it has one (transformers
-    >= 5.24, which deprecates `past_key_values` for removal in 5.40), else `past_key_values` (5.0-5.23)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class PathCache:
