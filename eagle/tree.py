@@ -12,7 +12,7 @@ The log-probabilities that rank are the head's at its fitted confidence temperat
 
 Sampled drafting (`sample_tree`, temperature > 0): each node's children are drawn from the head's
 processed distribution q without replacement (Gumbel-top-k), into a shape fixed before any draw
-(`Topology`). Why a fixed shape and not EAGLE-2's reranking: the strict trial (`mars.rejection`)
+(`Topology`). Why a fixed shape and not EAGLE-2's reranking: the strict trial (`mars.rules.rejection`)
 is lossless only if, given everything before, the children kept at a node are the first draws of a
 without-replacement sample from q. Keeping the best nodes by cumulative draft probability keeps a
 node's children according to their own draws (a likely child survives where an unlikely one is
@@ -512,7 +512,7 @@ def sample_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor | No
     `grow_trees`; None when the shape is the root alone). `process` applies the sampling settings
     (temperature, top-k, top-p) to log-probabilities [.., V_d]. Each row's children are drawn from its
     own q, independently of the other rows. The forest keeps q of every node with children, over
-    target ids (`DraftTree.draft_probs`), for the strict trial (`mars.rejection`). Leaves the head's
+    target ids (`DraftTree.draft_probs`), for the strict trial (`mars.rules.rejection`). Leaves the head's
     tentative cache rolled back; reads nothing.
     """
     topology, propose = shape.topology, _proposer(head)

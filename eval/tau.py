@@ -23,8 +23,8 @@ import torch
 
 from eagle.train.data import corpus_prompts, read_jsonl, record_prompt
 from eagle.train.evaluate import heldout_data, load_pair, pair_arguments
-from mars.generate import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.settings import TreeShape
 
 
 @torch.inference_mode()

@@ -1,22 +1,27 @@
 """MARS: margin-aware speculative verification on top of EAGLE tree drafting.
 
-Modules: `mars.adapter` (the target model adapter, by role: its forward, static shapes for CUDA
-graphs and torch.compile, caches, attention routing, exact attention), `mars.sampling` (settings,
-logits processing), `mars.rules` (verification rules: strict, MARS and the relaxed-acceptance zoo,
-one file each), `mars.verify` (acceptance under any rule), `mars.cost` (the exact distribution a
-rule emits), `mars.stats` (verification statistics), `mars.generate` (the decoding loop, one prompt or
-many at once), `mars.output` (what a call returns), `mars.timing` (phase timing),
-`mars.accounting` (the cost accounting, settled after the loop),
-`mars.calibrate` (the fastest settings here, measured) and `mars.tuning` (`tuned`: a generator with them, in one call).
+Rooms, each importing only those below it (tests/test_api.py):
+- `mars.tuning`: the fastest settings on this machine, measured (`calibrate`), and a generator with them in
+  one call (`tuned`);
+- `mars.decoding`: the decoding loop over one prompt or many (`generate`), the per-call drafting and the
+  batch's rows it drives, the adaptive tree, what a call returns (`output`) and how a run decodes (`settings`);
+- `mars.verification`: acceptance under any rule (`verify`) and the sampling settings it shares with plain
+  decoding (`sampling`);
+- `mars.accounting`: what a relaxation costs (`cost`), settled after the loop (`deferred`), verification's
+  statistics (`stats`) and phase timing (`timing`);
+- `mars.rules`: the verification rules, one file each, and the strict trial they build on (`rejection`);
+- `mars.adapter`: the target model (its forward, caches, static shapes, attention, its kernels and where
+  its weights come from);
+- `mars.diagnostics`: host-sync counting and a scripted draft head, for tests and the GPU check.
 """
 
-from mars.generate import GenerationOutput, SpeculativeGenerator
+from mars.accounting.stats import VerifyStats
+from mars.decoding.generate import GenerationOutput, SpeculativeGenerator
+from mars.decoding.settings import TreeShape
 from mars.rules import RULES, Rule, make_rule, register
-from mars.sampling import SamplingConfig, process_logits
-from mars.settings import TreeShape
-from mars.stats import VerifyStats
-from mars.tuning import tuned
-from mars.verify import Verdict, accept
+from mars.tuning.tuned import tuned
+from mars.verification.sampling import SamplingConfig, process_logits
+from mars.verification.verify import Verdict, accept
 
 __all__ = [
     "RULES", "GenerationOutput", "Rule", "SamplingConfig", "SpeculativeGenerator", "TreeShape", "Verdict",

@@ -22,11 +22,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
-from eagle.sources import local_model
 from eval.config.schema import composed
 from eval.runner.job import machine
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.adapter.sources import local_model
+from mars.decoding.settings import TreeShape
 
 PROMPT = "Write a short story about a robot who learns to paint, in three paragraphs."
 

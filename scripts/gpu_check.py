@@ -4,9 +4,9 @@ downloaded) and a synthetic draft whose greedy acceptance is set by hand.
 For each shape it builds the target from the published config values (Llama-3.1-8B, Qwen3-8B; or
 `tiny` for a CPU), a real EAGLE-3 head whose proposals are replaced by the target's own greedy
 continuation with probability `--acceptance` per position, else a wrong token
-(`eagle.scripted.ScriptedHead`), and measures on
+(`mars.diagnostics.scripted.ScriptedHead`), and measures on
 the device it finds (CUDA if present, else CPU):
-  - host synchronisations per cycle (`mars.syncs.SyncCounter`) for strict and MARS,
+  - host synchronisations per cycle (`mars.diagnostics.syncs.SyncCounter`) for strict and MARS,
   - time per phase of a cycle (a `profile=True` run; it synchronises at every phase boundary),
   - peak device memory (CUDA) or the process's peak RSS (CPU),
   - tokens/s of `model.generate`, our vanilla decoding, strict and MARS (greedy, interleaved per
@@ -34,14 +34,14 @@ import torch
 import transformers
 
 from eagle.precision import DTYPES, resolve_dtype
-from eagle.scripted import ScriptedHead
 from eval.config.methods import GENERATE, VANILLA
 from mars import SpeculativeGenerator
+from mars.accounting.timing import ACCOUNTING
+from mars.decoding.settings import TreeShape
+from mars.diagnostics.scripted import ScriptedHead
+from mars.diagnostics.syncs import SyncCounter
 from mars.rules.margin import Mars
 from mars.rules.strict import Strict
-from mars.settings import TreeShape
-from mars.syncs import SyncCounter
-from mars.timing import ACCOUNTING
 
 # Published config values (the models' config.json); `layers` can be lowered with --layers.
 SHAPES = {

@@ -30,13 +30,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.config import eos_token_ids
-from eagle.sources import gguf_file, local_model
 from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import bench_dir
 from eval.config.schema import composed
 from eval.runner.job import machine
+from mars.adapter.sources import gguf_file, local_model
 
 CONFIG = composed("model=smollm2").model
 

@@ -34,7 +34,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
 from eagle.config import eos_token_ids
-from eagle.sources import local_model, provenance
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
@@ -42,8 +41,9 @@ from eval.config.schema import composed
 from eval.runner.job import machine
 from eval.runs.jsonl import read_jsonl
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.settings import TreeShape
-from mars.stats import chi_square_pvalue
+from mars.accounting.stats import chi_square_pvalue
+from mars.adapter.sources import local_model, provenance
+from mars.decoding.settings import TreeShape
 
 CONFIG = composed("model=smollm2").model
 CHI2_PROMPT = "Name a primary colour."  # a chat question whose first tokens spread over a few answers
@@ -55,7 +55,7 @@ import sys, time
 start = time.perf_counter()
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-from eagle.sources import local_model
+from mars.adapter.sources import local_model
 imported = time.perf_counter()  # what any process using transformers pays once (Python imports)
 directory = local_model(sys.argv[1], sys.argv[2])
 model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()

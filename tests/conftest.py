@@ -66,7 +66,7 @@ def folder_of_its_own(variable: str, tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def calibration_cache(tmp_path_factory) -> Iterator[None]:
-    """Tree calibrations (mars.calibrate) made by tests go to a temporary directory, not ~/.cache."""
+    """Tree calibrations (mars.tuning.calibrate) made by tests go to a temporary directory, not ~/.cache."""
     yield from folder_of_its_own("MARS_CACHE_DIR", tmp_path_factory)
 
 

@@ -13,13 +13,13 @@ import torch
 import transformers
 
 from eagle import Eagle3Head
-from eagle.scripted import ScriptedHead
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
-from mars.stats import chi_square_pvalue  # noqa: F401  (re-exported: the tests test losslessness with it)
-from mars.syncs import SyncCounter
-from mars.timing import PhaseClock
+from mars.accounting.stats import chi_square_pvalue  # noqa: F401  (re-exported: the tests test losslessness with it)
+from mars.accounting.timing import PhaseClock
+from mars.decoding.settings import TreeShape
+from mars.diagnostics.scripted import ScriptedHead
+from mars.diagnostics.syncs import SyncCounter
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -156,7 +156,7 @@ def probability_error(vocab: int) -> int:
 
 
 def tv_tolerance(vocab: int, positions: float = 1.0, roundings: int = 0) -> float:
-    """Rounding tolerance of a sum of TV distances (`mars.cost`) over `positions` positions.
+    """Rounding tolerance of a sum of TV distances (`mars.accounting.cost`) over `positions` positions.
 
     TV = 1/2 sum_v |pi_v - ref_v|: `vocab` float32 terms of magnitude 1/2 sum_v (pi_v + ref_v) = 1 per
     position. pi and its reference are products and ratios of at most three softmax tables (the target's
@@ -168,7 +168,7 @@ def tv_tolerance(vocab: int, positions: float = 1.0, roundings: int = 0) -> floa
 
 
 def kl_tolerance(vocab: int, kl: float, positions: float = 1.0, roundings: int = 0) -> float:
-    """Rounding tolerance of a sum `kl` of finite KL divergences (`mars.cost`) over `positions` positions.
+    """Rounding tolerance of a sum `kl` of finite KL divergences (`mars.accounting.cost`) over `positions` positions.
 
     KL = sum_v pi_v (log pi_v - log ref_v): `vocab` float32 terms, pi and ref off as in `tv_tolerance`.
     A log's absolute error is its argument's relative error plus u times its size, so each position's
@@ -210,7 +210,7 @@ def marginal(probs: dict[tuple[int, ...], float], positions: slice) -> dict[tupl
     return out
 
 
-# Every draft right: `sequence` is prompt + the target's greedy continuation (eagle.scripted).
+# Every draft right: `sequence` is prompt + the target's greedy continuation (mars.diagnostics.scripted).
 OracleHead = ScriptedHead
 
 

@@ -20,6 +20,8 @@ MAY_IMPORT = {
     "exact": set(),
     "taps": set(),
     "devices": set(),
+    "kernels": set(),
+    "sources": set(),
 }
 
 

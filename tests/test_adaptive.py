@@ -11,8 +11,8 @@ from helpers import OracleHead, hf_greedy, random_prompt, tiny_model
 
 from eagle import Eagle3Head
 from mars import SpeculativeGenerator
-from mars.adaptive import AdaptiveTree, CycleCosts, measure_costs
-from mars.settings import TreeShape
+from mars.decoding.adaptive import AdaptiveTree, CycleCosts, measure_costs
+from mars.decoding.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,8 +16,8 @@ from eagle import Eagle3Head
 from eagle.config import eos_token_ids
 from mars import SamplingConfig, SpeculativeGenerator, VerifyStats, make_rule
 from mars.adapter import DeviceRoute, module_device, route_devices
-from mars.sampling import resolve_sampling
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
+from mars.verification.sampling import resolve_sampling
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("eagle", "mars", "eval")
@@ -25,6 +25,9 @@ ALLOWED = {"eval": {"eval", "mars", "eagle"}, "mars": {"mars", "eagle"}, "eagle"
 # eval's layers, top first: a module imports its own layer and those below it. The top layer is the
 # commands (eval/*.py: python -m eval.run, eval.score, ...); every package below them has one place.
 EVAL_LAYERS = ("", "runner", "reporting", "benchmarks", "scoring", "runs", "config")
+# mars's rooms, top first, the same way: the package's face (mars/__init__.py) over measured settings, the
+# diagnostics, the loop, verification, its books, the rules and the target adapter at the ground.
+MARS_LAYERS = ("", "tuning", "diagnostics", "decoding", "verification", "accounting", "rules", "adapter")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -33,9 +36,10 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def test_mars_verify_is_the_module():
     import mars
-    import mars.verify as v  # the attribute of the package, which a function named `verify` would shadow
+    import mars.verification.verify as v  # the attribute of the package, which a function named `verify` would shadow
 
-    assert isinstance(v, types.ModuleType) and v.__name__ == "mars.verify" and mars.verify is v
+    assert isinstance(v, types.ModuleType) and v.__name__ == "mars.verification.verify"
+    assert mars.verification.verify is v
     assert all(callable(getattr(v, name, None)) for name in ("accept_greedy", "accept_sampling", "accept"))
 
 
@@ -46,7 +50,7 @@ def test_the_tree_is_one_argument_that_checks_its_own_settings():
     head = Eagle3Head.for_target(model.config)
     with pytest.raises(TypeError, match=r"tree=TreeShape\(total_tokens=.*not branching, depth"):
         SpeculativeGenerator(model, head, depth=3, branching=2)
-    with pytest.raises(TypeError, match="must be a mars.settings.TreeShape"):
+    with pytest.raises(TypeError, match="must be a mars.decoding.settings.TreeShape"):
         SpeculativeGenerator(model, head, (8, 3, 2))
     sizes = dict(total_tokens=8, depth=3, branching=2)
     for bad, match in ((dict(depth=0), "tree.depth must be an integer >= 1"),
@@ -143,22 +147,39 @@ def test_imports_run_from_eval_to_mars_to_eagle():
     assert upward == []
 
 
-def eval_layer(module: str) -> int:
-    """The index in EVAL_LAYERS of an eval module (eval.runner.job -> runner; eval.run -> the commands)."""
+def layer(module: str, layers: tuple[str, ...]) -> int:
+    """The index in `layers` of a module's sub-package (eval.runner.job -> runner; eval.run, a module at the
+    package's root, -> "")."""
     parts = module.split(".")
-    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in EVAL_LAYERS) else ""
-    return EVAL_LAYERS.index(package)
+    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in layers) else ""
+    return layers.index(package)
+
+
+def upward_imports(package: str, layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(module, imported) where a module of `package` imports one of a layer above its own."""
+    return [(module, imported) for module, imports in project_imports().items() if module.startswith(package + ".")
+            for imported in imports if imported.startswith(package + ".")
+            and layer(imported, layers) < layer(module, layers)]
+
+
+def sub_packages(package: str) -> set[str]:
+    return {p.name for p in (REPO / package).iterdir() if (p / "__init__.py").exists()}
 
 
 def test_eval_imports_run_from_commands_down_to_config():
-    graph = project_imports()
-    packages = {p.name for p in (REPO / "eval").iterdir() if (p / "__init__.py").exists()}
-    assert packages == set(EVAL_LAYERS) - {""}  # a new package gets a place in the order
-    upward = [(module, imported) for module, imports in graph.items() if module.startswith("eval.")
-              for imported in imports if imported.startswith("eval.") and imported != "eval"
-              and eval_layer(imported) < eval_layer(module)]
-    assert upward == []
-    assert eval_layer("eval.run") == 0 and eval_layer("eval.runner.job") == 1 and eval_layer("eval.config") == 6
+    assert sub_packages("eval") == set(EVAL_LAYERS) - {""}  # a new package gets a place in the order
+    assert upward_imports("eval", EVAL_LAYERS) == []
+    assert layer("eval.run", EVAL_LAYERS) == 0 and layer("eval.runner.job", EVAL_LAYERS) == 1
+    assert layer("eval.config", EVAL_LAYERS) == 6
+
+
+def test_mars_rooms_import_only_the_rooms_below_them():
+    """Every module of mars lives in a room named for what it holds, and imports only its own room's modules
+    and the rooms below it: nothing but the package's face stands at mars's root."""
+    assert sub_packages("mars") == set(MARS_LAYERS) - {""}
+    assert {p.name for p in (REPO / "mars").glob("*.py")} == {"__init__.py"}
+    assert upward_imports("mars", MARS_LAYERS) == []
+    assert layer("mars.decoding.generate", MARS_LAYERS) < layer("mars.verification.verify", MARS_LAYERS)
 
 
 def test_project_modules_import_no_cycle():
@@ -281,7 +302,7 @@ def test_tuned_gives_an_importing_researcher_the_settings_a_run_measures(tmp_pat
     from helpers import save_standin_pair
 
     from mars import tuned
-    from mars.settings import Kernels, TreeShape
+    from mars.decoding.settings import Kernels, TreeShape
 
     pair = save_standin_pair(tmp_path / "pair")
     prompts = [torch.tensor([[1, 5 + i, 9, 33, 7, 12]]) for i in range(3)]

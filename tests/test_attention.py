@@ -16,8 +16,8 @@ from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
 from mars.adapter import EXACT_BUCKET, TargetModel, tree_route
-from mars.settings import TreeShape
-from mars.syncs import SyncCounter
+from mars.decoding.settings import TreeShape
+from mars.diagnostics.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

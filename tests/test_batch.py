@@ -31,9 +31,9 @@ from helpers import tree_outcome_distribution as outcome_distribution
 from eagle import Eagle3Head
 from eagle.tree import DraftTree
 from mars import RULES, SpeculativeGenerator
-from mars.sampling import SamplingConfig
-from mars.settings import TreeShape
-from mars.verify import accept_rows
+from mars.decoding.settings import TreeShape
+from mars.verification.sampling import SamplingConfig
+from mars.verification.verify import accept_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -11,7 +11,7 @@ from helpers import tiny_model
 from eagle import Eagle1Head, Eagle3Head, load_draft
 from eagle.checkpoint import save_draft
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

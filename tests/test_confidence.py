@@ -16,7 +16,7 @@ from eagle.train.confidence import GRID, Calibration, fit_confidence, write_temp
 from eagle.train.data import Sequences
 from eagle.tree import confidence_logprobs, grow_tree
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 
 def _pair(temperature: float = 1.0, seed: int = 0):

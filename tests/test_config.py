@@ -110,7 +110,7 @@ def test_theta_only_belongs_to_mars():
     (["method=typical", "method.epsilon=2"], r"typical.epsilon=2.0 is outside \[0.0, 1.0\]"),
     (["tree.depth=-1"], "tree.depth must be an integer >= 1"),
     (["tree.total_tokens=0"], "tree.total_tokens"),
-    (["tree.drafting=beam"], "tree.drafting must be one of auto, topk, sample"),  # mars.settings.TreeShape's rules
+    (["tree.drafting=beam"], "tree.drafting must be one of auto, topk, sample"),  # TreeShape's rules
     (["tree.adaptive=true", "tree.drafting=sample"], "sampled tree's shape must not depend on its draws"),
     (["sampling.temperature=-1"], "temperature"),
     (["sampling.top_p=0"], "top_p"),

@@ -1,5 +1,5 @@
-"""Deferred cost accounting (`mars.verify` `defer_cost`, `mars.accounting`: `settle`, `CostLedger`): the
-relaxation's cost is left out of the decoding loop and settled after it.
+"""Deferred cost accounting (`mars.verification.verify` `defer_cost`, `mars.accounting.deferred`: `settle`,
+`CostLedger`): the relaxation's cost is left out of the decoding loop and settled after it.
 
 What it must not change, checked against the cost computed in each cycle (the eager path, what static
 shapes still run): the tokens, and every cost sum of the stats, for relaxing rules greedy and at T = 1,
@@ -25,16 +25,16 @@ from helpers import (
     tv_tolerance,
 )
 
-import mars.accounting
-import mars.generate
+import mars.accounting.deferred
+import mars.decoding.generate
 from eagle.tree import DraftTree
 from mars import SpeculativeGenerator
-from mars.accounting import CostLedger, settle
-from mars.sampling import SamplingConfig, resolve_sampling
-from mars.stats import VerifyStats
-from mars.syncs import SyncCounter
-from mars.timing import ACCOUNTING
-from mars.verify import accept_rows
+from mars.accounting.deferred import CostLedger, settle
+from mars.accounting.stats import VerifyStats
+from mars.accounting.timing import ACCOUNTING
+from mars.diagnostics.syncs import SyncCounter
+from mars.verification.sampling import SamplingConfig, resolve_sampling
+from mars.verification.verify import accept_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -66,7 +66,7 @@ class EagerLedger(CostLedger):
 def eager(monkeypatch):
     """Call it to make the loops compute the cost in the cycle (the reference)."""
     def switch() -> None:
-        monkeypatch.setattr(mars.generate, "CostLedger", EagerLedger)
+        monkeypatch.setattr(mars.decoding.generate, "CostLedger", EagerLedger)
     return switch
 
 
@@ -131,7 +131,7 @@ def test_a_memory_budget_of_zero_settles_every_cycle_with_the_same_results(case,
     params, temperature, drafting = CASES[case]
     gen = generator_for(drafting)
     at_end, batch_at_end = run(gen, params, temperature), run_batch(gen, params, temperature)
-    monkeypatch.setattr(mars.accounting, "PENDING_BYTES", 0)
+    monkeypatch.setattr(mars.accounting.deferred, "PENDING_BYTES", 0)
     settled = []
 
     def counting(stats):
@@ -139,7 +139,7 @@ def test_a_memory_budget_of_zero_settles_every_cycle_with_the_same_results(case,
         settled.append(any(s.pending for s in stats))
         settle(stats)
 
-    monkeypatch.setattr(mars.accounting, "settle", counting)
+    monkeypatch.setattr(mars.accounting.deferred, "settle", counting)
     every_cycle = run(gen, params, temperature)
     assert sum(settled) == every_cycle.num_cycles  # each cycle's own; nothing left for the end
     assert (every_cycle.tokens, sums(every_cycle.stats)) == (at_end.tokens, sums(at_end.stats))
@@ -179,14 +179,14 @@ def test_static_shapes_compute_the_cost_in_the_cycle_with_the_same_sums(case, mo
     dynamic = run(generator_for(drafting), params, temperature)
     static = generator_for(drafting, static=True, max_cache_len=128)
     verdicts = []
-    accept_rows = mars.generate.accept_rows
+    accept_rows = mars.decoding.generate.accept_rows
 
     def recording(*args, **kwargs):
         cycle = accept_rows(*args, **kwargs)
         verdicts.extend((kwargs.get("defer_cost"), v) for v in cycle)
         return cycle
 
-    monkeypatch.setattr(mars.generate, "accept_rows", recording)
+    monkeypatch.setattr(mars.decoding.generate, "accept_rows", recording)
     out = run(static, params, temperature)
     assert verdicts and all(defer is False and v.pending is None for defer, v in verdicts)
     # Static shapes change results by rounding only: the same tokens here, sums up to rounding.

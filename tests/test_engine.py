@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from eagle import Eagle1Head, Eagle3Head, grow_tree
 from mars import SpeculativeGenerator
 from mars.adapter import cache_keyword
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 
 def test_greedy_equals_hf_generate_on_every_architecture(arch):

@@ -1,4 +1,4 @@
-"""Prepacked linears (eagle.kernels): used only inside the generator's calls, the same products up
+"""Prepacked linears (mars.adapter.kernels): used only inside the generator's calls, the same products up
 to rounding, row-invariant, refreshed when weights change, chosen by what fits. float32 packs
 wherever torch has oneDNN; bf16 only on CPUs with AVX-512 BF16 (the bf16 cases say so and skip
 elsewhere, while the test of the choice checks that such a CPU reports it cannot pack)."""
@@ -12,9 +12,9 @@ import torch
 from helpers import hf_greedy, random_prompt, summation_tolerance, tiny_model, unit_roundoff
 
 from eagle import Eagle3Head
-from eagle import kernels as K
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.adapter import kernels as K
+from mars.decoding.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -137,7 +137,7 @@ def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_g
 def test_a_model_moved_after_packing_to_a_precision_not_packed_here_keeps_torchs_product():
     # Packed in float32, then moved to bf16 (as a draft head is when the target is): where oneDNN cannot
     # pack bf16 (no AVX-512 BF16, or under ONEDNN_MAX_CPU_ISA=AVX2) the linear runs torch's own product.
-    from eagle.kernels import PackedLinears, packs
+    from mars.adapter.kernels import PackedLinears, packs
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 16))

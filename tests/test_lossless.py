@@ -39,9 +39,9 @@ from helpers import (
 )
 
 from mars import SpeculativeGenerator
-from mars.adaptive import AdaptiveTree, CycleCosts
-from mars.sampling import SamplingConfig, process_logits, resolve_sampling
-from mars.verify import accept
+from mars.decoding.adaptive import AdaptiveTree, CycleCosts
+from mars.verification.sampling import SamplingConfig, process_logits, resolve_sampling
+from mars.verification.verify import accept
 
 V = 6
 SETTINGS = {

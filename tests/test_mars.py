@@ -1,7 +1,7 @@
 """MARS in the generation loop: a never-firing threshold is strict; the paper default relaxes, within the top-2.
 
 Instrumented runs record, for every cycle, the processed logits, the tree and the verdict, by
-wrapping the `accept_rows` that `mars.generate` calls (one prompt: a forest of one); the checks
+wrapping the `accept_rows` that `mars.decoding.generate` calls (one prompt: a forest of one); the checks
 recompute the margins from them.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import tiny_generator
 
-import mars.generate as generate_module
+import mars.decoding.generate as generate_module
 
 PROMPTS = [[1, 2, 3], [7, 0, 11, 4, 9], [15]]
 NEVER_FIRING = [dict(margin="prob_ratio", theta=1.0), dict(margin="logprob_gap", theta=0.0)]

@@ -29,7 +29,7 @@ from eval.config.paths import REPO_ROOT
 from eval.config.schema import LLAMA3_SYSTEM_PROMPT, PROMPTS, ModelConfig
 from eval.runner.settings import fixed_tree
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -74,7 +74,7 @@ def test_model_config_composes_with_every_field(name):
     assert set(model.prompt) == {"format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs"}
     fmt = prompt_format(model)  # validates the block (fastchat template names, kinds)
     assert isinstance(fmt, PromptFormat)
-    # the model's tree preset is a valid tree (mars.settings.TreeShape checks every tree rule), resolved
+    # the model's tree preset is a valid tree (mars.decoding.settings.TreeShape checks every tree rule), resolved
     shape = fixed_tree(OmegaConf.to_object(cfg.tree), sampled=False)
     assert shape.drafting == "topk" and shape.label.startswith(f"{cfg.tree.total_tokens}/{cfg.tree.depth}/")
     assert model.exact_attention is None or isinstance(model.exact_attention, bool)  # None: auto
@@ -84,8 +84,8 @@ def test_embedded_config_keeps_its_cpu_settings():
     cfg = compose_run("embedded")
     model = cfg.model
     assert prompt_format(model) == PromptFormat(kind="completion")
-    assert cfg.tree.calibrate is True  # the fastest tree on this machine (mars.calibrate), cached
-    # precision, exactness and kernels measured on the machine with the tree (mars.calibrate)
+    assert cfg.tree.calibrate is True  # the fastest tree on this machine (mars.tuning.calibrate), cached
+    # precision, exactness and kernels measured on the machine with the tree (mars.tuning.calibrate)
     assert model.dtype.value == "auto" and model.exact_attention is None and model.device == "cpu"
 
 

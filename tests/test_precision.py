@@ -1,5 +1,5 @@
 """Precision by the hardware where nothing is measured (eagle.precision), and the fastest kernels and
-tree on this machine, measured together (mars.calibrate): what is resolved, and that the engine and
+tree on this machine, measured together (mars.tuning.calibrate): what is resolved, and that the engine and
 eval.run follow it."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from helpers import OracleHead, hf_greedy, random_prompt, tiny_llama, tiny_model
 
 from eagle import Eagle3Head
 from eagle import precision as P
-from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.calibrate import CANDIDATES as CALIBRATED
-from mars.calibrate import (
+from mars.adapter.kernels import packs
+from mars.tuning.calibrate import CANDIDATES as CALIBRATED
+from mars.tuning.calibrate import (
     SAMPLED_CANDIDATES,
     Kernels,
     TreeShape,
@@ -165,7 +165,7 @@ def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path)
 
 def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
     """Kernels whose strict greedy output differed from their plain decoding are not candidates."""
-    from mars import calibrate as C
+    from mars.tuning import calibrate as C
 
     real = C.check_kernels
 
@@ -186,7 +186,7 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
 
 
 def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budget(tmp_path, monkeypatch):
-    from mars import calibrate as C
+    from mars.tuning import calibrate as C
 
     real = C.decode
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from eagle.tree import DraftTree
 from mars.rules import make_rule
 from mars.rules.margin import margin_test
-from mars.sampling import SamplingConfig, process_logits, resolve_sampling
-from mars.verify import accept
+from mars.verification.sampling import SamplingConfig, process_logits, resolve_sampling
+from mars.verification.verify import accept
 
 PROPERTY_SETTINGS = settings(max_examples=80, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

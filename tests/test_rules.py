@@ -24,10 +24,10 @@ from helpers import (
 )
 
 import mars.rules
-from mars.cost import acceptance_probabilities, emitted_distribution, fallback_distribution
+from mars.accounting.cost import acceptance_probabilities, emitted_distribution, fallback_distribution
 from mars.rules import BUILT_IN, RULES, Relaxation, Rule, TargetView, make_rule, register
-from mars.sampling import process_logits, resolve_sampling
-from mars.verify import accept, children
+from mars.verification.sampling import process_logits, resolve_sampling
+from mars.verification.verify import accept, children
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -111,7 +111,7 @@ def test_every_built_in_rule_declares_the_settings_its_tests_run(name):
 @pytest.mark.parametrize("name,params", EXACT, ids=ids(EXACT))
 def test_exact_distribution_matches_what_the_rule_emits(name, params):
     """Chi-square of the verdicts' emitted tokens against the rule's exact outcome distribution; the
-    first token's marginal is the exact pi of `mars.cost` at the root."""
+    first token's marginal is the exact pi of `mars.accounting.cost` at the root."""
     tree = make_tree(*TREE)
     cfg = resolve_sampling(temperature=1.0, rule=name, **params)
     processed = process_logits(node_logits(tree, seed=3), cfg)

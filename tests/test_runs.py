@@ -31,7 +31,7 @@ from eval.runner.job import run
 from eval.runner.models import check_offload, claim_gpus, load_head
 from eval.runner.settings import resolve_settings
 from eval.runs.layout import AnswerFile, read_answers
-from mars.calibrate import CANDIDATES, TreeShape
+from mars.tuning.calibrate import CANDIDATES, TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 # float32 on a CPU: model.generate is also timed in bf16, and on a CPU with more than AVX2 in bf16 under the

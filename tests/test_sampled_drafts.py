@@ -1,5 +1,5 @@
 """Sampled drafting at temperature > 0: children drawn without replacement into a fixed shape
-(`eagle.tree`), verified by recursive rejection sampling (`mars.rejection`).
+(`eagle.tree`), verified by recursive rejection sampling (`mars.rules.rejection`).
 
 Exact checks where the draws can be enumerated (a node's emitted distribution averaged over every
 ordered draw is p, to float precision), chi-square tests where they cannot (`tests/test_lossless.py`
@@ -27,13 +27,13 @@ from helpers import (
 
 from eagle.tree import DraftTree, Topology, best_topology, depths_of, gumbel_top
 from mars import SpeculativeGenerator
-from mars.cost import emitted_distribution, sampling_cost
-from mars.rejection import recursive_trial, topk_trial
+from mars.accounting.cost import emitted_distribution, sampling_cost
+from mars.decoding.settings import TreeShape
 from mars.rules import BUILT_IN, RULES, Relaxation, TargetView, make_rule
 from mars.rules.base import ARGMAX, RESIDUAL, TARGET
-from mars.sampling import process_logits, resolve_sampling
-from mars.settings import TreeShape
-from mars.verify import accept, accept_rows, children
+from mars.rules.rejection import recursive_trial, topk_trial
+from mars.verification.sampling import process_logits, resolve_sampling
+from mars.verification.verify import accept, accept_rows, children
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -75,7 +75,7 @@ def normalised(values: list[float]) -> list[float]:
 
 def recursive_rejection(p: list[float], q: list[float], draws: tuple[int, ...]) -> tuple[list[float], list[float]]:
     """Recursive rejection sampling written out one child at a time in float64, from its definition
-    (`mars.rejection`'s docstring), independently of the vectorised trial: (each child's acceptance
+    (`mars.rules.rejection`'s docstring), independently of the vectorised trial: (each child's acceptance
     chance when its turn comes, the residual drawn from after every child is rejected). r_1 = p, s_1 = q;
     x_i accepted with min(1, r_i(x_i) / s_i(x_i)); r_{i+1} = norm(max(0, r_i - s_i)) (r_i kept where that
     is 0: x_i was then accepted with certainty), s_{i+1} = norm(s_i without x_i)."""
@@ -336,7 +336,7 @@ RELAXING = [(name, params) for name in BUILT_IN for params in RULES[name].relaxi
 
 def given_the_draw(relax: Relaxation, p: list[float], q: list[float], draws: tuple[int, ...]) -> tuple[list, list]:
     """(pi, pi_strict) at a root whose children are `draws` (from q), computed here from the rule's
-    relaxation and `recursive_rejection`, not by `mars.cost`: the emitted distributions given the draw."""
+    relaxation and `recursive_rejection`, not by `mars.accounting.cost`: the emitted distributions given the draw."""
     chances, residual = recursive_rejection(p, q, draws)
     kids = range(1, len(draws) + 1)
     tolerance = 0.0 if relax.tolerance is None else relax.tolerance[0].item()

@@ -18,7 +18,7 @@ from mars import SpeculativeGenerator
 from mars.adapter import PreallocatedLayer, TargetModel
 from mars.adapter.cache import StaticTreeLayer
 from mars.adapter.static import StaticMasks
-from mars.settings import TreeShape
+from mars.decoding.settings import TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

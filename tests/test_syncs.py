@@ -1,4 +1,4 @@
-"""The hot loop's host-synchronisation budget, counted on CPU with `mars.syncs.SyncCounter`: what
+"""The hot loop's host-synchronisation budget, counted on CPU with `mars.diagnostics.syncs.SyncCounter`: what
 would make a GPU wait (reads of device tensors, value-dependent shapes, uploads of host data).
 
 The counter first, one kind of host read at a time; then the budget of a cycle on every path of the
@@ -21,11 +21,11 @@ from helpers import OracleHead, count_by_cycle, hf_greedy, random_prompt, split_
 from eagle import Eagle3Head
 from eagle.tree import grow_tree
 from mars import SpeculativeGenerator
-from mars.adaptive import AdaptiveTree, CycleCosts
-from mars.generate import GenerationOutput
+from mars.decoding.adaptive import AdaptiveTree, CycleCosts
+from mars.decoding.generate import GenerationOutput
+from mars.decoding.settings import TreeShape
+from mars.diagnostics.syncs import SyncCounter
 from mars.rules import RULES
-from mars.settings import TreeShape
-from mars.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -202,7 +202,7 @@ def split_placement(model):
     """The placement `device_map="auto"` gives a model spread over devices, every part on the CPU: the
     layers split into two groups in `hf_device_map`, and accelerate's hooks on each block moving its
     inputs to the block's device, as `dispatch_model` sets them up for several GPUs. The devices are
-    `torch.device` objects (the counter takes the string "cpu" for the host; see `mars.syncs`)."""
+    `torch.device` objects (the counter takes the string "cpu" for the host; see `mars.diagnostics.syncs`)."""
     n = model.config.num_hidden_layers
     parts = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(n)), "model.norm", "model.rotary_emb",
              "lm_head"]

@@ -20,7 +20,7 @@ from eval.config.schema import LoggingConfig, WandbMode
 from eval.reporting import tracking, wandb_items
 from eval.reporting.metrics import method_figures
 from eval.runs.layout import AnswerFile, answer_record
-from mars.stats import VerifyStats
+from mars.accounting.stats import VerifyStats
 
 MODEL, BENCH, METHOD = "tiny", "embedded", "mars@0.9"
 SUMMARY = {

@@ -12,8 +12,8 @@ from helpers import tiny_model
 
 from eagle import Eagle3Head
 from eagle.tree import DraftTree, grow_tree, grow_trees
-from mars.adaptive import AdaptiveTree, CycleCosts
-from mars.syncs import SyncCounter
+from mars.decoding.adaptive import AdaptiveTree, CycleCosts
+from mars.diagnostics.syncs import SyncCounter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,11 +13,11 @@ import torch
 from helpers import make_tree, tiny_generator
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import mars.verify as verify_module
+import mars.verification.verify as verify_module
+from mars.accounting.stats import VerifyStats
 from mars.rules.margin import MARGINS, margin_test
-from mars.sampling import SamplingConfig, process_logits, resolve_sampling
-from mars.stats import VerifyStats
-from mars.verify import accept
+from mars.verification.sampling import SamplingConfig, process_logits, resolve_sampling
+from mars.verification.verify import accept
 
 NEG = -math.inf
 GREEDY = SamplingConfig()

@@ -42,11 +42,11 @@ from eval.config.methods import (
 )
 from eval.config.paths import REPO_ROOT
 from mars.adapter.static import check_static_options
+from mars.decoding.settings import NAMED_TREES, TreeShape
 from mars.rules import RULES, make_rule
-from mars.settings import NAMED_TREES, TreeShape
 
 if TYPE_CHECKING:
-    from mars.sampling import SamplingConfig
+    from mars.verification.sampling import SamplingConfig
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # a model given as a Hugging Face hub id (owner/name)
@@ -84,7 +84,7 @@ class PromptConfig:
 class ModelConfig:
     name: str = MISSING
     # A directory (absolute or relative to the repository), a hub id, or a GGUF file: a .gguf path or
-    # package:<module>/<file>.gguf in an installed package, converted once into the cache (eagle.sources).
+    # package:<module>/<file>.gguf in an installed package, converted once into the cache (mars.adapter.sources).
     target: str = MISSING
     target_sha256: str | None = None  # a GGUF target's pinned checksum, checked when it is first converted
     draft: str = MISSING
@@ -92,7 +92,7 @@ class ModelConfig:
     # null: `draft` at every temperature.
     sampling_draft: str | None = None
     tokenizer: str | None = None  # default: the target's
-    dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.calibrate); bf16 on GPUs (eagle.precision)
+    dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.tuning.calibrate); bf16 on GPUs (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
     # auto: one GPU when the target and what decoding needs beside it fit, else spread over the job's GPUs
     # with that headroom kept free (eval/runner/placement.py); balanced / sequential / ...: transformers' own.
@@ -105,7 +105,7 @@ class ModelConfig:
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
     # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
     exact_attention: bool | None = None
-    # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (eagle/kernels.py): float32
+    # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (mars/adapter/kernels.py): float32
     # (~30% faster tree forwards where MKL's few-row products are slow) and bf16 on CPUs with AVX-512 BF16
     # (the weight is not reordered at every call). null = auto: measured with dtype=auto or tree=calibrated
     # (eval/runner/settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
@@ -136,13 +136,13 @@ class TreeConfig:
     total_tokens: int = 20  # drafted nodes verified per cycle (the reference's total_token counts the root too)
     depth: int = 4  # draft levels
     branching: int = 5  # children expanded per level (EAGLE's top_k)
-    adaptive: bool = False  # size each cycle's tree from measured costs (mars/adaptive.py); the sizes are caps
+    adaptive: bool = False  # size each cycle's tree from measured costs (mars/decoding/adaptive.py); the sizes are caps
     # When sampling (temperature > 0): "topk" drafts the head's most likely tokens (EAGLE-2's tree),
     # "sample" draws children from the head into a fixed shape (eagle/tree.py, lossless by recursive
     # rejection sampling), "auto" whichever the calibration times faster here (sample where nothing is timed).
     # Greedy runs always draft top-k.
     drafting: str = "auto"
-    # Time mars.calibrate's candidate trees (jointly with the precision when model.dtype=auto) on these
+    # Time mars.tuning.calibrate's candidate trees (jointly with the precision when model.dtype=auto) on these
     # prompts (never the benchmark's) and use the fastest; cached per machine, model, kind of decoding and
     # method, so it runs once per method. Each method of a run (strict, each rule) gets the tree measured for it.
     calibrate: bool = False
@@ -212,7 +212,7 @@ class RunConfig:
 def sampling_of(method: MethodConfig, sampling: SamplingSchema) -> SamplingConfig:
     """The engine's sampling settings for a method (plain decoding: strict, which it does not use);
     raises on a bad temperature or rule parameter."""
-    from mars.sampling import SamplingConfig
+    from mars.verification.sampling import SamplingConfig
 
     rule = method.rule() if isinstance(method, RuleMethod) else make_rule("strict")
     return SamplingConfig(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, rule=rule)
@@ -270,9 +270,9 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
 
 # --- presets ------------------------------------------------------------------------------------
 
-TREES = {  # the fixed trees of mars.settings.NAMED_TREES, and the measured one
+TREES = {  # the fixed trees of mars.decoding.settings.NAMED_TREES, and the measured one
     **{name: TreeConfig(t.total_tokens, t.depth, t.branching, adaptive=t.adaptive) for name, t in NAMED_TREES.items()},
-    "calibrated": TreeConfig(calibrate=True),  # the fastest candidate on this machine (mars/calibrate.py), cached
+    "calibrated": TreeConfig(calibrate=True),  # the fastest candidate here (mars/tuning/calibrate.py), cached
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 

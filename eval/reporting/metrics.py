@@ -23,7 +23,7 @@ Definitions (all pooled over the questions every method answered):
   parse_rate, loglik       see `eval.scoring.quality`; token_prob = exp(loglik)
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
   margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
-  phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.timing.PHASES`: prefill,
+  phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.accounting.timing.PHASES`: prefill,
                            draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
                            and each phase's share of the loop's total; phase_seconds also holds
                            `accounting`, settling the cost accounting after the timed loop (outside
@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from eval.config.methods import GENERATE, VANILLA
 from eval.runs.layout import CONTENDED_SHARE
 from eval.scoring.quality import token_prob
-from mars.stats import VerifyStats
-from mars.timing import ACCOUNTING
+from mars.accounting.stats import VerifyStats
+from mars.accounting.timing import ACCOUNTING
 
 # Histogram ranges per margin metric; values outside fall into the end bins.
 MARGIN_BINS = 40

@@ -19,7 +19,7 @@ from eval.reporting.metrics import category_speedups, ratio
 from eval.runs.layout import SUMMARY
 from mars.rules.margin import Mars
 
-COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # a relaxation's exact cost (mars.cost)
+COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # mars.accounting.cost
 FASTEST_PLAIN = "<fastest plain>"  # the plain-decoding method (generate in any precision, vanilla) with most tokens/s
 RATIOS = {  # figure: (the method it is relative to, the figure divided)
     "speedup": (VANILLA, "tokens_per_s"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from eval.reporting.summaries import COSTS, SETTING_KEYS, Entry, method_order
 
 DASH = "–"
-BOUND = "≤"  # before a cost the run reported as an upper bound (sampled drafts: mars.cost.sampling_cost)
+BOUND = "≤"  # before a cost the run reported as an upper bound (sampled drafts: mars.accounting.cost.sampling_cost)
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
 CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
                "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
@@ -95,7 +95,7 @@ def infinite_kl_tokens(fig: dict) -> int:
 
 def with_infinite_kl(text: str, fig: dict) -> str:
     """A KL-per-token cell followed by `(+∞ on N tokens)` when N > 0 of the run's tokens had an infinite
-    KL. `kl_per_token` is the mean over the finite ones only (`mars.stats.VerifyStats.cost`): with N > 0
+    KL. `kl_per_token` is the mean over the finite ones only (`mars.accounting.stats.VerifyStats.cost`): with N > 0
     the KL per token is +∞, and the figure alone would be neither it nor, on sampled drafts (where the
     per-draw bound is +∞ wherever a draw leaves strict's support), an upper bound on it."""
     count = infinite_kl_tokens(fig)
@@ -209,8 +209,8 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
         parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
                   markdown_table(*table(entries, t))]
         bounded = any(cost_bounded(e) for e in entries if e.temperature == t)
-        cost_title = ("Exact cost of the relaxation per emitted token (mars/cost.py): " if not bounded else
-                      f"Cost of the relaxation per emitted token (mars/cost.py; {BOUND}: an upper bound): ")
+        cost_title = ("Exact cost of the relaxation per emitted token (mars/accounting/cost.py): " if not bounded else
+                      f"Cost of the relaxation per emitted token (mars/accounting/cost.py; {BOUND}: an upper bound): ")
         for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
                               (fastest_cell, "Speedup over the fastest plain decoding timed in the run"),
                               (recovery_cell, "Quality recovery against strict with its 95% bootstrap interval and "
@@ -225,7 +225,7 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
                 parts += ["", f"{BOUND}: an upper bound on the cost, not the exact cost: on sampled drafts the "
                           "distribution emitted on average over the draws has no closed form, and its distance "
                           "from p is at most the average of each draw's (TV and KL are jointly convex; "
-                          "`mars.cost.sampling_cost`), which is the figure given (the method's "
+                          "`mars.accounting.cost.sampling_cost`), which is the figure given (the method's "
                           "`cost_bound_tokens` > 0)."]
             if rows and render is cost_cell and any(infinite_kl_tokens(e.fig) for e in entries if e.temperature == t):
                 parts += ["", "(+∞ on N tokens): N emitted tokens had an infinite KL (on sampled drafts, each "

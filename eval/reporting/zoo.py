@@ -38,7 +38,7 @@ own Pareto front. Per model × bench:
   one front each;
 - zoo.json: the same figures.
 
-Costs on sampled drafts are upper bounds (`mars.cost.sampling_cost`: the cost of a relaxation averaged
+Costs on sampled drafts are upper bounds (`mars.accounting.cost.sampling_cost`: the cost of a relaxation averaged
 over the draws is at most the average of each draw's cost, by joint convexity); a method's summary says
 so with `cost_bound_tokens` > 0, and the tables, axis labels and legends mark those figures with "≤".
 """
@@ -178,7 +178,7 @@ class Point:
 
     @property
     def bounded(self) -> bool:
-        """Whether the run reported this point's TV and KL as upper bounds (sampled drafts, `mars.cost`)."""
+        """Whether the run reported this point's TV and KL as upper bounds (sampled drafts, `mars.accounting.cost`)."""
         return cost_bounded(self.entry)
 
 

@@ -136,10 +136,11 @@ def report_markdown(runs: Sequence[dict], groups_: Sequence[Group], plots: dict[
               "- **τ**: tokens per draft–verify cycle. **relaxed**: share of the emitted tokens accepted only "
               "through the rule's relaxation.",
               "- **TV / KL per token** (T > 0): the exact total variation and KL(π‖p) between the distribution "
-              "the rule emits (π) and the target's (p), per emitted token (`mars.cost`); strict's are 0.",
+              "the rule emits (π) and the target's (p), per emitted token (`mars.accounting.cost`); strict's are 0.",
               *([f"- **{BOUND}** (sampled drafts): an upper bound on the cost, not the cost: the distribution "
                  "emitted on average over the draft's draws is no farther from p than the average over draws "
-                 "of each draw's distance (TV and KL are jointly convex; `mars.cost.sampling_cost`), and the "
+                 "of each draw's distance (TV and KL are jointly convex; `mars.accounting.cost.sampling_cost`), and "
+                 "the "
                  "figure is that average (the run's `cost_bound_tokens` > 0)."]
                 if any(g.bounded for g in groups_) else []),
               *(["- **top-k drafts / sampled drafts**: the tree's children are the draft head's most likely "

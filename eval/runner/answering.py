@@ -22,9 +22,9 @@ from eval.runner.plain import GenerateWorker, hf_generate_batch
 from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
 from mars.adapter import context_length
-from mars.generate import GenerationOutput, SpeculativeGenerator
-from mars.sampling import SamplingConfig
-from mars.settings import TreeShape
+from mars.decoding.generate import GenerationOutput, SpeculativeGenerator
+from mars.decoding.settings import TreeShape
+from mars.verification.sampling import SamplingConfig
 
 
 def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],

@@ -16,7 +16,7 @@ from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard
 from eval.runner.settings import on_cpu, run_device
 from eval.runs.layout import ANSWERS, IDENTITY, SKIPPED, answers_file, directory_name, read_answers, write_atomic
-from mars.settings import DecodeSettings
+from mars.decoding.settings import DecodeSettings
 
 # On a CPU `model.generate` is timed in both precisions: which decodes one token at a time faster
 # depends on the CPU (bf16 on AVX2-only EPYCs; on AVX-512 BF16 ones too, but by less), and speedups

@@ -31,7 +31,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle.precision import DTYPES, cpu_name
-from eagle.sources import provenance
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat, prompt_format
 from eval.benchmarks.questions import Question
@@ -66,7 +65,8 @@ from eval.runner.settings import resolve_settings, timing_device
 from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
 from eval.scoring import quality, sandbox
 from eval.scoring.recovery import agreement, paired_recovery
-from mars.settings import DecodeSettings
+from mars.adapter.sources import provenance
+from mars.decoding.settings import DecodeSettings
 
 # --- quality ------------------------------------------------------------------------------------
 

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import torch
 
-from eagle.sources import PACKAGE, is_gguf, local_model
 from eval.config.paths import resolve
 from eval.config.schema import HUB_ID, RunConfig
-from mars.generate import SpeculativeGenerator
-from mars.settings import DecodeSettings, Setting
+from mars.adapter.sources import PACKAGE, is_gguf, local_model
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.settings import DecodeSettings, Setting
 
 GPU_LOCK_DIR = Path(os.environ.get("MARS_GPU_LOCK_DIR", "/tmp/mars-gpu-locks"))
 
 
 def model_source(spec: str, what: str, sha256: str | None = None) -> str:
     """A local directory (absolute or relative to the repository root), a Hugging Face hub id, or a GGUF
-    file's converted directory (`eagle.sources.local_model`, checked against `sha256`)."""
+    file's converted directory (`mars.adapter.sources.local_model`, checked against `sha256`)."""
     if is_gguf(spec):
         return local_model(spec if spec.startswith(PACKAGE) else str(resolve(spec)), sha256)
     local = resolve(spec)

@@ -21,9 +21,9 @@ import torch
 
 from eval.config.methods import ISA_LIMITS
 from eval.config.schema import RunConfig
-from mars.generate import GenerationOutput
-from mars.sampling import SamplingConfig
-from mars.timing import frozen_heap
+from mars.accounting.timing import frozen_heap
+from mars.decoding.generate import GenerationOutput
+from mars.verification.sampling import SamplingConfig
 
 
 def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
@@ -53,7 +53,7 @@ def hf_generate_batch(model, batch: list[list[int]], sampling: SamplingConfig, m
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
     torch.manual_seed(seed)  # generate samples from torch's global generator
     start = time.perf_counter()
-    with torch.inference_mode(), frozen_heap():  # as our own decoding runs (`mars.generate`)
+    with torch.inference_mode(), frozen_heap():  # as our own decoding runs (`mars.decoding.generate`)
         out = model.generate(input_ids, attention_mask=mask, generation_config=config)
     seconds = time.perf_counter() - start
     outputs = []

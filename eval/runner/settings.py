@@ -1,7 +1,7 @@
-"""A job's decoding settings, resolved once (`mars.settings.DecodeSettings`).
+"""A job's decoding settings, resolved once (`mars.decoding.settings.DecodeSettings`).
 
 Explicit settings win (`model.dtype`, `model.exact_attention`, `model.prepack`, a fixed `tree`). What
-is left free is measured on this machine when there is a choice to make (`mars.calibrate`: on a CPU
+is left free is measured on this machine when there is a choice to make (`mars.tuning.calibrate`: on a CPU
 the precision and prepacking with `model.dtype=auto`, the tree with `tree=calibrated`), cached per
 machine and model; on a GPU the precision follows the hardware (`eagle.precision.resolve_dtype`).
 Exact attention follows the precision: on where it is needed for strict greedy output to equal plain
@@ -24,8 +24,8 @@ from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
-from mars.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates, untimed
-from mars.settings import DecodeSettings, Kernels, Setting, TreeShape
+from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
+from mars.tuning.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates, untimed
 
 
 def on_cpu(run: RunConfig) -> bool:
@@ -116,7 +116,7 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
-        return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (eagle/kernels.py)"
+        return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (mars/adapter/kernels.py)"
     return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
 
 
@@ -182,7 +182,7 @@ def rule_methods(run: RunConfig) -> list[RuleMethod]:
 
 
 def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
-    """The run's target and the draft head `head` in `dtype` (what `mars.calibrate.calibrate` times)."""
+    """The run's target and the draft head `head` in `dtype` (what `mars.tuning.calibrate.calibrate` times)."""
     target = load_target(run, getattr(torch, dtype))
     return target, load_head(head, target)
 

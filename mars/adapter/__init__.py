@@ -6,7 +6,9 @@
 - `routing`: attention implementations that cannot take a tree mask, routed to SDPA for trees;
 - `exact`: exact attention, each tree row over exactly its visible keys (bit-exact bf16 verification);
 - `taps`: the draft's features, captured by hooks;
-- `devices`: where a sharded target's tensors live.
+- `devices`: where a sharded target's tensors live;
+- `kernels`: oneDNN-prepacked linears for float32 CPU models (imported by name, not re-exported);
+- `sources`: where a target's weights come from, GGUF files converted once (imported by name).
 """
 
 from mars.adapter.cache import PathCache, PreallocatedLayer, StaticTreeCache, StaticTreeLayer, TreeCache, cache_keyword

@@ -1,8 +1,8 @@
 """Verification rules: a registry, and one file per rule.
 
 A rule is a frozen dataclass of its parameters whose `relax(view)` says where and how it departs
-from strict verification (`mars.rules.base`); `mars.verify` applies any rule, greedy or sampling,
-and `mars.cost` computes the exact distribution it emits. Adding one (in any module, e.g. a test):
+from strict verification (`mars.rules.base`); `mars.verification.verify` applies any rule, greedy or sampling,
+and `mars.accounting.cost` computes the exact distribution it emits. Adding one (in any module, e.g. a test):
 
     @register
     @dataclass(frozen=True)

@@ -5,11 +5,11 @@ Vocabulary (one drafted tree of n nodes, vocabulary V):
   logits judges them.
 - p_i: the target's distribution at node i that the rule judges with: the processed distribution
   (temperature, top-k, top-p) when sampling, the temperature-1 softmax of the logits when greedy.
-- *strict*: greedy exact match, or lossless tree speculative sampling (`mars.verify`).
+- *strict*: greedy exact match, or lossless tree speculative sampling (`mars.verification.verify`).
 - a rule *relaxes* by accepting a child the strict rule would not (always or more often).
 
-A rule says where and how through a `Relaxation` over all nodes at once; `mars.verify` turns it into
-a verdict (the same code for every rule) and `mars.cost` into the exact distribution it emits. A
+A rule says where and how through a `Relaxation` over all nodes at once; `mars.verification.verify` turns it into
+a verdict (the same code for every rule) and `mars.accounting.cost` into the exact distribution it emits. A
 rule that relaxes nowhere gives strict's verdict, draw for draw.
 """
 
@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from mars.rejection import Trial, recursive_trial, topk_trial
+from mars.rules.rejection import Trial, recursive_trial, topk_trial
 
 # What is drawn at a node whose children were all rejected (`Relaxation.fallback`).
 RESIDUAL = 0  # the residual: p with every rejected child zeroed, renormalised (strict: lossless)
@@ -87,7 +87,7 @@ class TargetView:
 
     @cached_property
     def trial(self) -> Trial:
-        """The strict trial of every node's children (`mars.rejection`): acceptance ratios and residuals."""
+        """The strict trial of every node's children (`mars.rules.rejection`): acceptance ratios and residuals."""
         if self.draft is None:
             return topk_trial(self.probs, self.kids, self.tokens)
         if self.width is None:
@@ -126,7 +126,7 @@ class Relaxation:
     accepts: nodes [L] -> [L, V] bool, the tokens the rule accepts outright at each of `nodes`
         whichever were drafted (`outright` is its restriction to the drafted children). A rule with
         outright acceptances gives it, so that the cost of a sampled node with one child is exact
-        (`mars.cost.sampling_cost`); None: no token is accepted outright anywhere.
+        (`mars.accounting.cost.sampling_cost`); None: no token is accepted outright anywhere.
     """
 
     outright: torch.Tensor
@@ -148,7 +148,7 @@ class Relaxation:
     def active(self, nodes: torch.Tensor | None = None, accepting: torch.Tensor | None = None) -> torch.Tensor:
         """[n] bool (or [L] at `nodes` [L]): where this relaxation can change what is emitted (elsewhere
         pi = p exactly). accepting [L] bool: where it accepts some token outright; default: some
-        drafted child (`outright`); `mars.cost` asks about any token a draw could bring (`accepts`)."""
+        drafted child (`outright`); `mars.accounting.cost` asks about any token a draw could bring (`accepts`)."""
         at = slice(None) if nodes is None else nodes
         active = self.outright.any(dim=1)[at] if accepting is None else accepting
         if self.tolerance is not None:

@@ -1,4 +1,4 @@
-"""The strict rule: greedy exact match, or lossless tree speculative sampling (`mars.verify`)."""
+"""The strict rule: greedy exact match, or lossless tree speculative sampling (`mars.verification.verify`)."""
 
 from __future__ import annotations
 

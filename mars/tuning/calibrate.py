@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from eagle.kernels import packed_copy_fits, packs
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
-from eagle.sources import cache_root
-from mars.generate import SpeculativeGenerator
-from mars.sampling import SamplingConfig
-from mars.settings import Kernels, TreeShape
+from mars.adapter.kernels import packed_copy_fits, packs
+from mars.adapter.sources import cache_root
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.settings import Kernels, TreeShape
+from mars.verification.sampling import SamplingConfig
 
 Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
 
@@ -56,7 +56,7 @@ def default_cache() -> Path:
     return cache_root() / "trees"
 
 
-# From a narrow chain-like tree to EAGLE-2's GPU default; the adaptive policy (mars.adaptive) as the
+# From a narrow chain-like tree to EAGLE-2's GPU default; the adaptive policy (mars.decoding.adaptive) as the
 # candidate that can fall back to plain decoding steps where no fixed tree pays.
 # Chains first: on a CPU a verification's cost grows with every row, and a chain of 5-7 drafts
 # beats any tree there (embedded pair, bf16, AVX-512: 6/6/1 383 tok/s, 8/4/2 332, 20/4/5 258);
@@ -98,10 +98,10 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
 
     CPU: float32 and bf16; exact attention where the precision needs it to reproduce plain decoding
     (bf16: `eagle.precision.needs_exact_attention`) unless set; prepacked linears on and off where
-    oneDNN packs that precision here (`eagle.kernels.packs`) and a packed copy of the target's
-    `parameters` weights fits in memory (`eagle.kernels.packed_copy_fits`), unless set. Other devices: one candidate,
-    the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
-    float32 is never the faster there, and `eagle.kernels` packs CPU weights only).
+    oneDNN packs that precision here (`mars.adapter.kernels.packs`) and a packed copy of the target's
+    `parameters` weights fits in memory (`mars.adapter.kernels.packed_copy_fits`), unless set. Other devices:
+    one candidate, the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
+    float32 is never the faster there, and `mars.adapter.kernels` packs CPU weights only).
     """
     on_cpu = torch.device(device).type == "cpu"
     if dtype != "auto":

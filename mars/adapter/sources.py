@@ -162,7 +162,7 @@ def provenance(directory: str) -> dict | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-if __name__ == "__main__":  # python -m eagle.sources SPEC [SHA256]: convert once, print the directory
+if __name__ == "__main__":  # python -m mars.adapter.sources SPEC [SHA256]: convert once, print the directory
     import sys
 
     print(local_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, log=lambda m: print(m, file=sys.stderr)))

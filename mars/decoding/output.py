@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mars.stats import VerifyStats
+from mars.accounting.stats import VerifyStats
 
 if TYPE_CHECKING:  # the result type describes verdicts; it does not run the verifier
-    from mars.verify import Verdict
+    from mars.verification.verify import Verdict
 
 
 @dataclass

@@ -8,7 +8,7 @@
 
 `tuned` loads the target and its draft head in the precision measured fastest here and returns a
 `SpeculativeGenerator` with the measured kernels (exact attention, prepacked linears) and tree: the
-calibration `eval.run` makes with `model.dtype=auto tree=calibrated` (`mars.calibrate`: precision and
+calibration `eval.run` makes with `model.dtype=auto tree=calibrated` (`mars.tuning.calibrate`: precision and
 tree searched together for strict verification, then the tree of `rule` at those kernels), cached
 per machine, models, kind of decoding, rule and batch size and shared with runs, so it is timed
 once. `gen.calibration` holds the records. A fixed tree by name (`tree="paper"`, `NAMED_TREES`) or
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from mars.calibrate import DEFAULT_BUDGET, Budget, calibrate, kernel_candidates, tree_candidates
-from mars.generate import SpeculativeGenerator
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.settings import NAMED_TREES, Kernels, TreeShape
 from mars.rules import make_rule
-from mars.sampling import SamplingConfig
-from mars.settings import NAMED_TREES, Kernels, TreeShape
+from mars.tuning.calibrate import DEFAULT_BUDGET, Budget, calibrate, kernel_candidates, tree_candidates
+from mars.verification.sampling import SamplingConfig
 
 # Train-split functions of the standard library: what `eval.run` calibrates on (never a benchmark's).
-CALIBRATION_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts" / "stdlib_calibration.jsonl"
+CALIBRATION_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "stdlib_calibration.jsonl"
 
 
 def calibration_prompts(tokenizer, path: Path = CALIBRATION_PROMPTS) -> list[torch.Tensor]:

@@ -20,7 +20,7 @@ Two forms, one meaning:
   is r_i(x_i), and the residual is p with the tried children zeroed, renormalised. No loop.
 - `recursive_trial`: children drawn from q [n, V] without replacement. One pass per sibling rank
   over every node at once (`width` passes), on the device.
-Both return the same `Trial`; `mars.verify` draws against it, `mars.cost` integrates it.
+Both return the same `Trial`; `mars.verification.verify` draws against it, `mars.accounting.cost` integrates it.
 """
 
 from __future__ import annotations

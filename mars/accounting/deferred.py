@@ -1,7 +1,7 @@
-"""Deferred cost accounting: a relaxation's cost (`mars.cost`) kept out of a decoding loop, settled after it.
+"""Deferred cost accounting: a relaxation's cost (`mars.accounting.cost`) kept out of a decoding loop, settled after it.
 
 The cost is measurement, not decision (nothing in verification reads it), so a loop need not pay for
-it in its cycles. With `defer_cost=True`, `mars.verify` neither computes nor reads a forest's cost:
+it in its cycles. With `defer_cost=True`, `mars.verification.verify` neither computes nor reads a forest's cost:
 it wraps the computation in a `ForestCost` (run once, when first asked for) and gives each verdict a
 `PendingCost`, its share of that forest's flattened chain. `VerifyStats.add` keeps the shares;
 `settle` computes them and adds them to the stats in one device-to-host read (the stats settle
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from mars.cost import Cost
-from mars.timing import ACCOUNTING, PhaseClock
+from mars.accounting.cost import Cost
+from mars.accounting.timing import ACCOUNTING, PhaseClock
 
 if TYPE_CHECKING:
     from mars.rules.base import TargetView
@@ -39,7 +39,7 @@ PENDING_BYTES = 256 << 20
 
 
 class ForestCost:
-    """The cost (`mars.cost.Cost`) at every chain node of one verified forest, flattened [B L], computed
+    """The cost (`mars.accounting.cost.Cost`) at every chain node of one verified forest, flattened [B L], computed
     by `compute` when first asked for and kept; the closure (and the target tables it holds) is then
     dropped."""
 
@@ -89,13 +89,14 @@ def cost_now_or_later(compute: Callable[[], Cost], view: TargetView, lossless: b
 
 
 class Deferring(Protocol):
-    """A verdict as the accounting sees it (`mars.verify.Verdict`): its share of a deferred cost, if any."""
+    """A verdict as the accounting sees it (`mars.verification.verify.Verdict`): its share of a deferred cost,
+    if any."""
 
     pending: PendingCost | None
 
 
 class Accounts(Protocol):
-    """Statistics that keep deferred costs until settled (`mars.stats.VerifyStats`): (a verdict's share,
+    """Statistics that keep deferred costs until settled (`mars.accounting.stats.VerifyStats`): (a verdict's share,
     how many of its steps were recorded), and how a settled token's cost is added."""
 
     pending: list[tuple[PendingCost, int]]
@@ -129,7 +130,7 @@ def settle(stats: Iterable[Accounts]) -> None:
 class CostLedger:
     """The cost accounting of one decoding call, deferred out of its timed loop.
 
-    Verification leaves each verdict's cost pending (`defer` for `mars.verify`'s `defer_cost`), the
+    Verification leaves each verdict's cost pending (`defer` for `mars.verification.verify`'s `defer_cost`), the
     stats keep it (`VerifyStats.add`), and `settle` adds it all in one read once the call's `seconds`
     is taken, charged to the ACCOUNTING phase. If the target tables the pending cycles hold exceed
     `PENDING_BYTES`, `record` settles inside the loop: that time then stays in `seconds` (conservative)."""

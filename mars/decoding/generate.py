@@ -26,8 +26,8 @@ cycles / cycles = (len(tokens) - 1) / num_cycles.
 
 Timing: `seconds` times the decoding alone: each row's, from the call's start to its last token (all
 requests submitted at once); a batch's throughput is its tokens over the call's wall time. The
-relaxation's cost accounting (`mars.cost`, measurement only) is deferred out of the loop and settled
-after it (`mars.accounting.CostLedger`, one read for the batch, its time in the first output's
+relaxation's cost accounting (`mars.accounting.cost`, measurement only) is deferred out of the loop and settled
+after it (`mars.accounting.deferred.CostLedger`, one read for the batch, its time in the first output's
 `phase_seconds["accounting"]`), except with static shapes, where it is computed in the cycle.
 
 Devices: token ids enter at the target's input embeddings, logits and the RNG live on its lm_head's
@@ -48,16 +48,16 @@ from torch.nn.utils.rnn import pad_sequence
 
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
-from eagle.kernels import PackedLinears, choose_packing
 from eagle.tree import RANK_ACCEPTANCE, DraftTree, Topology, best_topology, grow_trees, sample_trees, sampled_shape
-from mars.accounting import CostLedger
+from mars.accounting.deferred import CostLedger
+from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
-from mars.adaptive import AdaptiveTree, measure_costs
-from mars.output import GenerationOutput
-from mars.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
-from mars.settings import TreeShape
-from mars.timing import PhaseClock, frozen_heap
-from mars.verify import accept_rows
+from mars.adapter.kernels import PackedLinears, choose_packing
+from mars.decoding.adaptive import AdaptiveTree, measure_costs
+from mars.decoding.output import GenerationOutput
+from mars.decoding.settings import TreeShape
+from mars.verification.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
+from mars.verification.verify import accept_rows
 
 # EAGLE-2's dynamic tree (its GPU setting); `mars.tuned` measures the fastest tree for a machine.
 DEFAULT_TREE = TreeShape(60, 6, 10)
@@ -66,7 +66,7 @@ DEFAULT_TREE = TreeShape(60, 6, 10)
 def _while_decoding(method):
     """Run a decoding method with the generator's packed kernels and feature hooks on the models,
     taken off again after (between calls the models are as the caller gave them), and the heap that
-    exists at the call frozen out of garbage collections (`mars.timing.frozen_heap`)."""
+    exists at the call frozen out of garbage collections (`mars.accounting.timing.frozen_heap`)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped(), \
@@ -78,7 +78,7 @@ def _while_decoding(method):
 class SpeculativeGenerator:
     """EAGLE-2/3 tree speculative decoding of `target_model` with `head`, verified by any rule of `mars.rules`.
 
-    tree: the draft tree's shape and drafting mode, a `mars.settings.TreeShape` (which checks them):
+    tree: the draft tree's shape and drafting mode, a `mars.decoding.settings.TreeShape` (which checks them):
     `total_tokens` drafted nodes verified per cycle, `depth` draft levels, `branching` children per
     expanded node, `adaptive` sizing, `drafting` ("auto": sampled children when sampling). Default
     `DEFAULT_TREE`, EAGLE-2's 60/6/10. `rank_acceptance`: the per-rank acceptance a sampled tree's
@@ -91,14 +91,14 @@ class SpeculativeGenerator:
     already reproduces plain decoding (`eagle.precision.needs_exact_attention`); `gen.target.exact_attention`
     tells what was chosen.
     prepack: multiply float32 CPU linears (target and head) by oneDNN-prepacked weights inside
-    `generate`/`vanilla` (`eagle.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
+    `generate`/`vanilla` (`mars.adapter.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
     profile: time the loop's phases into `GenerationOutput.phase_seconds` (synchronising the devices
     at every phase boundary; off by default, for the loop's sake on a GPU).
     An adaptive tree (`tree.adaptive`) is sized each cycle (up to the tree's maxima, down to a plain
     decoding step) from costs measured on this machine at the first `generate` and the acceptance
-    observed so far (`mars.adaptive`); the estimates carry over from call to call.
+    observed so far (`mars.decoding.adaptive`); the estimates carry over from call to call.
     static: fixed shapes for the target (`mars.adapter.static`): a KV cache of `max_cache_len` entries
     allocated once and reused by every call (default: 2048, or the model's context plus one tree if
     shorter; a call that would not fit raises a ValueError naming it), every tree forward padded to
@@ -118,10 +118,10 @@ class SpeculativeGenerator:
                  rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, **tree_arguments):
         if tree_arguments:
             raise TypeError(f"SpeculativeGenerator takes its tree as one argument: tree=TreeShape(total_tokens=..., "
-                            f"depth=..., branching=..., adaptive=..., drafting=...) (mars.settings), not "
+                            f"depth=..., branching=..., adaptive=..., drafting=...) (mars.decoding.settings), not "
                             f"{', '.join(sorted(tree_arguments))}")
         if not isinstance(tree, TreeShape):
-            raise TypeError(f"tree must be a mars.settings.TreeShape, got {type(tree).__name__}")
+            raise TypeError(f"tree must be a mars.decoding.settings.TreeShape, got {type(tree).__name__}")
         head.config.check_target(target_model)
         self.target = TargetModel(target_model, head.config.feature_layers, exact_attention, feature_device=head.device,
                                   static=static, max_cache_len=max_cache_len, tree_rows=tree.total_tokens + 1,

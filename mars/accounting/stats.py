@@ -5,14 +5,20 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-from mars.accounting import PendingCost, settle
+from mars.accounting.deferred import PendingCost, settle
 
-if TYPE_CHECKING:  # annotations only: the stats read verdicts, they do not run the verifier
-    from mars.verify import Verdict
+
+class Judged(Protocol):
+    """A verdict as the statistics read it (`mars.verification.verify.Verdict`, a room above this one): its
+    verified positions (`Step`s), whether their costs bound the cost from above, and its deferred cost."""
+
+    steps: list[Any]
+    cost_bound: bool
+    pending: PendingCost | None
 
 
 @dataclass
@@ -28,12 +34,12 @@ class VerifyStats:
     positions whose accepted child was its parent's r-th in draft order (what sizes sampled trees,
     `eagle.tree.best_topology`).
 
-    Cost of the relaxation per emitted token (`mars.cost`): sampled positions add TV(pi, p) and
+    Cost of the relaxation per emitted token (`mars.accounting.cost`): sampled positions add TV(pi, p) and
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,
     left out of `kl_sum`; `bounded` counts those whose TV and KL are upper bounds, from sampled drafts,
-    see `mars.cost.sampling_cost`); greedy positions add whether the token is not the argmax and its regret.
+    see `mars.accounting.cost.sampling_cost`); greedy positions add whether the token is not the argmax and its regret.
     A verdict with a deferred cost (`Verdict.pending`) adds its cost only when settled
-    (`mars.accounting.settle`, one read for every pending verdict); until then tv_sum, kl_sum,
+    (`mars.accounting.deferred.settle`, one read for every pending verdict); until then tv_sum, kl_sum,
     kl_infinite, mismatches and regret_sum leave it out. `merge`, `cost` and `to_json` settle first;
     the pending list is never serialised.
     """
@@ -56,7 +62,7 @@ class VerifyStats:
     # Deferred costs not added yet: (a verdict's pending cost, how many of its steps were recorded).
     pending: list[tuple[PendingCost, int]] = field(default_factory=list, repr=False, compare=False)
 
-    def add(self, verdict: Verdict, keep_steps: int | None = None, sampled: bool = False) -> None:
+    def add(self, verdict: Judged, keep_steps: int | None = None, sampled: bool = False) -> None:
         """Record a verdict's steps (only the first `keep_steps`, when output was cut short); a deferred
         cost is kept for `settle`."""
         steps = verdict.steps[:keep_steps]
@@ -79,7 +85,8 @@ class VerifyStats:
                 self.relaxed[step.depth] += step.relaxed
 
     def add_cost(self, tv: float, kl: float, mismatch: bool, regret: float) -> None:
-        """One emitted token's cost (`mars.cost.Cost`): from its step, or settled (`mars.accounting`)."""
+        """One emitted token's cost (`mars.accounting.cost.Cost`): from its step, or settled
+        (`mars.accounting.deferred`)."""
         self.tv_sum += tv
         self.regret_sum += regret
         self.mismatches += mismatch

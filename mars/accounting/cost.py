@@ -3,7 +3,7 @@
 At node i with target distribution p and children c_1..c_k tried in draft order (a rule's
 `Relaxation`): child j is accepted with probability a_j = 1 if the rule accepts it outright, else
 a_j = min(1, ratio_j + tolerance), ratio_j being strict's trial of it
-(`mars.rejection`: r_j(c_j) / q_j(c_j); for deterministic drafts q_j(c_j) = 1 and r_j is p with the
+(`mars.rules.rejection`: r_j(c_j) / q_j(c_j); for deterministic drafts q_j(c_j) = 1 and r_j is p with the
 earlier children zeroed, renormalised), and after every rejection the rule's fallback distribution f
 is drawn (strict's: the last residual). So, given the drafted children, the emitted token's distribution is
 
@@ -17,8 +17,8 @@ the per-token KL between the rule's and the target's output distributions, by th
 greedy: whether the token is not the argmax, and the regret log p_1 - log p(x) under the temperature-1 distribution.
 
 This is measurement, not decision: verification never reads it, and a deployment of a rule would not
-compute it. The decoding loops therefore defer it out of their timed loop (`mars.verify`'s
-`defer_cost`, settled by `mars.accounting` after the call's `seconds` is taken).
+compute it. The decoding loops therefore defer it out of their timed loop (`mars.verification.verify`'s
+`defer_cost`, settled by `mars.accounting.deferred` after the call's `seconds` is taken).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with the reason it was chosen.
 
 A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve_settings`): from the
-run's explicit settings, from a measurement on this machine (`mars.calibrate`), or from a rule where
+run's explicit settings, from a measurement on this machine (`mars.tuning.calibrate`), or from a rule where
 nothing was measured. Everything downstream reads that one object: the generator
 (its tree, kernels and exact attention), the run directories' names, the summary (`record`), the report, W&B, and the
 run's first lines (`describe`). Nothing re-derives a setting.
@@ -26,7 +26,7 @@ DRAFTING = ("auto", "topk", "sample")
 class TreeShape:
     """A draft tree: `total_tokens` nodes verified per cycle, `depth` draft levels, `branching`
     children per expanded node (EAGLE's "top_k"); `adaptive` sizes each cycle's tree up to these caps
-    from costs measured here (`mars.adaptive`).
+    from costs measured here (`mars.decoding.adaptive`).
 
     drafting, when sampling (temperature > 0; greedy decoding always drafts top-k): "topk", the
     head's most likely tokens (EAGLE-2's dynamic tree, `eagle.tree.grow_trees`), where strict
@@ -95,7 +95,7 @@ NAMED_TREES = {
 @dataclass(frozen=True)
 class Kernels:
     """How the target computes: its precision, whether verification attention is exact
-    (`mars.adapter.exact`), whether linears multiply prepacked weights (`eagle.kernels`)."""
+    (`mars.adapter.exact`), whether linears multiply prepacked weights (`mars.adapter.kernels`)."""
 
     dtype: str  # a key of DTYPES
     exact_attention: bool
@@ -117,14 +117,14 @@ class Setting:
 
     value: Any
     reason: str
-    calibration: dict | None = None  # the measurement it came from (`mars.calibrate`'s record), if one
+    calibration: dict | None = None  # the measurement it came from (`mars.tuning.calibrate`'s record), if one
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     """Everything a run decided about how it decodes (see the module docstring).
 
-    calibration: the measurement the choices came from (`mars.calibrate.calibrate`'s record: every
+    calibration: the measurement the choices came from (`mars.tuning.calibrate.calibrate`'s record: every
     candidate's tokens/s and whether it reproduced plain decoding), None where nothing was measured.
     """
 

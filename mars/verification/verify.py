@@ -10,10 +10,10 @@ Each form judges every node of the tree at once on the logits' device and reads 
 the host in one transfer (`_read`): on a GPU, verification costs one synchronisation however large
 the tree (the sequential walk of the reference code cost several per node).
 
-Cost accounting (`mars.cost`: TV/KL, argmax mismatch, regret) is measurement: nothing here decides by
+Cost accounting (`mars.accounting.cost`: TV/KL, argmax mismatch, regret) is measurement: nothing here decides by
 it. By default it is computed in the cycle and packed into that read; with `defer_cost=True` it is
 neither computed nor read: each verdict carries its share of the forest's pending cost, to settle
-later (`mars.accounting`). A lossless rule has no cost and nothing pending.
+later (`mars.accounting.deferred`). A lossless rule has no cost and nothing pending.
 
 Shared invariants, tested in `tests/test_verify.py` and `tests/test_rules.py`:
 - `path[0] == 0` and each node in `path` is a child of the one before it; len(path) - 1 <= depth.
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle.tree import DraftTree
-from mars.accounting import ForestCost, PendingCost, cost_now_or_later
-from mars.cost import Cost, cost_bound, fallback_distribution, greedy_cost, sampling_cost
+from mars.accounting.cost import Cost, cost_bound, fallback_distribution, greedy_cost, sampling_cost
+from mars.accounting.deferred import ForestCost, PendingCost, cost_now_or_later
 from mars.rules.base import Relaxation, TargetView
-from mars.sampling import SamplingConfig, draw
+from mars.verification.sampling import SamplingConfig, draw
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Verdict:
     next_token: int  # the target's token after the path
     steps: list[Step] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the accepted drafted tokens (path[1:]'s)
-    cost_bound: bool = False  # the steps' tv/kl bound the cost from above (sampled drafts, `mars.cost`)
+    cost_bound: bool = False  # the steps' tv/kl bound the cost from above (sampled drafts, `mars.accounting.cost`)
     # Deferred accounting (`defer_cost`): the steps' tv/kl/mismatch/regret stay 0, the cost is
     # `VerifyStats`'s once settled. None: computed in the cycle (or a lossless rule's: 0).
     pending: PendingCost | None = None
@@ -181,7 +181,7 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     each tree of `tree` (a forest of `tree.batch`).
 
     Strict (lossless): at the current node with target distribution p, try its children in draft
-    order, child x accepted when u < its trial ratio (`view.trial`, `mars.rejection`): r(x) for
+    order, child x accepted when u < its trial ratio (`view.trial`, `mars.rules.rejection`): r(x) for
     deterministic children (q = 1 on the drafted token; a rejected child's entry of r is zeroed and r
     renormalised), r(x) / q(x) for children sampled without replacement from q (recursive rejection
     sampling). If every child is rejected, the correction token is sampled from the last residual;
@@ -190,7 +190,7 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
 
     A relaxation changes that where it acts: the first child accepted outright wins; otherwise the
     test is loosened by `relax.tolerance` (u < ratio + tolerance), skipped where `relax.tested` is
-    False, and the token after rejections drawn from `relax.fallback` (`mars.cost` gives the result).
+    False, and the token after rejections drawn from `relax.fallback` (`mars.accounting.cost` gives the result).
     An accepted child counts as relaxed (`Step.relaxed`) where strict's own test, with the same draw,
     rejects it; where the rule skips the test, a child it accepts outright that strict would have
     accepted too is not relaxed. `lossless`: the rule never relaxes (skip its cost). `defer_cost`:
