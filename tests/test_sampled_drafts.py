@@ -1,5 +1,5 @@
 """Sampled drafting at temperature > 0: children drawn without replacement into a fixed shape
-(`eagle.tree`), verified by recursive rejection sampling (`mars.rules.rejection`).
+(`eagle.sampled_trees`), verified by recursive rejection sampling (`mars.rules.rejection`).
 
 Exact checks where the draws can be enumerated (a node's emitted distribution averaged over every
 ordered draw is p, to float precision), chi-square tests where they cannot (`tests/test_lossless.py`
@@ -25,7 +25,8 @@ from helpers import (
     tv_tolerance,
 )
 
-from eagle.tree import DraftTree, Topology, best_topology, depths_of, gumbel_top
+from eagle.sampled_trees import Topology, best_topology, gumbel_top
+from eagle.tree import DraftTree, depths_of
 from mars import SpeculativeGenerator
 from mars.accounting.cost import emitted_distribution, sampling_cost
 from mars.decoding.settings import TreeShape

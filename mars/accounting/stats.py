@@ -32,7 +32,7 @@ class VerifyStats:
     opened; `counters` the rule's own facts (MARS: `nonfinite` top-1/top-2 logits, never relaxed, and
     `negative_logit`, a top-1 logit <= 0 where the logit ratio's meaning inverts). `accepted_ranks[r]`:
     positions whose accepted child was its parent's r-th in draft order (what sizes sampled trees,
-    `eagle.tree.best_topology`).
+    `eagle.sampled_trees.best_topology`).
 
     Cost of the relaxation per emitted token (`mars.accounting.cost`): sampled positions add TV(pi, p) and
     KL(pi || p) of the exact emitted distribution (`kl_infinite` counts tokens outside p's support,

@@ -38,26 +38,26 @@ features there. On one device all of these are the same.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import NamedTuple
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
-from eagle.tree import RANK_ACCEPTANCE, DraftTree, Topology, best_topology, grow_trees, sample_trees, sampled_shape
+from eagle.sampled_trees import RANK_ACCEPTANCE
+from eagle.tree import DraftTree
 from mars.accounting.deferred import CostLedger
 from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
 from mars.adapter.kernels import PackedLinears, choose_packing
 from mars.decoding.adaptive import AdaptiveTree, measure_costs
+from mars.decoding.drafting import Drafter
 from mars.decoding.output import GenerationOutput
+from mars.decoding.rows import Behind, Rows, joined, paths_behind, prompts_behind
 from mars.decoding.settings import TreeShape
 from mars.verification.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
-from mars.verification.verify import accept_rows
+from mars.verification.verify import Verdict, accept_rows
 
 # EAGLE-2's dynamic tree (its GPU setting); `mars.tuned` measures the fastest tree for a machine.
 DEFAULT_TREE = TreeShape(60, 6, 10)
@@ -82,7 +82,7 @@ class SpeculativeGenerator:
     `total_tokens` drafted nodes verified per cycle, `depth` draft levels, `branching` children per
     expanded node, `adaptive` sizing, `drafting` ("auto": sampled children when sampling). Default
     `DEFAULT_TREE`, EAGLE-2's 60/6/10. `rank_acceptance`: the per-rank acceptance a sampled tree's
-    shape is chosen for (`eagle.tree.best_topology`).
+    shape is chosen for (`eagle.sampled_trees.best_topology`).
     exact_attention: compute verification attention per query row over exactly its visible keys
     (`mars.adapter.exact_attention_forward`), so that in bf16 the tree forward reproduces plain
     decoding bit for bit instead of up to rounding. It switches the model's attention
@@ -132,7 +132,9 @@ class SpeculativeGenerator:
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
 
-    def _policy(self) -> AdaptiveTree | None:
+    def adaptive_policy(self) -> AdaptiveTree | None:
+        """The adaptive tree's policy (None for a fixed tree), its costs measured here at first use and again
+        when the tree's maxima change; kept from call to call."""
         tree = self.tree
         if not tree.adaptive:
             return None
@@ -149,15 +151,6 @@ class SpeculativeGenerator:
             raise ValueError(f"tree {tree.label} has more nodes than the static shapes were built for "
                              f"({self.target.tree_rows - 1}): build the generator with the largest tree")
         self.tree = tree
-
-    def samples_drafts(self, cfg: SamplingConfig) -> bool:
-        """Whether a call with these sampling settings drafts sampled children (`TreeShape.drafts`)."""
-        return self.tree.drafts(not cfg.greedy) == "sample"
-
-    def topology(self, depth: int) -> Topology:
-        """The sampled tree's shape for a cycle drafting `depth` levels (follows changes to the tree's sizes)."""
-        tree = self.tree
-        return best_topology(tree.total_tokens, tree.depth, tree.branching, self.rank_acceptance).truncated(depth)
 
     def close(self) -> None:
         """Hand the target model back as it was given (its own attention implementation)."""
@@ -291,91 +284,8 @@ class SpeculativeGenerator:
 
 # --- the loops: B >= 1 rows, each a prompt; one prompt is a forest of one ---------------------------
 
-class _Rows:
-    """The rows still decoding: which output each feeds; finished rows leave."""
-
-    def __init__(self, outputs: list[GenerationOutput], eos: frozenset[int], max_new_tokens: int):
-        self.outputs, self.eos, self.max_new_tokens = outputs, eos, max_new_tokens
-        self.start = time.perf_counter()
-        self.live = list(range(len(outputs)))  # batch row -> output index
-
-    def output(self, row: int) -> GenerationOutput:
-        return self.outputs[self.live[row]]
-
-    def emit(self, row: int, tokens: list[int]) -> int:
-        """Emit what row `row` may of `tokens`; returns how many were taken. A row's `seconds` is taken at
-        its last token."""
-        out = self.output(row)
-        taken = out.emit(tokens, self.eos, self.max_new_tokens)
-        if out.done(self.max_new_tokens):
-            out.seconds = time.perf_counter() - self.start
-        return taken
-
-    def unfinished(self) -> list[int]:
-        return [r for r, i in enumerate(self.live) if not self.outputs[i].done(self.max_new_tokens)]
-
-    def remaining(self) -> int:
-        """The most tokens any row still wants."""
-        return max(self.max_new_tokens - len(self.outputs[i].tokens) for i in self.live)
-
-    def keep(self, rows: list[int]) -> None:
-        self.live = [self.live[r] for r in rows]
-
-
-class _Block(NamedTuple):
-    """What each row's draft head has not seen yet: row b's first counts[b] target features and the token
-    after each (the rest is padding)."""
-
-    features: torch.Tensor  # [B, m, F]
-    tokens: torch.Tensor  # [B, m]
-    counts: list[int]  # [B]
-    counts_device: torch.Tensor  # [B], the same on the device
-
-    def select(self, keep: list[int], keep_device: torch.Tensor) -> _Block:
-        return _Block(self.features.index_select(0, keep_device), self.tokens.index_select(0, keep_device),
-                      [self.counts[r] for r in keep], self.counts_device.index_select(0, keep_device))
-
-
-def _prompt_block(prompts: list[torch.Tensor], features: torch.Tensor, roots: torch.Tensor,
-                  lengths: torch.Tensor | None) -> _Block:
-    """Each prompt's features [B, max T, F] with the tokens after them: the prompt's rest, then its root [B].
-    lengths [B]: the prompts' lengths where the target keeps them on a device (its ragged rows), else None."""
-    device = roots.device
-    tokens = pad_sequence([torch.cat([p[1:].to(device), roots[b : b + 1]]) for b, p in enumerate(prompts)],
-                          batch_first=True)
-    counts = [len(p) for p in prompts]
-    # The target's own row lengths, or one length written on the device: no upload.
-    counts_device = lengths.to(device) if lengths is not None else torch.full((1,), counts[0], device=device)
-    return _Block(features.to(device), tokens, counts, counts_device)
-
-
-def _kept_block(forest: DraftTree, features: torch.Tensor, paths: torch.Tensor, roots: torch.Tensor,
-                counts: list[int], counts_device: torch.Tensor) -> _Block:
-    """Each row's kept nodes: their features (features [B n, F] over the forest) and the token after each
-    (the next node of the path, then the row's new root). paths [B, m] padded by repeating the last node."""
-    feats = forest.by_row(features.to(paths.device))
-    feats = feats.gather(1, paths[:, :, None].expand(-1, -1, feats.shape[-1]))
-    after = forest.by_row(forest.tokens).gather(1, torch.cat([paths[:, 1:], paths[:, -1:]], dim=1))
-    last = torch.arange(paths.shape[1], device=paths.device)[None, :] == (counts_device - 1)[:, None]
-    return _Block(feats, torch.where(last, roots[:, None], after), counts, counts_device)
-
-
-def _joined(blocks: list[_Block]) -> _Block:
-    """Blocks one after another, each row's entries packed to the front (plain decoding steps of the
-    adaptive tree leave several before the next draft)."""
-    if len(blocks) == 1:
-        return blocks[0]
-    features, tokens = torch.cat([b.features for b in blocks], 1), torch.cat([b.tokens for b in blocks], 1)
-    valid = torch.cat([torch.arange(b.tokens.shape[1], device=tokens.device)[None, :] < b.counts_device[:, None]
-                       for b in blocks], dim=1)
-    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first, in order
-    counts = [sum(c) for c in zip(*(b.counts for b in blocks), strict=True)]
-    return _Block(features.gather(1, order[:, :, None].expand_as(features)), tokens.gather(1, order), counts,
-                  sum(b.counts_device for b in blocks))
-
-
-def _leave(gen: SpeculativeGenerator, rows: _Rows, keep: list[int], keep_device: torch.Tensor, behind: list[_Block],
-           roots: torch.Tensor) -> tuple[list[_Block], torch.Tensor]:
+def _leave(gen: SpeculativeGenerator, rows: Rows, keep: list[int], keep_device: torch.Tensor, behind: list[Behind],
+           roots: torch.Tensor) -> tuple[list[Behind], torch.Tensor]:
     """Finished rows leave the batch: the target's and the head's caches, the head's pending catch-up and
     the roots keep only `keep`."""
     gen.target.select_rows(keep, keep_device.to(gen.target.devices.inputs))
@@ -384,56 +294,65 @@ def _leave(gen: SpeculativeGenerator, rows: _Rows, keep: list[int], keep_device:
     return [b.select(keep, keep_device) for b in behind], roots.index_select(0, keep_device)
 
 
-def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
-               eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
-    """The loop of `generate` (see the module docstring); fills `outputs`."""
+def _start(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, rows: Rows,
+           generator: torch.Generator | None, capacity: int) -> tuple[list[Behind], torch.Tensor]:
+    """The prefill: each row's first token emitted, the head's caches reset, rows done at their first token
+    gone. Returns what the head has not seen (the prompts) and the roots of the first trees."""
     target, head = gen.target, gen.head
-    rows = _Rows(outputs, eos, max_new_tokens)
-    target.tree_rows = gen.tree.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
-    sampled = gen.samples_drafts(cfg)
-    policy = None if sampled else gen._policy()
-    # Draft draws use the caller's generator where it lives on the head's device (one stream, reproducible).
-    draft_rng = generator if generator is not None and torch.device(generator.device).type == head.device.type \
-        else None
-    process = functools.partial(process_logits, cfg=cfg)
-    # Laid out on the device before the loop (each depth the last cycles may need): no upload per tree.
-    shapes = {d: sampled_shape(gen.topology(d), head.device) for d in range(gen.tree.depth + 1)} if sampled else {}
-    clock = PhaseClock(outputs[0].phase_seconds, target.all_devices | {head.device}, gen.profile)  # the batch's
-    ledger = CostLedger([out.stats for out in outputs], clock, target.static)
-    capacity = max(map(len, prompts)) + max_new_tokens + gen.tree.total_tokens + 1
     logits, features = target.prefill_rows(prompts, capacity)
     roots = next_tokens(process_logits(logits, cfg), cfg, generator).to(head.device)
-    for row, token in enumerate(roots.tolist()):
-        rows.emit(row, [token])
+    rows.emit_first(roots)
     head.reset_rows(len(prompts), head.device)
     # The draft head catches up on committed tokens (their target features and the tokens that follow
     # them) only before a cycle that drafts: a run of plain decoding steps (adaptive tree) then costs one
     # head forward at its end instead of one per step.
-    behind = [_prompt_block(prompts, features, roots, target.rows.device if target.rows is not None else None)]
+    behind = [prompts_behind(prompts, features, roots, target.rows.device if target.rows is not None else None)]
     keep = rows.unfinished()
-    if not keep:  # every row done at its first token
-        return
-    if len(keep) < len(rows.live):  # rows done at their first token
+    if keep and len(keep) < len(rows.live):  # some rows done at their first token
         keep_device = torch.tensor(keep, dtype=torch.long, device=head.device)
         behind, roots = _leave(gen, rows, keep, keep_device, behind, roots)
+    return behind, roots
+
+
+def _commit(gen: SpeculativeGenerator, rows: Rows, forest: DraftTree, features: torch.Tensor,
+            verdicts: list[Verdict], keep: list[int], behind: list[Behind]) -> tuple[list[Behind], torch.Tensor]:
+    """Keep each row's accepted path in the target's cache and queue it for the head; rows not in `keep`
+    leave. The cycle's one upload: each row's path (padded by repeating its last node), next token and
+    length, and which rows stay. Returns what the head has not seen and the next roots."""
+    width = forest.levels + 1
+    packed = [v.path + v.path[-1:] * (width - len(v.path)) + [v.next_token, len(v.path)] for v in verdicts]
+    for row in range(len(verdicts)):
+        packed[row].append(keep[row] if row < len(keep) else 0)
+    uploaded = torch.tensor(packed, device=gen.head.device)
+    paths, roots, counts_device = uploaded[:, :width], uploaded[:, width], uploaded[:, width + 1]
+    gen.target.keep_rows([v.path for v in verdicts], paths, counts_device)
+    behind = [*behind, paths_behind(forest, features, paths, roots, [len(v.path) for v in verdicts], counts_device)]
+    if len(keep) < len(verdicts):
+        behind, roots = _leave(gen, rows, keep, uploaded[: len(keep), width + 2], behind, roots)
+    return behind, roots
+
+
+def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
+               eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
+    """The loop of `generate` (see the module docstring); fills `outputs`."""
+    target, head = gen.target, gen.head
+    rows = Rows(outputs, eos, max_new_tokens)
+    target.tree_rows = gen.tree.total_tokens + 1  # static shapes: every tree padded to the largest (follows changes)
+    drafter = Drafter(head, gen.tree, cfg, generator, gen.adaptive_policy, gen.rank_acceptance)
+    clock = PhaseClock(outputs[0].phase_seconds, target.all_devices | {head.device}, gen.profile)  # the batch's
+    ledger = CostLedger([out.stats for out in outputs], clock, target.static)
+    capacity = max(map(len, prompts)) + max_new_tokens + gen.tree.total_tokens + 1
+    behind, roots = _start(gen, prompts, cfg, rows, generator, capacity)
+    if not rows.unfinished():  # every row done at its first token
+        return
     hidden = logprobs = None
     clock.lap("prefill")
     while rows.live:
-        remaining = rows.remaining()
-        # The last cycle drafts no deeper than the tokens still wanted (one comes from the target).
-        depth, total, keep_growing = min(gen.tree.depth, remaining - 1), gen.tree.total_tokens, None
-        if policy is not None:  # adaptive: growth decided on the device, read once per tree (eagle.tree)
-            depth, total = policy.plan(remaining - 1)
-            keep_growing = functools.partial(policy.grow_level, depth=depth)
-        if depth > 0 and behind:
-            hidden, logprobs = head.extend_rows(*_joined(behind))
+        if drafter.plan(rows.remaining()) > 0 and behind:
+            hidden, logprobs = head.extend_rows(*joined(behind))
             behind = []
             clock.lap("catch_up")
-        if sampled:
-            forest = sample_trees(head, roots, hidden, logprobs, shapes[depth], process, draft_rng)
-        else:
-            forest = grow_trees(head, roots, hidden, logprobs, depth, gen.tree.branching, total,
-                                keep_growing=keep_growing)
+        forest = drafter.draft(roots, hidden, logprobs)
         clock.lap("draft")
         logits, features = target.score_rows(forest)
         clock.lap("tree_forward")
@@ -441,27 +360,13 @@ def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Samp
         for row, verdict in enumerate(verdicts):
             emitted = rows.emit(row, verdict.tokens + [verdict.next_token])
             rows.output(row).record_cycle(verdict, emitted, forest.levels, sampled=not cfg.greedy)
-        if policy is not None:  # one row: its acceptance, on the device, unread
-            policy.observe(forest.levels, verdicts[0].accepted, forest.scores[1:].exp().sum())
+        drafter.observe(forest, verdicts)
         clock.lap("accept")
         ledger.record(verdicts)
-        keep = rows.unfinished()
-        if not keep:
+        if not (keep := rows.unfinished()):
             break
-        # The cycle's one upload: each row's path (padded by repeating its last node), next token and
-        # length, and which rows stay.
-        width = forest.levels + 1
-        packed = [v.path + v.path[-1:] * (width - len(v.path)) + [v.next_token, len(v.path)] for v in verdicts]
-        for row in range(len(verdicts)):
-            packed[row].append(keep[row] if row < len(keep) else 0)
-        uploaded = torch.tensor(packed, device=head.device)
-        paths, roots, counts_device = uploaded[:, :width], uploaded[:, width], uploaded[:, width + 1]
-        target.keep_rows([v.path for v in verdicts], paths, counts_device)
+        behind, roots = _commit(gen, rows, forest, features, verdicts, keep, behind)
         clock.lap("cache_update")
-        behind.append(_kept_block(forest, features, paths, roots, [len(v.path) for v in verdicts], counts_device))
-        if len(keep) < len(verdicts):
-            keep_device = uploaded[: len(keep), width + 2]
-            behind, roots = _leave(gen, rows, keep, keep_device, behind, roots)
     ledger.settle()  # every row's `seconds` was taken at its last token: the accounting is outside them
 
 
@@ -469,13 +374,12 @@ def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Sampling
            eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
     """The loop of `vanilla`: one token per row per forward (each a lone root); fills `outputs`."""
     target = gen.target
-    rows = _Rows(outputs, eos, max_new_tokens)
+    rows = Rows(outputs, eos, max_new_tokens)
     clock = PhaseClock(outputs[0].phase_seconds, target.all_devices, gen.profile)
     device = target.devices.inputs
     logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
     tokens = next_tokens(process_logits(logits, cfg), cfg, generator).to(device)
-    for row, token in enumerate(tokens.tolist()):
-        rows.emit(row, [token])
+    rows.emit_first(tokens)
     clock.lap("prefill")
     while keep := rows.unfinished():
         if len(keep) < len(rows.live):

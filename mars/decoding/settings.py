@@ -32,7 +32,7 @@ class TreeShape:
     head's most likely tokens (EAGLE-2's dynamic tree, `eagle.tree.grow_trees`), where strict
     verification accepts a child with the target's probability of it, so tau stays near
     1 / (1 - the target's mass on k tokens); "sample", children drawn from the head's processed
-    distribution without replacement into a fixed shape (`eagle.tree.sample_trees`, verified by
+    distribution without replacement into a fixed shape (`eagle.sampled_trees.sample_trees`, verified by
     recursive rejection sampling), accepted with probability sum_x min(p, q) and more; "auto"
     (default): "sample", except for an adaptive tree, which sizes top-k trees from their draft scores.
 

@@ -38,7 +38,7 @@ class TargetView:
     logits [n, V]: processed logits (greedy: the raw logits). tokens [n]: node tokens.
     kids [n, n] bool: j is a child of i (columns in draft order). greedy: temperature 0.
     draft [n, V] or None: the distribution node i's children were sampled from, without replacement
-    (`eagle.tree.sample_tree`); None when children are the head's deterministic top-k.
+    (`eagle.sampled_trees.sample_tree`); None when children are the head's deterministic top-k.
     width: the most children any node has (needed with `draft`; known on the host from the tree's shape).
     """
 

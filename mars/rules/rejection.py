@@ -13,7 +13,7 @@ norm(max(0, r_i - q_i))" emits r_i exactly, whatever q_i is; r_{i+1} depends onl
 (not on x_i), so running the same step recursively for r_{i+1}, with the next draw as proposal,
 emits r_{i+1} exactly, and by induction the node emits p. The only requirement on the draws is that
 x_i ~ q_i given the earlier ones: children sampled without replacement from q, kept as a prefix in
-draw order (`eagle.tree.sample_tree`).
+draw order (`eagle.sampled_trees.sample_tree`).
 
 Two forms, one meaning:
 - `topk_trial`: children are the head's deterministic top-k (q_i = 1 on x_i). Then r_i(x_i) / q_i(x_i)

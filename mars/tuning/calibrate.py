@@ -64,7 +64,7 @@ def default_cache() -> Path:
 CANDIDATES = tuple(TreeShape(*shape, drafting="topk") for shape in (
     (4, 4, 1), (6, 6, 1), (8, 8, 1), (8, 4, 2), (12, 4, 3), (16, 4, 4), (20, 4, 5), (24, 5, 5),
     (32, 5, 6), (32, 6, 6), (48, 6, 8), (60, 6, 10), (20, 6, 5, True)))
-# At temperature > 0, sampled children (eagle.tree.sample_tree): a first draw is accepted far more
+# At temperature > 0, sampled children (eagle.sampled_trees.sample_tree): a first draw is accepted far more
 # often than any later sibling, so deep chains and narrow trees, deeper than top-k trees go.
 SAMPLED_CANDIDATES = tuple(TreeShape(*shape, drafting="sample") for shape in (
     (4, 4, 1), (6, 6, 1), (8, 8, 1), (8, 6, 2), (8, 8, 2), (12, 6, 3), (12, 8, 3), (16, 8, 4), (20, 6, 5)))
