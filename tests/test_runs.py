@@ -21,8 +21,7 @@ import torch
 from helpers import save_standin_pair
 from hydra import compose, initialize_config_dir
 
-from eval.benchmarks.prompting import prompt_format
-from eval.config.methods import plain
+from eval.benchmarks.prompting import PromptFormat
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.reporting.summaries import batched_name, load_runs, merge_runs
@@ -64,7 +63,7 @@ def config(standin: Path, out: Path, *more: str):
 def directories(cfg) -> dict[str, Path]:
     """Each method's run directory for a composed job config."""
     config = validate(cfg)
-    resolved = resolve_settings(config, prompt_format({"prompt": plain(config.model.prompt)}))
+    resolved = resolve_settings(config, PromptFormat.of(config.model.prompt))
     return {m.name: run_directory(config, m, resolved) for m in job_methods(config, resolved)}
 
 

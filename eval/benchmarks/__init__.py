@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eval.benchmarks.questions import Question, question_file, read_question
-from eval.config.paths import BENCH_DIR_ENV, bench_path, resolve
+from eval.benchmarks.questions import Question, read_question
+from eval.config.paths import BENCH_DIR_ENV, bench_dir, bench_path, resolve
 from eval.runs.jsonl import read_jsonl
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -122,6 +122,19 @@ def benchmark(name: str) -> Benchmark:
 # --- loading questions ----------------------------------------------------------------------------
 
 SOURCES = ("local", "hub", "auto")  # where a registered benchmark's questions come from (bench.source)
+
+
+def question_file(name: str, data_dir: str | Path | None = None) -> Path:
+    """`name` is a public set (looked up in the bench directory) or a path to a .jsonl file."""
+    if name.endswith(".jsonl"):
+        path = resolve(name)
+        if not path.exists():
+            raise FileNotFoundError(f"question file {path} does not exist")
+        return path
+    path = bench_dir(data_dir) / f"{name}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}")
+    return path
 
 
 def resolved_source(name: str, data_dir: str | Path | None = None, source: str = "auto") -> str:

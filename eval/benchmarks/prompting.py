@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.benchmarks.questions import Question
+from eval.config.schema import PromptConfig
 
 PROMPT_KINDS = ("chat", "fastchat", "completion")
 PROMPT_KEYS = ("format", "fastchat_template", "system_prompt", "thinking", "chat_template_kwargs")
@@ -53,6 +54,12 @@ class PromptFormat:
                              f"not {self.kind!r}; set them to null / {{}}")
         if self.kind == "completion" and self.system_prompt is not None:
             raise ValueError("model.prompt.system_prompt has no place in a completion prompt; set it to null")
+
+    @classmethod
+    def of(cls, prompt: PromptConfig) -> PromptFormat:
+        """The format a validated run's `model.prompt` block describes (its keys checked by the schema)."""
+        return cls(prompt.format.value, prompt.fastchat_template, prompt.system_prompt, prompt.thinking,
+                   dict(prompt.chat_template_kwargs))
 
 
 def _check_fastchat_template(name: str | None) -> None:

@@ -1,13 +1,8 @@
-"""A benchmark question, and the JSONL file it is read from (a registered set's file in the
-benchmark directory, or a path to any .jsonl of the same layout).
-"""
+"""A benchmark question, and how one record of a question file becomes one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from eval.config.paths import bench_dir, resolve
 
 
 @dataclass
@@ -17,19 +12,6 @@ class Question:
     category: str = ""
     meta: dict = field(default_factory=dict)  # e.g. file and name of a stdlib prompt; completion_prompt
     reference: list[str] | None = None  # reference answers, where the set has them
-
-
-def question_file(name: str, data_dir: str | Path | None = None) -> Path:
-    """`name` is a public set (looked up in the bench directory) or a path to a .jsonl file."""
-    if name.endswith(".jsonl"):
-        path = resolve(name)
-        if not path.exists():
-            raise FileNotFoundError(f"question file {path} does not exist")
-        return path
-    path = bench_dir(data_dir) / f"{name}.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"no {name}.jsonl in {path.parent}")
-    return path
 
 
 def read_question(record, where: str) -> Question:

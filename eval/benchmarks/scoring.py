@@ -104,12 +104,12 @@ def score(bench: str, records: list[dict], data_dir: str | Path | None = None, b
     no judge. `per_question=True` adds {question_id: {...}} with each question's figures. `source`:
     where the questions come from (`eval.benchmarks.question_records`).
     """
+    questions = questions_by_id(bench, data_dir, source)  # an unknown benchmark is refused here
     spec = benchmark(bench)
     if judge and not spec.vs_vanilla:
         raise ValueError(f"the LLM judge grades the sets scored against vanilla "
                          f"({', '.join(n for n, b in BENCHMARKS.items() if b.vs_vanilla)}); {bench} is scored "
                          "against references")
-    questions = questions_by_id(bench, data_dir, source)
     answers = index_answers(records, questions, bench, "answers")
     vanilla = index_answers(baseline, questions, bench, "baseline answers") if baseline is not None else None
     context = ScoreContext(records, vanilla, judge, data_dir, per_question)

@@ -124,21 +124,25 @@ class Tracker:
         if run is None:
             return
         self._run = None
-        _guarded("write the run summary", lambda: _update_summary(run, summary_items(summary, self.method)))
+        # What to log, as plain data first (eval.reporting.wandb_items); then the W&B calls, each on its own.
+        items = summary_items(summary, self.method)
+        names = {method: artifact_name(self.model, self.bench, Path(path)) for method, path in answer_files.items()}
+        _guarded("write the run summary", lambda: _update_summary(run, items))
         _guarded("log acceptance by depth and margin histograms", lambda: _log_charts(run, summary, margins))
         for method, path in answer_files.items():
-            _guarded(f"log the answers of {method}", lambda m=method, p=path: self._log_answers(run, m, Path(p)))
+            _guarded(f"log the answers of {method}",
+                     lambda m=method, p=path: self._log_answers(run, m, Path(p), names[m]))
         _guarded("finish the run", run.finish)
         _guarded("flush the run", _flush)
 
-    def _log_answers(self, run: Any, method: str, path: Path) -> None:
-        """One `answers` artifact per answer file; the name follows its run directory (so its settings)."""
+    def _log_answers(self, run: Any, method: str, path: Path, name: str) -> None:
+        """One `answers` artifact per answer file, `name` following its run directory (so its settings)."""
         if not path.exists():
             return
         import wandb
 
         records = sum(1 for line in path.read_text().splitlines() if line.strip())
-        artifact = wandb.Artifact(artifact_name(self.model, self.bench, path), type="answers",
+        artifact = wandb.Artifact(name, type="answers",
                                   metadata={"method": method, "model": self.model, "bench": self.bench,
                                             "questions": records, "path": str(path)})
         artifact.add_file(str(path), name=path.name)
@@ -246,13 +250,14 @@ def start_tracking(logging: LoggingConfig, directory: Path, config: dict, *, mod
     directory.mkdir(parents=True, exist_ok=True)
     sync = f"upload later with `wandb sync {directory / 'wandb'}`"
     try:
+        run_id = _run_id(directory)  # stored at once: a rerun of the job continues this run
         import wandb
 
         init = {
             "project": logging.project, "entity": logging.entity, "group": logging.group or sweep or None,
             "name": run_name(logging, model, bench, method, temperature), "job_type": "eval",
             "tags": run_tags(logging, model, bench, method, temperature), "config": config, "dir": str(directory),
-            "id": _run_id(directory), "resume": "allow", "reinit": "finish_previous",
+            "id": run_id, "resume": "allow", "reinit": "finish_previous",
             # The job's output is kept by Hydra's own log; W&B need not capture or repeat it.
             "settings": wandb.Settings(silent=True, console="off"),
         }

@@ -13,7 +13,7 @@ import torch
 from eval.benchmarks import BENCHMARKS, resolved_source
 from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
-from eval.config.schema import RunConfig, parse_shard
+from eval.config.schema import RunConfig
 from eval.runner.settings import on_cpu, run_device
 from eval.runs.layout import ANSWERS, IDENTITY, SKIPPED, answers_file, directory_name, read_answers, write_atomic
 from mars.decoding.settings import DecodeSettings
@@ -84,15 +84,19 @@ def answer_path(directory: Path, method: MethodConfig, kind: str = ANSWERS) -> P
     return answers_file(directory, method.name, kind)
 
 
-def run_directory(run: RunConfig, method: MethodConfig, settings: DecodeSettings) -> Path:
-    name = directory_name(method.name, run.sampling.temperature, method_identity(run, method, settings),
-                          parse_shard(run.shard))
+def run_directory(run: RunConfig, method: MethodConfig, settings: DecodeSettings,
+                  identity: dict | None = None) -> Path:
+    """Where a method's answers live: named by its settings (`identity`, computed when not given)."""
+    identity = identity if identity is not None else method_identity(run, method, settings)
+    name = directory_name(method.name, run.sampling.temperature, identity)
     return resolve(run.out_dir) / name
 
 
-def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path, settings: DecodeSettings) -> None:
-    """Create a method's run directory, or check that an existing one holds answers to the same settings."""
-    identity = json.loads(json.dumps(method_identity(run, method, settings)))
+def claim_run_directory(run: RunConfig, method: MethodConfig, settings: DecodeSettings) -> Path:
+    """A method's run directory, created, or checked to hold answers to the same settings when it exists."""
+    named = method_identity(run, method, settings)
+    directory = run_directory(run, method, settings, named)
+    identity = json.loads(json.dumps(named))  # as the file holds it (lists, not tuples)
     path = directory / IDENTITY
     if path.exists():
         before = json.loads(path.read_text())
@@ -100,9 +104,10 @@ def claim_run_directory(run: RunConfig, method: MethodConfig, directory: Path, s
             changed = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
             raise ValueError(f"{directory} holds a run with other settings ({', '.join(changed)} differ): "
                              "move it away or choose another out_dir")
-        return
+        return directory
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(identity, indent=2) + "\n")
+    return directory
 
 
 def answered(directory: Path, method: MethodConfig, ids: set) -> bool:

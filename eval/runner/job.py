@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle.precision import DTYPES, cpu_name
 from eval.benchmarks import BENCHMARKS, load_questions
-from eval.benchmarks.prompting import PromptFormat, prompt_format
+from eval.benchmarks.prompting import PromptFormat
 from eval.benchmarks.questions import Question
 from eval.benchmarks.scoring import answer_turns, score
 from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, GenerateConfig, MethodConfig, RuleMethod, plain
@@ -49,7 +49,6 @@ from eval.runner.directories import (
     job_methods,
     job_records,
     method_dtype,
-    run_directory,
 )
 from eval.runner.models import (
     claim_gpus,
@@ -231,16 +230,20 @@ def sweep_name() -> str | None:
 
 # --- the job ------------------------------------------------------------------------------------
 
-def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Question]]]:
-    """What can be checked before a model loads: prompt format, quality figures, questions, model paths.
+def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Question]], str | None]:
+    """What can be checked before a model loads: the sandbox, quality figures, prompt format, questions,
+    model paths.
 
-    Returns the questions this job answers with their index in the whole set (seeds and the method
-    order follow it, so a shard answers exactly what the unsharded run does).
+    Returns the prompt format, the questions this job answers with their index in the whole set (seeds and
+    the method order follow it, so a shard answers exactly what the unsharded run does), and the sandbox
+    level its programs run under (`sandbox_level`: a sandbox that would refuse fails now, not after hours
+    of answering).
     """
+    level = sandbox_level(run)
     unknown = set(run.bench.quality) - set(quality.FIGURES)
     if unknown:
         raise ValueError(f"unknown quality figures {sorted(unknown)}; known: {quality.FIGURES}")
-    fmt = prompt_format({"prompt": plain(run.model.prompt)})
+    fmt = PromptFormat.of(run.model.prompt)
     questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts,
                                               run.bench.source)))
     shard = parse_shard(run.shard)
@@ -250,15 +253,14 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
     model_source(run.model.draft, "draft model")
     if run.model.sampling_draft:
         model_source(run.model.sampling_draft, "sampling draft model (model.sampling_draft)")
-    return fmt, questions
+    return fmt, questions, level
 
 
 def run(composed: DictConfig | RunConfig) -> dict:
     """One job: answer what is missing, then write the job's summary (see the module docstring). `composed`:
     the config Hydra composed (or a `RunConfig`), validated into `config` first."""
     config = validate(composed)  # value ranges, before anything else
-    fmt, questions = check_settings(config)  # bad settings fail before any model loads
-    level = sandbox_level(config)  # a sandbox that would refuse fails now, not after hours of answering
+    fmt, questions, level = check_settings(config)  # bad settings fail before any model loads
     if level == sandbox.UNISOLATED:
         print("sandbox: unisolated (sandbox.allow_unisolated=true): HumanEval's programs run with your permissions")
     # Resolved once, before the run directories (their names include the precision and the tree); every
@@ -266,9 +268,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
     resolved = resolve_settings(config, fmt)
     print("\n".join(resolved.describe()))
     methods = job_methods(config, resolved)
-    directories = {m.name: run_directory(config, m, resolved) for m in methods}
-    for m in methods:
-        claim_run_directory(config, m, directories[m.name], resolved)
+    directories = {m.name: claim_run_directory(config, m, resolved) for m in methods}
     job_dir = directories[config.method.name]
     if not config.resume and any(read_answers(answer_path(directories[m.name], m)) for m in methods):
         raise ValueError(f"{job_dir.parent} already holds answers for these settings and resume=false: rerun with "
@@ -293,6 +293,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
                              method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
     answered_now = answer_pending(config, resolved, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
+    categories = question_categories(config, questions)
     settings = settings_record(config, resolved, len(ids), directories)
     if level is not None:
         settings["sandbox"] = level  # the report's settings show it (unisolated: the code ran unconfined)
@@ -300,7 +301,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to
                "methods": summarize(records, plain=[m.name for m in methods if m.kind in PLAIN],
-                                    categories=question_categories(config, questions))}
+                                    categories=categories)}
     with locks.busy("cpu", config.exclusive_timing):  # scoring computes (HumanEval's programs): not while others time
         summary["quality_metric"] = score_quality(config, records, summary["methods"])
     margins = {name: merged_stats(recs).gates for name, recs in records.items()}
@@ -312,9 +313,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
             fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
             fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
-    write_atomic(job_dir / SUMMARY, text)
-    if config.summary_path:
-        path = resolve(config.summary_path)
+    for path in [job_dir / SUMMARY, *([resolve(config.summary_path)] if config.summary_path else [])]:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
     print(format_table(summary["methods"], summary["quality_metric"]))

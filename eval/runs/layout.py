@@ -64,10 +64,12 @@ def run_id(identity: dict) -> str:
     return hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
-def directory_name(method: str, temperature: float, identity: dict, shard: tuple[int, int] | None = None) -> str:
-    """A method's run directory name: its display name, temperature and the hash of its identity."""
+def directory_name(method: str, temperature: float, identity: dict) -> str:
+    """A method's run directory name: its display name, temperature and the hash of its identity, and the
+    shard it answers (identity["shard"], "i/n" as validated: -shard<i>of<n>)."""
     name = f"{method}-T{temperature:g}-{run_id(identity)}"
-    return name + (f"-shard{shard[0]}of{shard[1]}" if shard else "")
+    shard = identity.get("shard")
+    return name + (f"-shard{shard.replace('/', 'of')}" if shard else "")
 
 
 def answers_file(directory: Path, method: str, kind: str = ANSWERS) -> Path:
