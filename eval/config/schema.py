@@ -316,3 +316,8 @@ def composed(*overrides: str) -> DictConfig:
     also set its tree's calibration prompts, `# @package _global_`)."""
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
         return compose("config", overrides=list(overrides))
+
+
+def run_config(*overrides: str) -> RunConfig:
+    """The job config `python -m eval.run OVERRIDES` would run, composed and validated (`composed`, `validate`)."""
+    return validate(composed(*overrides))

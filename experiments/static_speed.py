@@ -4,7 +4,8 @@ Strict greedy speculation and plain decoding (`vanilla`) of the same adapter, fl
 interleaved prompt by prompt; every output is checked against the dynamic path's plain decoding.
 The first call of the compiled generator compiles its two graphs and is timed apart.
 
-    python scripts/static_speed.py [--prompts 8] [--tokens 128] [--threads 1] [--max-cache-len 512]
+    python experiments/static_speed.py [--prompts 8] [--tokens 128] [--threads 1] [--max-cache-len 512]
+                                       [--compile default|none]
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import load_draft
 from eval.runs.jsonl import read_jsonl
-from mars import SpeculativeGenerator
-from mars.decoding.settings import TreeShape
+from mars import SpeculativeGenerator, TreeShape
 
 TREE = dict(total_tokens=8, depth=4, branching=2)  # the embedded pair's calibrated greedy tree
 
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-cache-len", type=int, default=512)
+    parser.add_argument("--compile", default="default", help="the torch.compile mode of the compiled row (none: "
+                        "no compiled row; compiling the embedded target's two graphs takes ~1 min without a cache)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -45,16 +47,18 @@ def main() -> None:
         f"static eager {width}": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True,
                                                       max_cache_len=width),
         "static eager 2048": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True, max_cache_len=2048),
-        f"static compiled {width}": SpeculativeGenerator(target, head, TreeShape(**TREE), static=True,
-                                                         compile="default", max_cache_len=width),
     }
+    if args.compile != "none":
+        compiled = SpeculativeGenerator(target, head, TreeShape(**TREE), static=True, compile=args.compile,
+                                        max_cache_len=width)
+        gens[f"static compiled {width}"] = compiled
     print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), "
           f"{len(prompts)} prompts x {args.tokens} tokens, tree {TREE}")
-    start = time.perf_counter()
-    compiled = gens[f"static compiled {width}"]
-    compiled.generate(prompts[0], max_new_tokens=16)
-    compiled.vanilla(prompts[0], max_new_tokens=2)
-    print(f"first compiled calls (both graphs compiled): {time.perf_counter() - start:.1f} s")
+    if args.compile != "none":
+        start = time.perf_counter()
+        compiled.generate(prompts[0], max_new_tokens=16)
+        compiled.vanilla(prompts[0], max_new_tokens=2)
+        print(f"first compiled calls (both graphs compiled): {time.perf_counter() - start:.1f} s")
     for gen in gens.values():  # warm-up
         gen.generate(prompts[0], max_new_tokens=16)
         gen.vanilla(prompts[0], max_new_tokens=4)

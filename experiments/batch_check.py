@@ -1,22 +1,26 @@
 """Batched speculation against batched plain decoding, at several batch sizes: one interleaved run.
 
-For each batch size B the embedded default is resolved through the job's own resolver with
-`batch_size=B` (`eval.runner.settings.resolve_settings`: precision, kernels and tree timed on batches of
-B calibration prompts, cached), then the held-out prompts are decoded B at a time by every method, batch
+For each batch size B the embedded default is resolved as a job with `batch_size=B` resolves it
+(`eval.harness.JobPair.settings`: precision, kernels and tree timed on batches of B calibration prompts,
+cached), then the held-out prompts are decoded B at a time by every method, batch
 by batch, the methods in rotated order: `model.generate` left-padded in float32 and bf16 (and, on a CPU
-with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in a worker process,
-`eval.runner.plain`), our batched plain decoding (`vanilla` of a list), strict and MARS speculation
+with more than AVX2, bf16 under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in a worker process),
+our batched plain decoding (`vanilla` of a list), strict and MARS speculation
 (`generate` of a list). Strict's every row is checked against plain greedy decoding of its prompt alone
 (our `vanilla` at batch 1 with the adapter settings B decodes with: the reference every B is held to). Greedy;
 EOS ignored: every request decodes `--tokens` tokens. All requests of a batch are submitted at once;
 a request's latency runs from its batch's start to its last token.
 
-    python scripts/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9] [--t1]
-                                  [--api]
+    python experiments/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9]
+                                      [--t1] [--api] [--plain NAME,...] [eval.run overrides ...]
 
 --api: the settings and generator of the Python API instead (`mars.tuned(target, draft, batch_size=B)`:
 what a researcher who imports the engine gets), strict's rows checked against that generator's `vanilla`
 of each prompt alone.
+
+--plain: only these plain decodings (default every one a user has here: generate@float32, generate@bfloat16,
+and generate@bfloat16+avx2 on a CPU with more than AVX2). Trailing eval.run overrides apply to every
+configuration (e.g. `tree=cpu model.dtype=float32`: nothing is timed before decoding).
 
 --t1: temperature 1 instead (the run's `sampling=t1`: calibration among top-k and sampled drafts; every
 method seeded per batch; no identity check, sampling is compared in distribution by the tests).
@@ -34,25 +38,12 @@ import math
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from eval.benchmarks import load_questions
-from eval.benchmarks.prompting import encode, prompt_format
-from eval.config.methods import plain
 from eval.config.paths import REPO_ROOT
-from eval.config.schema import validate
-from eval.runner.job import machine
-from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
-from eval.runner.plain import GenerateWorker, hf_generate_batch
-from eval.runner.settings import resolve_settings
+from eval.harness import JobPair, machine
 from mars import SamplingConfig, tuned
 
 GREEDY = SamplingConfig()
-
-
-def run_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        return validate(compose("config", overrides=["model=embedded", *overrides]))
 
 
 def p90(values: list[float]) -> float:
@@ -69,58 +60,44 @@ def main() -> None:
     parser.add_argument("--theta", type=float, default=0.9)
     parser.add_argument("--t1", action="store_true", help="temperature 1 instead of greedy")
     parser.add_argument("--api", action="store_true", help="settings and generator from mars.tuned")
-    args = parser.parse_args()
+    parser.add_argument("--plain", help="only these plain decodings, comma-separated (generate@float32,...)")
+    args, overrides = parser.parse_known_args()
     if not args.out:
         parser.error("give the output JSON path")
     sizes = [int(b) for b in args.batches.split(",")]
-    sampling = ["sampling=t1"] if args.t1 else []
     cfg = SamplingConfig(temperature=1.0) if args.t1 else GREEDY
-    base = run_config(sampling)
-    fmt = prompt_format({"prompt": plain(base.model.prompt)})
-    tokenizer = load_tokenizer(base)
-    prompts = [torch.tensor(encode(tokenizer, q, [], fmt)) for q in
-               load_questions(base.bench.questions, base.bench.data_dir, args.prompts, base.bench.source)]
-    models = {dtype: load_target(base, getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
-    plain_decoders: dict[str, object] = {f"generate@{d}": m for d, m in models.items()}
-    if torch.backends.cpu.get_cpu_capability() != "AVX2":
-        plain_decoders["generate@bfloat16+avx2"] = GenerateWorker(base, "bfloat16", "avx2")
-
-    def hf(decoder, batch: list[torch.Tensor], tokens: int):
-        ids = [p.tolist() for p in batch]
-        if isinstance(decoder, GenerateWorker):
-            return decoder.answer_batch(ids, cfg, tokens, [], seed=0)
-        return hf_generate_batch(decoder, ids, cfg, tokens, [], seed=0)
+    pair = JobPair.of("model=embedded", *(["sampling=t1"] if args.t1 else []), *overrides)
+    prompts = [torch.tensor(ids) for ids in pair.prompts(args.prompts)]
+    plain_decoders = pair.plain_decoders(args.plain.split(",") if args.plain else None)
 
     def seeded() -> dict:
         return {"generator": torch.Generator().manual_seed(0)} if args.t1 else {}
 
     references: dict[tuple, list[list[int]]] = {}
 
-    def reference(settings, config) -> list[list[int]]:
+    def reference(settings) -> list[list[int]]:
         """Plain greedy decoding of each prompt alone (batch 1, `vanilla`) with the adapter settings B decodes
         with (precision, exact attention, kernels): what strict must reproduce."""
         key = (settings.dtype.value, settings.exact_attention.value, settings.prepack.value)
         if key not in references:
-            model = models[settings.dtype.value]
-            with make_generator(model, load_head(settings.head, model), settings, config) as alone:
+            with pair.generator(settings) as alone:
                 references[key] = [alone.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
         return references[key]
 
     result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
               "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
     for size in sizes:
-        config = run_config([f"batch_size={size}", *sampling])
         if args.api:
-            head = base.model.sampling_draft if args.t1 and base.model.sampling_draft else base.model.draft
-            gen = tuned(REPO_ROOT / base.model.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size)
+            m = pair.config.model
+            head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
+            gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size)
             record = gen.calibration
             alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
         else:
-            settings = resolve_settings(config, fmt)
+            settings = pair.settings(f"batch_size={size}")
             print(f"B={size}: " + " | ".join(settings.describe()))
-            model = models[settings.dtype.value]
-            alone = None if args.t1 else reference(settings, config)
-            gen = make_generator(model, load_head(settings.head, model), settings, config)
+            alone = None if args.t1 else reference(settings)
+            gen = pair.generator(settings)
             record = settings.record()
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         plain_ours, spec = gen.vanilla, gen.generate
@@ -128,7 +105,8 @@ def main() -> None:
                 "strict": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, **seeded()),
                 f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, rule="mars",
                                                                     theta=args.theta, **seeded())}
-        methods = {**{name: (lambda g, n, d=d: hf(d, g, n)) for name, d in plain_decoders.items()}, **ours}
+        methods = {**{name: (lambda g, n, d=d: d([p.tolist() for p in g], cfg, n))
+                      for name, d in plain_decoders.items()}, **ours}
         for run in methods.values():  # warm-up: packing, allocation, kernel choice at this batch size
             run(groups[0], 16)
         tokens = dict.fromkeys(methods, 0)
@@ -152,7 +130,7 @@ def main() -> None:
         plains = {m: v for m, v in speed.items() if m.startswith("generate") or m == "vanilla"}
         fastest = max(plains, key=plains.get)
         result["batches"][str(size)] = {
-            "settings": record, "from": "mars.tuned" if args.api else "eval.runner.settings.resolve_settings",
+            "settings": record, "from": "mars.tuned" if args.api else "eval.harness.JobPair.settings",
             "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
             "latency_p90": {m: round(p90(v), 4) for m, v in latency.items()},
             "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
@@ -169,8 +147,7 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # every finished batch size kept
     for decoder in plain_decoders.values():
-        if isinstance(decoder, GenerateWorker):
-            decoder.close()
+        decoder.close()
 
 
 if __name__ == "__main__":

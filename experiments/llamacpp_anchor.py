@@ -1,9 +1,9 @@
 """The honest CPU anchor: plain greedy decoding of the same GGUF file by llama.cpp (llama-cpp-python),
 which a CPU user holding this file would otherwise run. An optional extra for this script only, never a
 dependency of the project: it builds llama.cpp from source (`pip install llama-cpp-python`, ~10 min on
-2 cores with cmake and a C++ compiler; the README's figure says how long it took here).
+2 cores with cmake and a C++ compiler; docs/real-models.md says how long it took here).
 
-    python scripts/llamacpp_anchor.py OUT.json [--prompts 8] [--tokens 256] [--bench mt_bench]
+    python experiments/llamacpp_anchor.py OUT.json [--prompts 8] [--tokens 256] [--bench mt_bench]
 
 The same chat prompts as the speed figures (the benchmark's first turns through the target's own chat
 template, token ids passed to llama.cpp, whose vocabulary is the same file's), `--tokens` new tokens each
@@ -27,18 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.config import eos_token_ids
-from eval.benchmarks import load_questions
-from eval.benchmarks.prompting import encode, prompt_format
-from eval.benchmarks.questions import Question
-from eval.config.paths import bench_dir
-from eval.config.schema import composed
-from eval.runner.job import machine
-from mars.adapter.sources import gguf_file, local_model
-
-CONFIG = composed("model=smollm2").model
+from eval.harness import JobPair, machine
+from mars.adapter.sources import gguf_file
 
 
 def hf_greedy(model, ids: list[int], tokens: int, eos: list[int]) -> dict:
@@ -65,15 +57,13 @@ def main() -> None:
         raise SystemExit("llama-cpp-python is not installed: `pip install llama-cpp-python` builds llama.cpp from "
                          "source (cmake and a C++ compiler needed); it is an optional extra of this script only") from e
 
-    directory = local_model(CONFIG.target, CONFIG.target_sha256)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    eos = eos_token_ids(model, tokenizer)
-    fmt = prompt_format(CONFIG)
-    questions = load_questions(args.bench, bench_dir(None), limit=args.prompts)
-    prompts = [encode(tokenizer, Question(q.question_id, q.turns[:1]), [], fmt) for q in questions]
-    llm = llama_cpp.Llama(model_path=str(gguf_file(CONFIG.target)), n_ctx=2048, n_threads=args.threads,
+    pair = JobPair.of("model=smollm2", f"bench={args.bench}")
+    model = pair.target("float32")
+    eos = eos_token_ids(model, pair.tokenizer)
+    prompts = pair.prompts(args.prompts)  # each question's first turn
+    gguf = gguf_file(pair.config.model.target)
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=2048, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     per_prompt = []
     for ids in prompts:  # llama.cpp, then model.generate on the same prompt: drift touches both alike
@@ -100,7 +90,7 @@ def main() -> None:
     llama_rate = sum(p["new_tokens"] for p in per_prompt) / seconds
     report = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(),
               "llama_cpp": llama_cpp.__version__, "threads": args.threads, "bench": args.bench,
-              "file": str(gguf_file(CONFIG.target)), "precision": "Q4_1 / Q8_0 blocks, 8-bit activations (llama.cpp)",
+              "file": str(gguf), "precision": "Q4_1 / Q8_0 blocks, 8-bit activations (llama.cpp)",
               "decode_tokens_per_s": decode_tokens / sum(p["decode_seconds"] for p in per_prompt),
               "end_to_end_tokens_per_s": llama_rate,
               "generate_float32_end_to_end_tokens_per_s": hf_tokens / hf_seconds,

@@ -1,7 +1,7 @@
 """A two-job θ sweep run in parallel against the same sweep run one job at a time: does parallelism
 spoil the speed figures? (eval/runner/locks.py: timed answers are exclusive on a machine.)
 
-    python scripts/sweep_contention.py OUT_DIR [--repeats 3] [eval.run overrides...]
+    python experiments/sweep_contention.py OUT_DIR [--repeats 3] [eval.run overrides...]
 
 Each repeat runs `python -m eval.run -m method.theta=0.8,0.95` with the joblib launcher at n_jobs=2
 into OUT_DIR/parallel<i>, then at n_jobs=1 into OUT_DIR/serial<i> (the same configuration as the

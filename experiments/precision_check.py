@@ -1,16 +1,19 @@
 """Is the default the fastest setting, and how does it compare to the fastest plain decoding? One run.
 
 Resolves the embedded default (no overrides), `model.dtype=bfloat16` and `model.dtype=float32`
-through the job's own resolver (`eval.runner.settings.resolve_settings`: calibration read from its cache, or
-timed first), then decodes the held-out prompts with strict greedy speculation under each setting
+as a job resolves them (`eval.harness.JobPair.settings`: calibration read from its cache, or timed first),
+then decodes the held-out prompts with strict greedy speculation under each setting
 and with every plain decoding a user has on this machine, interleaved prompt by prompt in one process:
 `model.generate` in float32 and bf16 (torch's kernels) and our `vanilla` in each precision with the
 resolved kernels, and on a CPU with more than AVX2 `model.generate` under `ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2` (read by torch when it loads: a worker process, `eval.runner.plain`), the
+ONEDNN_MAX_CPU_ISA=AVX2` (read by torch when it loads: a worker process, `generate@bfloat16+avx2`), the
 fastest plain bf16 decoding on AVX-512 BF16 CPUs. Every strict output is checked against its own
 plain decoding. EOS is ignored: every method decodes `--tokens` tokens.
 
-    python scripts/precision_check.py OUT.json [--prompts 32] [--tokens 128]
+    python experiments/precision_check.py OUT.json [--prompts 32] [--tokens 128] [--plain NAME,...] [overrides ...]
+
+--plain: only these plain decodings (as in experiments/batch_check.py); trailing eval.run overrides apply to
+every configuration (e.g. `tree=cpu tree.calibration_budget=5`).
 
 Writes {"machine", "capability", "settings": {config: resolved record}, "tokens_per_s": {method: ...},
 "identical": {config: strict == vanilla on every prompt}, "default_vs_best_explicit", "fastest_plain",
@@ -24,33 +27,12 @@ import json
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from eval.benchmarks import load_questions
-from eval.benchmarks.prompting import encode, prompt_format
-from eval.config.methods import plain
-from eval.config.paths import REPO_ROOT
-from eval.config.schema import validate
-from eval.runner.job import machine
-from eval.runner.models import load_head, load_target, load_tokenizer, make_generator
-from eval.runner.plain import GenerateWorker, hf_generate
-from eval.runner.settings import resolve_settings
+from eval.harness import JobPair, machine
 from mars import SamplingConfig
 
 CONFIGS = {"default": [], "bfloat16": ["model.dtype=bfloat16"], "float32": ["model.dtype=float32"]}
 GREEDY = SamplingConfig()
-
-
-def run_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
-        return validate(compose("config", overrides=["model=embedded", *overrides]))
-
-
-def plain_generate(decoder, ids: list[int], tokens: int):
-    """model.generate, greedy, EOS ignored: on a model here, or in a `GenerateWorker`'s process."""
-    if isinstance(decoder, GenerateWorker):
-        return decoder.answer(ids, GREEDY, tokens, [], seed=0)
-    return hf_generate(decoder, ids, GREEDY, tokens, [], seed=0)
 
 
 def main() -> None:
@@ -58,26 +40,19 @@ def main() -> None:
     parser.add_argument("out", nargs="?")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
-    args = parser.parse_args()
+    parser.add_argument("--plain", help="only these plain decodings, comma-separated (generate@float32,...)")
+    args, overrides = parser.parse_known_args()
     if not args.out:
         parser.error("give the output JSON path")
 
-    configs = {name: run_config(overrides) for name, overrides in CONFIGS.items()}
-    fmt = prompt_format({"prompt": plain(configs["default"].model.prompt)})
-    resolved = {name: resolve_settings(config, fmt) for name, config in configs.items()}
+    pair = JobPair.of("model=embedded", *overrides)  # the embedded benchmark: held-out stdlib functions
+    resolved = {name: pair.settings(*extra) for name, extra in CONFIGS.items()}
     for name, settings in resolved.items():
         print(f"{name}: " + " | ".join(settings.describe()))
-    tokenizer = load_tokenizer(configs["default"])
-    bench = configs["default"].bench  # the embedded benchmark: held-out stdlib functions
-    prompts = [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in
-               load_questions(bench.questions, bench.data_dir, args.prompts, bench.source)]
-    models = {dtype: load_target(configs["default"], getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
-    heads = {dtype: load_head(resolved["default"].head, model) for dtype, model in models.items()}
-    gens = {name: make_generator(models[s.dtype.value], heads[s.dtype.value], s, configs[name])
-            for name, s in resolved.items()}
-    plain_decoders = dict(models)  # model.generate here, and under the AVX2 limits in a worker process
-    if torch.backends.cpu.get_cpu_capability() != "AVX2":
-        plain_decoders["bfloat16 under the AVX2 limits"] = GenerateWorker(configs["default"], "bfloat16", "avx2")
+    prompts = [torch.tensor([ids]) for ids in pair.prompts(args.prompts)]
+    gens = {name: pair.generator(s) for name, s in resolved.items()}
+    # model.generate here, and on a CPU with more than AVX2 under the AVX2 limits in a worker process
+    plain_decoders = pair.plain_decoders(args.plain.split(",") if args.plain else None)
     totals: dict[str, list] = {}
 
     def add(method: str, count: int, seconds: float) -> None:
@@ -90,7 +65,7 @@ def main() -> None:
         gen.generate(prompts[0], max_new_tokens=16)
         gen.vanilla(prompts[0], max_new_tokens=16)
     for decoder in plain_decoders.values():
-        plain_generate(decoder, prompts[0][0].tolist(), 16)
+        decoder([prompts[0][0].tolist()], GREEDY, 16)
     for i, ids in enumerate(prompts):
         order = list(gens.items())
         order = order[i % len(order):] + order[:i % len(order)]  # rotated: no setting always runs first
@@ -101,8 +76,8 @@ def main() -> None:
             add(f"vanilla[{name}]", len(base.tokens), base.seconds)
             identical[name] &= spec.tokens == base.tokens
         for name, decoder in plain_decoders.items():
-            out = plain_generate(decoder, ids[0].tolist(), args.tokens)
-            add(f"generate@{name}", len(out.tokens), out.seconds)
+            out = decoder([ids[0].tolist()], GREEDY, args.tokens)[0]
+            add(name, len(out.tokens), out.seconds)
         print(f"{i + 1}/{len(prompts)} prompts")
     speed = {method: count / seconds for method, (count, seconds) in totals.items()}
     plain_methods = {m: v for m, v in speed.items() if not m.startswith("strict")}
@@ -121,8 +96,7 @@ def main() -> None:
     for gen in reversed(list(gens.values())):  # last opened first: each hands back what it found
         gen.close()
     for decoder in plain_decoders.values():
-        if isinstance(decoder, GenerateWorker):
-            decoder.close()
+        decoder.close()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for method, value in sorted(speed.items(), key=lambda kv: -kv[1]):

@@ -1,14 +1,15 @@
 """What one draft-verify cycle costs on this machine, phase by phase, beside plain decoding: a JSON report.
 
-For each tree shape the speculative loop decodes one chat prompt with phase timing on (`profile=True`:
+For each tree shape the speculative loop decodes one chat prompt (in the model's prompt format) with
+phase timing on (`profile=True`:
 prefill, catch-up of the head, drafting, the target's tree forward, acceptance, cache update) and the
 report gives milliseconds per cycle; `model.generate` decodes the same prompt greedily for the plain
 figure. Acceptance does not matter for these costs (any head will do, a trained one or a stand-in),
 so the figures say how many plain tokens a cycle must win back: a cycle of C ms against plain decoding
 at P ms per token needs tau > C / P to be faster.
 
-    python scripts/cycle_costs.py OUT.json --draft data/models/smollm2/draft          # model=smollm2's target
-    python scripts/cycle_costs.py OUT.json --target DIR --draft DIR --trees 8/4/2 20/4/5
+    python experiments/cycle_costs.py OUT.json                       # model=smollm2 and its trained head
+    python experiments/cycle_costs.py OUT.json --model embedded --draft DIR --trees 8/4/2 20/4/5
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle.checkpoint import load_draft
-from eval.config.schema import composed
-from eval.runner.job import machine
-from mars import SpeculativeGenerator
-from mars.adapter.sources import local_model
-from mars.decoding.settings import TreeShape
+from eval.config.paths import REPO_ROOT
+from eval.harness import JobPair, machine
+from mars import SpeculativeGenerator, TreeShape
 
 PROMPT = "Write a short story about a robot who learns to paint, in three paragraphs."
 
@@ -34,24 +32,17 @@ PROMPT = "Write a short story about a robot who learns to paint, in three paragr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
-    parser.add_argument("--target", help="a model directory or GGUF spec (default: configs/model/smollm2.yaml's)")
-    parser.add_argument("--draft", required=True)
+    parser.add_argument("--model", default="smollm2", help="a model config of configs/model/ (default smollm2)")
+    parser.add_argument("--draft", help="default: the model config's draft")
     parser.add_argument("--trees", nargs="+", default=["8/4/2", "12/4/3", "20/4/5", "30/5/6", "50/6/10"],
                         help="total/depth/branching")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
-    if args.target is None:
-        config = composed("model=smollm2").model
-        directory = local_model(config.target, config.target_sha256)
-    else:
-        directory = local_model(args.target)
-    dtype = getattr(torch, args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
-    head = load_draft(args.draft, model)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
+    pair = JobPair.of(f"model={args.model}")
+    model = pair.target(args.dtype)
+    head = load_draft(args.draft or str(REPO_ROOT / pair.config.model.draft), model)
+    ids = torch.tensor([pair.encode(PROMPT)])
     report = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(),
               "threads": torch.get_num_threads(), "dtype": args.dtype, "prompt_tokens": ids.shape[1],
               "tokens": args.tokens, "trees": {}}

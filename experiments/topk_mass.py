@@ -6,7 +6,7 @@ probability at most the target's mass on the drafted tokens, so at most its top-
 position has mass m: a ceiling on tau at a temperature, set by the target alone. This script
 measures m_k on the target's own sampled continuations of held-out prompts and writes JSON.
 
-    python scripts/topk_mass.py OUT.json [--temperature 1] [--prompts 32] [--tokens 128]
+    python experiments/topk_mass.py OUT.json [--temperature 1] [--prompts 32] [--tokens 128]
 """
 
 from __future__ import annotations

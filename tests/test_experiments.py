@@ -1,0 +1,115 @@
+"""The measurement scripts of experiments/ run end to end at a tiny size (the embedded pair, a few tokens)
+and write what their docstrings say. Their figures come from full-size runs (docs/); here only that each
+script still runs on today's engine and that the properties it reports hold where they must (strict greedy
+equal to plain decoding, canonical HumanEval solutions passing)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import runpy
+import sys
+
+import pytest
+
+from eval.config.paths import REPO_ROOT, bench_dir
+
+EXPERIMENTS = REPO_ROOT / "experiments"
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def run_script(name: str, *args: str, monkeypatch) -> None:
+    """`python experiments/<name>.py ARGS` in this process (no second torch import), from the repository root."""
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setattr(sys, "argv", [str(EXPERIMENTS / f"{name}.py"), *args])
+    runpy.run_path(str(EXPERIMENTS / f"{name}.py"), run_name="__main__")
+
+
+def test_topk_mass_measures_a_mass_that_grows_with_k(tmp_path, monkeypatch):
+    out = tmp_path / "mass.json"
+    run_script("topk_mass", str(out), "--prompts", "1", "--tokens", "4", "--ks", "1", "4", monkeypatch=monkeypatch)
+    report = json.loads(out.read_text())
+    one, four = report["top_k_mass"]["1"]["mean_mass"], report["top_k_mass"]["4"]["mean_mass"]
+    assert report["positions"] == 4 and 0 < one <= four <= 1
+
+
+def test_static_speed_reproduces_plain_greedy_on_every_path(monkeypatch, capsys):
+    run_script("static_speed", "--prompts", "1", "--tokens", "8", "--compile", "none", "--max-cache-len", "256",
+               monkeypatch=monkeypatch)
+    rows = [line for line in capsys.readouterr().out.splitlines() if "equal to plain greedy" in line]
+    assert len(rows) == 3 and all(line.endswith("equal to plain greedy 1/1") for line in rows)
+
+
+def test_precision_check_times_each_setting_and_checks_strict_against_plain(tmp_path, monkeypatch):
+    out = tmp_path / "precision.json"
+    run_script("precision_check", str(out), "--prompts", "1", "--tokens", "4", "--plain", "generate@float32",
+               "tree=cpu", "model.dtype=float32", monkeypatch=monkeypatch)
+    report = json.loads(out.read_text())
+    assert {s["dtype"] for s in report["settings"].values()} == {"float32", "bfloat16"}
+    assert report["identical"] == {"default": True, "bfloat16": True, "float32": True}
+    assert {"strict[default]", "vanilla[bfloat16]", "generate@float32"} <= set(report["tokens_per_s"])
+
+
+def test_batch_check_keeps_every_row_equal_to_its_prompt_alone(tmp_path, monkeypatch):
+    out = tmp_path / "batch.json"
+    run_script("batch_check", str(out), "--prompts", "2", "--tokens", "4", "--batches", "1,2", "--plain",
+               "generate@float32", "tree=cpu", "model.dtype=float32", monkeypatch=monkeypatch)
+    batches = json.loads(out.read_text())["batches"]
+    assert set(batches) == {"1", "2"}
+    for row in batches.values():
+        assert row["identical_to_alone"] == "2/2" and row["settings"]["tree"]["total_tokens"] == 20
+        assert {"generate@float32", "vanilla", "strict", "mars@0.9"} == set(row["tokens_per_s"])
+
+
+def test_cycle_costs_times_each_phase_of_a_cycle(tmp_path, monkeypatch):
+    out = tmp_path / "cycles.json"
+    run_script("cycle_costs", str(out), "--model", "embedded", "--trees", "4/2/2", "--tokens", "6",
+               monkeypatch=monkeypatch)
+    report = json.loads(out.read_text())
+    tree = report["trees"]["4/2/2"]
+    assert report["generate_ms_per_token"] > 0 and tree["cycles"] >= 1 and tree["ms_per_cycle"] > 0
+    assert {"draft", "tree_forward", "accept"} <= set(tree["phases_ms"])
+
+
+def test_real_model_checks_find_strict_greedy_identical_and_test_sampling(tmp_path, monkeypatch):
+    """On the embedded pair instead of SmolLM2 (whose first load converts a GGUF for ~45 s), sampling after a
+    code prompt, where the code model's first tokens fall in few cells."""
+    out = tmp_path / "real.json"
+    run_script("real_model_checks", str(out), "--model", "embedded", "--skip", "load", "--identity", "1",
+               "--tokens", "6", "--samples", "60", "--mass", "0.02", "--chi2-prompt", "def add(a, b):",
+               monkeypatch=monkeypatch)
+    report = json.loads(out.read_text())
+    assert report["identity"]["identical"] == 1 and report["identity"]["prompts"] == 1
+    assert [c["drafting"] for c in report["chi2"]] == ["topk", "sample"]
+    assert all(c["samples"] == 60 and c["cells_before_pooling"] > 1 and 0 <= c["p_value"] <= 1 for c in report["chi2"])
+
+
+def test_llamacpp_anchor_names_its_optional_extra_or_times_llama_cpp(tmp_path, monkeypatch):
+    out = tmp_path / "anchor.json"
+    args = (str(out), "--prompts", "1", "--tokens", "2", "--threads", "1")
+    if importlib.util.find_spec("llama_cpp") is None:  # an optional extra of this script only
+        with pytest.raises(SystemExit, match="pip install llama-cpp-python"):
+            run_script("llamacpp_anchor", *args, monkeypatch=monkeypatch)
+    else:
+        run_script("llamacpp_anchor", *args, monkeypatch=monkeypatch)
+        assert json.loads(out.read_text())["end_to_end_tokens_per_s"] > 0
+
+
+def test_sandbox_canonical_solutions_pass_in_the_sandbox(monkeypatch, capsys):
+    from eval.scoring import sandbox
+
+    run_script("sandbox_canonical", sandbox.isolation(), str(bench_dir()), "--limit", "3", "--costs", "2",
+               monkeypatch=monkeypatch)
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["n"] == 3 and report["pass@1"] == 1.0 and report["failed"] == []
+
+
+@pytest.mark.timeout(280)
+def test_sweep_contention_runs_the_sweep_in_parallel_and_alone(tmp_path, monkeypatch):
+    """One θ instead of the script's two (one job per sweep: half the processes to start)."""
+    run_script("sweep_contention", str(tmp_path), "--repeats", "1", "num_prompts=1", "max_new_tokens=4",
+               "baselines=[vanilla]", "method.theta=0.9", monkeypatch=monkeypatch)
+    rows = json.loads((tmp_path / "contention.json").read_text())["repeats"][0]
+    assert set(rows) == {"mars@0.9", "vanilla"}
+    assert all(r["parallel_tokens_per_s"] > 0 and r["alone_tokens_per_s"] > 0 for r in rows.values())
