@@ -35,7 +35,7 @@ preset's 49 nodes and 10 children, the paper's own settings for it not being kno
 Differences from the release's code that remain: MARS here uses `method.fallback=strict` (add
 `-- method.fallback=reference` for what the release does when the margin test passes but no child is
 the target's top-2), its strict rule is EAGLE's lossless one, and at T=0 (`main_t0`) MARS is this
-engine's greedy form, where the release applies exact match (see README, verification rules).
+engine's greedy form, where the release applies exact match (see docs/rules.md).
 
 Model paths, per model config NAME (configs/model/NAME.yaml): `--target/--draft` (one model only),
 else $MARS_TARGET_<NAME> / $MARS_DRAFT_<NAME> (NAME upper-cased, e.g. MARS_TARGET_QWEN3_8B), else

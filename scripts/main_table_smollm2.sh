@@ -23,7 +23,7 @@
 # BENCHES, TEMPERATURES, THETAS override the lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves
 # OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/ (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md,
 # report.csv and the plots; `wandb sync OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later.
-# The times of both settings on this project's CPUs are in the README ("The paper's main table on a real model").
+# The times of both settings on this project's CPUs are in docs/real-models.md (the paper's main table on a real model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/out_dir.sh

