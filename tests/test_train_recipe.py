@@ -223,6 +223,10 @@ def test_recipe_cost_and_learning_curve_measure_finished_heads(target_dir, tmp_p
     assert len(point["t0"]["top1"]) == 5 and point["offline_tau"]["tau"] >= 1.0
     assert point["online_tau"]["identical"] == 1  # strict greedy decoding emits the greedy answer
     assert curve.with_suffix(".png").exists()
+    paired = tmp_path / "paired.json"
+    run_experiment("paired_runs", str(run), str(run), "--window", "1", "--out", str(paired), monkeypatch=monkeypatch)
+    windows = json.loads(paired.read_text())["windows"]
+    assert windows and all(d["a_minus_b"] == 0 for w in windows for d in w["per_draft_step"])  # a run against itself
     unfinished = tmp_path / "unfinished"
     train(cli(target_dir, unfinished, "--steps", "4", "--stop-at", "1"))
     with pytest.raises(SystemExit, match="finished model"):
