@@ -8,8 +8,8 @@
 #      benchmark question of ../shared/data/bench, or one of the shipped held-out / calibration prompts, dropped
 #   2. the target's answers to every prompt, greedy and T = 1 (eagle.train.answering: continuous batching in
 #      the fastest precision of the device, loops cut), then its features (bf16, stored once for every epoch)
-#   3. the greedy head: EAGLE-3 with training-time test, packed windows, a TTT curriculum and a warm start from
-#      the target (eagle.train.draft), in chunks of DRAFT_MINUTES, a checkpoint every SAVE_EVERY steps
+#   3. the greedy head: EAGLE-3 with training-time test, packed windows and a TTT curriculum (eagle.train.draft),
+#      in chunks of DRAFT_MINUTES, a checkpoint every SAVE_EVERY steps
 #   4. its confidence temperature (on fresh self-written prompts), its held-out scores and offline tau on the
 #      64 shipped held-out prompts, export to data/models/smollm2 (bf16)
 # A stopped build loses at most one checkpoint interval (answers: a minute; features: a shard; training:
@@ -44,8 +44,8 @@ if [[ "$device" == cuda ]]; then
 else
     gen_batch="${GEN_BATCH:-64}"; batch="${BATCH:-8}"; collect_batch=8
 fi
-# The recipe (model card, "What each lever gave"): packed windows, two unrolled draft steps for the first 75% of
-# the schedule and five after, lm_head and norm from the target.
+# The recipe (model card, "Training recipe levers"): packed windows, two unrolled draft steps for the first 75% of
+# the schedule and five after. No --warm-start: paired over 500 steps it started behind a cold start and only caught up.
 draft_epochs="${DRAFT_EPOCHS:-3}"
 lr="${LR:-1e-3}"
 curriculum="${TTT_CURRICULUM:-2:0.75}"
@@ -85,7 +85,7 @@ unfinished() {  # a training run whose schedule has steps left
 # A finished stage is not run again: that would save its final/ afresh (the confidence temperature lost).
 if unfinished "$runs/draft"; then
     python -m eagle.train.draft "${train_args[@]}" --out "$runs/draft" --batch "$batch" --epochs "$draft_epochs" \
-        --pack --warm-start --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
+        --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
         --save-every "$save_every" --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
     if unfinished "$runs/draft"; then
         echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
