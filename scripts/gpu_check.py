@@ -68,6 +68,14 @@ def peak_memory(device: torch.device) -> str:
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB peak RSS of the process"
 
 
+_T0 = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """A timestamped line as each stage ends, so a run stopped at its time limit still says how far it got."""
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", flush=True)
+
+
 def timed(fn):
     start = time.perf_counter()
     result = fn()
@@ -121,11 +129,13 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
     with torch.device(device):
         target = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     head = ScriptedHead(config, acceptance=acceptance).to(device=device, dtype=dtype)
+    progress(f"{shape}: target ({config.num_hidden_layers} layers, {dtype}) and head built on {device}")
     rules = {rule.display: rule for rule in RULES_TIMED}
     seconds = dict.fromkeys((GENERATE, VANILLA, *rules), 0.0)
     produced = dict.fromkeys(seconds, 0)
     cycles, equal, syncs, phases = dict.fromkeys(rules, 0), 0, {}, {}
     with SpeculativeGenerator(target, head, TreeShape(*tree)) as gen:
+        progress("generator ready")
         for p in range(prompts):
             ids = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(p))
             ids = ids.to(device)
@@ -144,16 +154,20 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
                 produced[name] += len(spec.tokens)
                 cycles[name] += spec.num_cycles
                 equal += rule.lossless and spec.tokens == plain.tokens
+            progress(f"prompt {p + 1}/{prompts}: " + ", ".join(f"{k} {produced[k] / max(seconds[k], 1e-9):.1f} tok/s"
+                                                           for k in seconds))
         for name, rule in rules.items():  # the last prompt again, counted (the prefill's few syncs included)
             with SyncCounter() as counter:
                 run = gen.generate(ids, max_new_tokens=tokens, rule=rule)
             syncs[name] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
                            "cycles": run.num_cycles}
+        progress("syncs counted")
         gen.profile = True
         profiled = gen.generate(ids, max_new_tokens=tokens)
         phases = {k: round(1e3 * v / profiled.num_cycles, 3) for k, v in profiled.phase_seconds.items()
                   if k != "prefill"}
         gen.profile = False
+        progress("phases profiled")
         batched = {str(b): check_batch(gen, config, b, prompt_len, tokens) for b in batches if b > 1}
     rate = {k: produced[k] / seconds[k] for k in seconds}
     return {

@@ -5,4 +5,6 @@
 #   bash scripts/gpu_check.sh --shape tiny --out /tmp/gpu_check.json      # CPU, tiny shapes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the checkout's packages, where mars-spec is not installed (a lent GPU machine runs a bare copy of the tree)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec python scripts/gpu_check.py "$@"

@@ -355,6 +355,26 @@ def test_generation_killed_after_a_save_resumes_to_what_one_run_writes(target_di
         assert torch.equal(getattr(resumed, name), getattr(whole, name)), name
 
 
+def test_a_spent_time_budget_keeps_whole_answers_and_a_rerun_continues_to_the_full_run(target_dir, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    prompts = [[5 + i, 6, 7 + i % 3][: 2 + i % 2] for i in range(7)]
+    whole = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                               log=lambda _: None)
+    progress, said = tmp_path / "generating.pt", []
+    # a budget spent at once: the first group joins (nothing decodes yet), then no prompt joins after it
+    cut = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                             log=said.append, progress=progress, seconds=0.0)
+    assert len(cut.lengths) == 2 and any("5 prompts left unanswered" in line for line in said)
+    shortest = sorted(range(7), key=lambda i: len(prompts[i]))[:2]
+    for n, i in enumerate(sorted(shortest)):  # whole answers, as the unbounded run wrote them
+        assert torch.equal(cut.input_ids[n], whole.input_ids[i])
+    resumed = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
+                                 log=lambda _: None, progress=progress)
+    for name in ("input_ids", "lengths", "loss_mask"):
+        assert torch.equal(getattr(resumed, name), getattr(whole, name)), name
+
+
 def test_a_generation_limit_answers_the_shortest_prompts_as_an_unlimited_run_does(target_dir, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")

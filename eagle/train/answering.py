@@ -74,7 +74,7 @@ def _sample(logits: torch.Tensor, rows: list[_Row], temperature: float) -> list[
     if temperature <= 0:
         return logits.argmax(-1).tolist()
     scaled = logits.float() / temperature
-    noise = torch.stack([torch.rand(scaled.shape[-1], generator=r.generator) for r in rows])
+    noise = torch.stack([torch.rand(scaled.shape[-1], generator=r.generator, device=scaled.device) for r in rows])
     gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
     return (scaled + gumbel).argmax(-1).tolist()
 
@@ -118,7 +118,7 @@ def answer_prompts(
     model, prompts: Mapping[int, list[int]] | list[list[int]], max_len: int, eos_ids: frozenset[int], pad_id: int, *,
     batch_size: int = 64, temperature: float = 0.0, seed: int = 0, loop_cap: LoopCap | None = LoopCap(),
     on_answer: Callable[[int, list[int]], None] | None = None, log: Callable[[str], None] = print,
-    log_every: float = 60.0,
+    log_every: float = 60.0, seconds: float | None = None,
 ) -> tuple[dict[int, list[int]], AnswerStats]:
     """The target's answer to each prompt (token ids after the prompt, the ending token included), in its
     own precision, with its KV cache; `max_len` caps prompt + answer. Returns ({prompt key: answer}, stats).
@@ -128,6 +128,9 @@ def answer_prompts(
 
     `on_answer(index, answer)` is called as each answer finishes (the caller saves progress there).
     Waiting prompts join when at least a quarter of the batch is free (a join copies the whole cache once).
+    With `seconds`, no prompt joins after that much wall time (the first batch always does): the rows decoding
+    finish, the rest stay unanswered (absent from the result), so a run on a lent machine ends in time with
+    whole answers.
     """
     device = next(model.parameters()).device
     if not isinstance(prompts, Mapping):
@@ -145,6 +148,9 @@ def answer_prompts(
     cache: DynamicCache | None = None
     t0 = t_log = time.perf_counter()
     while pending or rows:
+        if seconds is not None and pending and rows and time.perf_counter() - t0 > seconds:
+            log(f"answers: time budget of {seconds:.0f} s spent, {len(pending)} prompts left unanswered")
+            pending = []
         free = batch_size - len(rows)
         if pending and (not rows or free >= max(1, batch_size // 4)):
             group, pending = pending[:free], pending[free:]
@@ -156,7 +162,9 @@ def answer_prompts(
             for i in group:
                 generator = None
                 if temperature > 0:
-                    generator = torch.Generator().manual_seed(seed * 1_000_003 + i)
+                    # on the model's device: drawing a vocabulary of noise per row on the host and copying it
+                    # would cost a GPU more than its forward (a CUDA stream draws other numbers than a CPU's)
+                    generator = torch.Generator(device).manual_seed(seed * 1_000_003 + i)
                 new_rows.append(_Row(i, max_len - len(prompts[i]), generator))
             first = torch.tensor(_sample(logits, new_rows, temperature), device=device)
             kv, mask = _join(kv, mask, _kv(fresh), new_mask) if rows else (_kv(fresh), new_mask)

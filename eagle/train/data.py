@@ -223,6 +223,7 @@ def generate_sequences(
     model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
     temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
     progress: Path | None = None, limit: int | None = None, loop_cap: LoopCap | None = None,
+    seconds: float | None = None,
 ) -> Sequences:
     """The target continues each prompt (greedy at temperature 0, else sampled) up to `seq_len` tokens.
 
@@ -233,7 +234,9 @@ def generate_sequences(
     sampled answer seeded by its prompt's index), `loop_cap` ending answers that repeat a block. With
     `progress`, the finished answers are saved there about every minute and kept when rerun, so an
     interrupted run loses at most a minute and writes what an uninterrupted one would. With `limit`, only
-    the `limit` shortest prompts are answered, so a limit can be set or raised on a run in progress.
+    the `limit` shortest prompts are answered, so a limit can be set or raised on a run in progress. With
+    `seconds`, answering stops taking prompts after that much wall time; the sequences hold the answered ones
+    (shortest first), and a rerun continues where it stopped.
     """
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
@@ -263,12 +266,13 @@ def generate_sequences(
     if todo:
         with _autocast(model):
             _, stats = answer_prompts(model, todo, seq_len, eos_ids, pad_id, batch_size=batch_size,
-                                      temperature=temperature, seed=seed, loop_cap=loop_cap, on_answer=keep, log=log)
+                                      temperature=temperature, seed=seed, loop_cap=loop_cap, on_answer=keep, log=log,
+                                      seconds=seconds)
         log(f"generated {stats.answers} responses: {stats.answer_tokens} tokens at {stats.tokens_per_s:.0f}/s, "
             f"{stats.looped} cut as loops, {stats.capped} at the length cap")
         if progress is not None:
             atomic_save({**spec, "rows": rows}, progress)
-    answered = sorted(order)
+    answered = sorted(i for i in order if i in rows)
     return _pad_sequences([prompts[i] + rows[i] for i in answered], [len(prompts[i]) for i in answered], seq_len,
                           pad_id)
 

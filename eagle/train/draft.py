@@ -69,11 +69,13 @@ from eagle.train.data import (
 from eagle.train.ttt import ttt_loss
 
 DATA_SPEC_KEYS = ("target", "tokenizer", "data_jsonl", "data_hub", "data_split", "seq_len", "max_tokens", "generate",
-                  "prompt_len", "gen_temperature", "gen_limit", "gen_each", "loop_cap", "top_k", "target_dist", "seed")
+                  "prompt_len", "gen_temperature", "gen_limit", "gen_minutes", "gen_each", "loop_cap", "top_k",
+                  "target_dist", "seed")
 # Data directories written before a key existed were built with its then only value.
-DATA_SPEC_DEFAULTS = {"target_dist": "topk", "gen_limit": None, "gen_each": False, "loop_cap": False}
+DATA_SPEC_DEFAULTS = {"target_dist": "topk", "gen_limit": None, "gen_minutes": None, "gen_each": False,
+                      "loop_cap": False}
 # Settings a run may change while its answers are still being generated (a limit keeps the answers written).
-UNTIL_SEQUENCES_KEYS = ("gen_limit",)
+UNTIL_SEQUENCES_KEYS = ("gen_limit", "gen_minutes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--gen-limit", type=int, nargs="+",
                       help="--generate: answer at most this many prompts per temperature (one value, or one per "
                            "--gen-temperature), the shortest first; default: every prompt")
+    data.add_argument("--gen-minutes", type=float,
+                      help="--generate: stop taking prompts after this wall time, split evenly between the "
+                           "--gen-temperature values, and train on the answers written (a lent GPU's time limit)")
     data.add_argument("--gen-each", action="store_true",
                       help="--generate: answer every prompt at every --gen-temperature (default: split the prompts)")
     data.add_argument("--loop-cap", action="store_true",
@@ -279,7 +284,8 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
                 generate_sequences(target, tokenizer, prompts if args.gen_each else prompts[i :: len(temperatures)],
                                    args.seq_len, args.gen_batch, t, args.seed + rank * len(temperatures) + i, log,
                                    progress=data_dir / f"generating.rank{rank}.part{i}.pt", limit=limits[i],
-                                   loop_cap=loop_cap)
+                                   loop_cap=loop_cap,
+                                   seconds=args.gen_minutes * 60 / len(temperatures) if args.gen_minutes else None)
                 for i, t in enumerate(temperatures)])
             part.save(data_dir / f"sequences.rank{rank}.pt")
             accelerator.wait_for_everyone()
