@@ -13,10 +13,14 @@ import torch
 from helpers import hf_greedy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle.checkpoint import load_draft
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
+from eval.config.paths import REPO_ROOT
 from eval.config.schema import composed
+from eval.runs.jsonl import read_jsonl
 from mars import SpeculativeGenerator
+from mars.adapter.kernels import packs
 from mars.adapter.sources import gguf_file, local_model, provenance
 from mars.decoding.settings import TreeShape
 from mars.diagnostics.scripted import ScriptedHead
@@ -108,6 +112,26 @@ def test_strict_greedy_on_the_real_model_equals_model_generate(converted, accept
         out = gen.generate(prompt, max_new_tokens=24)
         assert out.tokens == expected, q.turns[0]
         assert (max(out.accept_lengths) >= 2) == (acceptance > 0)
+
+
+@pytest.mark.skipif(not packs(torch.bfloat16), reason="bf16 is chosen only where oneDNN packs bf16 weights "
+                    "(AVX-512 BF16, no ONEDNN_MAX_CPU_ISA limit below it)")
+def test_bf16_strict_greedy_on_the_real_model_equals_our_bf16_plain_decoding(converted):
+    """In bf16 with exact attention and packed weights, as a job on an AVX-512 BF16 CPU runs it: the shipped
+    head's strict greedy output is our plain decoding's, token for token. Before lone rows got the kernel of
+    several (mars.adapter.kernels.one_row_differs: the 1536-wide down projection), these four held-out
+    prompts left plain decoding within 64 tokens (experiments/bf16_exactness.py, AVX-512 BF16 EPYC)."""
+    model = AutoModelForCausalLM.from_pretrained(converted[0], dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    head = load_draft(str(REPO_ROOT / CONFIG.draft), model)
+    records = read_jsonl(REPO_ROOT / "data" / "prompts" / "smollm2_heldout.jsonl").values()
+    heldout = [r["messages"][0]["content"] for r in records]
+    with SpeculativeGenerator(model, head, TreeShape(20, 4, 5, drafting="topk"), exact_attention=True,
+                              prepack=True) as gen:
+        for i in (8, 9, 12, 15):
+            prompt = torch.tensor([encode(tokenizer, Question(i, [heldout[i]]), [], prompt_format(CONFIG))])
+            plain = gen.vanilla(prompt, max_new_tokens=64)
+            assert gen.generate(prompt, max_new_tokens=64).tokens == plain.tokens, i
 
 
 def test_the_target_writes_user_prompts_from_its_own_template(converted):

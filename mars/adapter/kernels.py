@@ -11,7 +11,13 @@ one. torch's default CPU paths are slow for both on the AMD EPYC CPUs this proje
   the embedded target 1.2-1.6x faster under those limits than natively; on prepacked weights the
   native decode is the fastest of all (`../shared/notes/cpu-performance.md`).
 oneDNN's packed product is also row-invariant for the target's shapes (a row's result does not
-depend on how many rows are multiplied with it; `tests/test_kernels.py`), which MKL's float32 is not.
+depend on how many rows are multiplied with it; `tests/test_kernels.py`), which MKL's float32 is not,
+with one exception: for some shapes oneDNN multiplies a single row through another kernel, whose sums
+run in another order. SmolLM2's down projection (1,536 -> 576, bf16, AVX-512 BF16 EPYC) is one: a row
+alone came out one bf16 step away from the same row among 2 to 64 rows (any count of 2 or more agreed),
+in about one row in sixteen, which was enough to make strict greedy verification leave plain bf16
+decoding. `one_row_differs` finds such shapes once per process by trying them; their one-row
+products (plain decoding) then multiply the row twice and keep one, the kernel a tree's rows get.
 
 `PackedLinears` packs a model's CPU `nn.Linear` weights once and swaps them in only inside
 `active()`: between calls the model is exactly the user's (its own `generate` keeps torch's kernels,
@@ -37,6 +43,35 @@ MEMORY_SHARE = 0.25
 
 def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _two_row_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """`_packed_forward`, with a lone row multiplied as two rows (itself twice) and one kept: the kernel that
+    several rows get, for the shapes where one row gets another (`one_row_differs`)."""
+    if x.numel() != x.shape[-1]:
+        return _packed_forward(packed, bias, x)
+    row = x.reshape(1, -1)
+    return _packed_forward(packed, bias, torch.cat([row, row]))[:1].reshape(*x.shape[:-1], -1)
+
+
+PROBE_ROWS, PROBE_TRIALS = 64, 2  # 128 rows tried: a shape whose lone rows differ one time in 16 is missed ~0.03%
+
+
+@functools.cache
+def one_row_differs(fan_in: int, fan_out: int, dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed product of one row differs here from the same row among several, for a
+    weight of this shape and dtype (tried on seeded random rows; the kernel is chosen by shape, not values)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(fan_out, fan_in, generator=generator) * fan_in ** -0.5).to(dtype)
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        for _ in range(PROBE_TRIALS):
+            x = torch.randn(PROBE_ROWS, fan_in, generator=generator).to(dtype)
+            many = _packed_forward(packed, None, x)
+            if any(not torch.equal(_packed_forward(packed, None, x[r : r + 1]), many[r : r + 1])
+                   for r in range(PROBE_ROWS)):
+                return True
+    return False
 
 
 def available_memory() -> int | None:
@@ -130,7 +165,9 @@ class PackedLinears:
         covered = [linear for linear in self.linears if packable(linear)]
         for linear in covered:
             bias = None if linear.bias is None else linear.bias.detach()
-            linear.forward = partial(_packed_forward, self._pack(linear), bias)
+            fan_out, fan_in = linear.weight.shape
+            product = _two_row_forward if one_row_differs(fan_in, fan_out, linear.weight.dtype) else _packed_forward
+            linear.forward = partial(product, self._pack(linear), bias)
         try:
             yield self
         finally:
