@@ -29,6 +29,15 @@ def composed(*overrides: str, hydra: bool = False):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
 
+def test_named_trees_keep_their_drafting_mode_in_the_job_config():
+    """tree=cpu drafts top-k at T > 0 through eval.run as through mars.tuned(tree="cpu") (NAMED_TREES)."""
+    from mars.decoding.settings import NAMED_TREES
+
+    for name, shape in NAMED_TREES.items():
+        assert TREES[name].drafting == shape.drafting, name
+    assert validate(composed("tree=cpu", "sampling=t1")).tree.drafting == "topk"
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
 def test_every_option_of_every_group_composes_and_validates(group, option):
     if group.startswith("hydra/"):  # launcher presets configure Hydra, not the job

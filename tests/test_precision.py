@@ -153,6 +153,11 @@ def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path)
                       log=lambda _: None)
     assert again["cached"] and again["kernels"] == first["kernels"] and again["tree"] == first["tree"]
     assert json.loads(open(first["cache"]).read())["tokens_per_s"] == first["tokens_per_s"]
+    # as many prompts, other token ids: another record (the key hashes the prompts, not only their count)
+    others = [random_prompt(rng, 16, 8) for _ in range(2)]
+    moved = calibrate(load, kernels[:1], others, SamplingConfig(), CANDIDATES[:1], max_new_tokens=12,
+                      cache_dir=tmp_path, log=lambda _: None)
+    assert not moved["cached"] and moved["cache"] != first["cache"]
     # sampled decoding is calibrated separately (the draft is accepted less often there)
     sampled = calibrate(load, kernels, prompts, SamplingConfig(temperature=1.0), CANDIDATES, max_new_tokens=12,
                         cache_dir=tmp_path, log=lambda _: None)

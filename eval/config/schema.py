@@ -271,7 +271,8 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
 # --- presets ------------------------------------------------------------------------------------
 
 TREES = {  # the fixed trees of mars.decoding.settings.NAMED_TREES, and the measured one
-    **{name: TreeConfig(t.total_tokens, t.depth, t.branching, adaptive=t.adaptive) for name, t in NAMED_TREES.items()},
+    **{name: TreeConfig(t.total_tokens, t.depth, t.branching, adaptive=t.adaptive, drafting=t.drafting)
+       for name, t in NAMED_TREES.items()},  # each with its drafting mode, as mars.tuned reads it
     "calibrated": TreeConfig(calibrate=True),  # the fastest candidate here (mars/tuning/calibrate.py), cached
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}

@@ -134,6 +134,15 @@ def fingerprint(target: torch.nn.Module, head: torch.nn.Module) -> dict:
     }
 
 
+def prompt_digest(prompts: list[torch.Tensor]) -> str:
+    """The calibration prompts' token ids, hashed: a calibration on other prompts is another record."""
+    digest = hashlib.sha256()
+    for ids in prompts:
+        digest.update(ids.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()[:16]
+
+
 def cache_path(key: dict, cache_dir: Path) -> Path:
     text = json.dumps(key, sort_keys=True, default=str)
     return Path(cache_dir) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
@@ -373,7 +382,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
            "rule": {"name": sampling.rule.name, **sampling.rule.params()},
            "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
-           "max_new_tokens": max_new_tokens, "prompts": len(prompts), "rounds": rounds}
+           "max_new_tokens": max_new_tokens, "prompts": len(prompts), "prompt_ids": prompt_digest(prompts),
+           "rounds": rounds}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
