@@ -165,4 +165,7 @@ def provenance(directory: str) -> dict | None:
 if __name__ == "__main__":  # python -m mars.adapter.sources SPEC [SHA256]: convert once, print the directory
     import sys
 
+    if len(sys.argv) not in (2, 3) or sys.argv[1] in ("-h", "--help"):
+        sys.exit("usage: python -m mars.adapter.sources SPEC [SHA256]: converts a GGUF target once (checked against "
+                 "SHA256) and prints the directory it is kept in; SPEC is a GGUF file, or package:NAME/FILE.gguf")
     print(local_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, log=lambda m: print(m, file=sys.stderr)))

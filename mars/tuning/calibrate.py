@@ -43,7 +43,6 @@ import torch
 
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
 from mars.adapter.kernels import packed_copy_fits, packs
-from mars.adapter.sources import cache_root
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
 from mars.verification.sampling import SamplingConfig
@@ -53,6 +52,10 @@ Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name ->
 
 def default_cache() -> Path:
     """Where calibrations are kept: $MARS_CACHE_DIR/trees, default ~/.cache/mars-spec/trees."""
+    # Imported here, not at the top: `import mars` would otherwise load the module that
+    # `python -m mars.adapter.sources` runs as a script, which makes runpy warn.
+    from mars.adapter.sources import cache_root
+
     return cache_root() / "trees"
 
 
