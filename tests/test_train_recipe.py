@@ -134,6 +134,25 @@ def test_continuous_answers_equal_one_row_greedy_decoding(target_dir):  # noqa: 
     assert stats.row_steps < 7 * 15  # finished rows left the batch
 
 
+def test_sampled_answers_depend_on_their_prompt_and_seed_not_on_their_batch(target_dir):  # noqa: F811
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir / "model").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir / "model")
+    eos = eos_token_ids(model, tokenizer)
+    prompts = {k: [5 + k, 6, 7 + k % 3, 9][: 2 + k % 3] for k in range(9)}
+
+    def answer(keys, batch_size, seed=0, temperature=1.0):
+        return answer_prompts(model, {k: prompts[k] for k in keys}, 24, eos, tokenizer.pad_token_id,
+                              batch_size=batch_size, temperature=temperature, seed=seed, loop_cap=None,
+                              log=lambda _: None)[0]
+
+    together = answer(range(9), batch_size=4)  # rows finish, wait for a quarter of the batch, leave, join
+    alone = {k: answer([k], batch_size=1)[k] for k in (0, 4, 8)}
+    assert all(together[k] == alone[k] for k in alone), (together, alone)
+    greedy = answer(range(9), batch_size=4, temperature=0.0)
+    assert sum(together[k] != greedy[k] for k in prompts) >= 5  # samples, not the argmax
+    assert sum(answer(range(9), batch_size=4, seed=1)[k] != together[k] for k in prompts) >= 5
+
+
 def test_loop_cap_ends_a_repeating_block_and_nothing_else():
     cap = LoopCap(max_period=4, span=8)
     assert cap.looping([1, 2, 3] + [7, 8, 9] * 4)

@@ -6,11 +6,18 @@ places: they are prefilled together and joined to the running cache, left-padded
 instead keeps every row of a batch until its longest answer ends; on the SmolLM2 build's prompts
 about 30% of its row-steps were spent on rows that had already finished.
 
-Sampling is per row: each answer draws from its own generator, seeded by (seed, prompt index),
-through the Gumbel-max trick (argmax of logits / T plus Gumbel noise is a sample of softmax(logits / T)),
-so an answer does not depend on which rows shared its batch, and a resumed run writes what an
-uninterrupted one would. At T = 0 a row takes the argmax. (In bf16 a product's last bits can depend on
-the row count, so a greedy answer may still differ from a one-row decode where two logits nearly tie.)
+Sampling is per row: each answer draws one uniform number per token from its own host generator,
+seeded by (seed, prompt index), and takes the token where softmax(logits / T)'s cumulative sum passes it
+(inverse-CDF sampling: one number per row, not one per word of the vocabulary, and one copy to the
+device per step). So an answer does not depend on which rows shared its batch, and a resumed run writes
+what an uninterrupted one would. At T = 0 a row takes the argmax. (In bf16 a product's last bits can
+depend on the row count, so a greedy answer may still differ from a one-row decode where two logits
+nearly tie.)
+
+A finished row's place is not freed at once: dropping a row copies the whole KV cache, so finished rows
+keep decoding (their tokens discarded) until a quarter of the batch has finished, and then leave together
+while waiting prompts join. On a GPU, where a step's cost hardly depends on its row count, this trades
+at most a quarter of wasted rows for one cache copy per quarter of the batch instead of one per answer.
 
 Loops (`LoopCap`): a small model's greedy answer often repeats one block until the length cap (24 of 64
 first answers of SmolLM2's held-out prompts ran to 478 tokens). A row stops once its last `span` tokens
@@ -20,6 +27,7 @@ and the head should predict it), but only one span of it, not hundreds of tokens
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,8 +57,9 @@ class LoopCap:
 class _Row:
     index: int  # the prompt's index in the caller's list
     budget: int  # answer tokens allowed (the length cap less the prompt)
-    generator: torch.Generator | None
+    rng: random.Random | None  # its sampling numbers (T > 0)
     answer: list[int] = field(default_factory=list)
+    done: bool = False  # finished: decodes on, discarded, until the batch drops its finished rows
 
 
 @dataclass
@@ -61,7 +70,7 @@ class AnswerStats:
     answer_tokens: int = 0
     looped: int = 0
     capped: int = 0  # ran to the length cap without ending
-    row_steps: int = 0  # rows decoded, summed over decode steps (the work done)
+    row_steps: int = 0  # rows decoded, summed over decode steps (the work done, finished rows not yet dropped too)
     seconds: float = 0.0
 
     @property
@@ -70,13 +79,14 @@ class AnswerStats:
 
 
 def _sample(logits: torch.Tensor, rows: list[_Row], temperature: float) -> list[int]:
-    """One token per row from logits [A, V]: the argmax at T = 0, else a Gumbel-max sample from each row's generator."""
+    """One token per row from logits [A, V]: the argmax at T = 0, else an inverse-CDF sample of
+    softmax(logits / T) at each row's next uniform number."""
     if temperature <= 0:
         return logits.argmax(-1).tolist()
-    scaled = logits.float() / temperature
-    noise = torch.stack([torch.rand(scaled.shape[-1], generator=r.generator, device=scaled.device) for r in rows])
-    gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
-    return (scaled + gumbel).argmax(-1).tolist()
+    cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(-1)
+    u = torch.tensor([r.rng.random() if r.rng is not None else 0.5 for r in rows], device=cdf.device)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)
+    return tokens.clamp_max(cdf.shape[-1] - 1).tolist()
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,10 +157,23 @@ def answer_prompts(
     keyword = cache_keyword(model)
     cache: DynamicCache | None = None
     t0 = t_log = time.perf_counter()
-    while pending or rows:
+    while pending or any(not row.done for row in rows):
         if seconds is not None and pending and rows and time.perf_counter() - t0 > seconds:
             log(f"answers: time budget of {seconds:.0f} s spent, {len(pending)} prompts left unanswered")
             pending = []
+        finished = [r for r, row in enumerate(rows) if row.done]
+        if finished and len(finished) >= max(1, len(rows) // 4):  # finished rows leave together (one copy)
+            index = torch.tensor([r for r, row in enumerate(rows) if not row.done], dtype=torch.long, device=device)
+            rows = [row for row in rows if not row.done]
+            mask, last, positions = mask[index], last[index], positions[index]
+            kv = [(k[index], v[index]) for k, v in kv]
+            cache = None
+            # columns that every remaining row pads are dropped, so attention does not grow with old rows
+            if rows:
+                start = int((mask.cumsum(1) == 0).sum(1).min())
+                if start:
+                    mask = mask[:, start:]
+                    kv = [(k[:, :, start:], v[:, :, start:]) for k, v in kv]
         free = batch_size - len(rows)
         if pending and (not rows or free >= max(1, batch_size // 4)):
             group, pending = pending[:free], pending[free:]
@@ -158,14 +181,8 @@ def answer_prompts(
             fresh = DynamicCache()
             logits = model(input_ids=ids, attention_mask=new_mask, position_ids=(new_mask.cumsum(1) - 1).clamp_min(0),
                            use_cache=True, **{keyword: fresh}, logits_to_keep=1).logits[:, -1]
-            new_rows = []
-            for i in group:
-                generator = None
-                if temperature > 0:
-                    # on the model's device: drawing a vocabulary of noise per row on the host and copying it
-                    # would cost a GPU more than its forward (a CUDA stream draws other numbers than a CPU's)
-                    generator = torch.Generator(device).manual_seed(seed * 1_000_003 + i)
-                new_rows.append(_Row(i, max_len - len(prompts[i]), generator))
+            new_rows = [_Row(i, max_len - len(prompts[i]),
+                             random.Random(seed * 1_000_003 + i) if temperature > 0 else None) for i in group]
             first = torch.tensor(_sample(logits, new_rows, temperature), device=device)
             kv, mask = _join(kv, mask, _kv(fresh), new_mask) if rows else (_kv(fresh), new_mask)
             cache = None
@@ -187,14 +204,17 @@ def answer_prompts(
             last = torch.tensor(tokens, device=device)
             positions = positions + 1
             for row, token in zip(rows, tokens, strict=True):
-                row.answer.append(token)
-        keep = []
-        for r, row in enumerate(rows):
+                if not row.done:
+                    row.answer.append(token)
+        for row in rows:
+            if row.done:
+                continue
             ended = row.answer[-1] in eos_ids
             capped = not ended and len(row.answer) >= row.budget
             looped = not ended and not capped and loop_cap is not None and len(row.answer) % 8 == 0 \
                 and loop_cap.looping(row.answer)
             if ended or capped or looped:
+                row.done = True
                 answers[row.index] = row.answer
                 stats.answers += 1
                 stats.answer_tokens += len(row.answer)
@@ -202,23 +222,9 @@ def answer_prompts(
                 stats.capped += capped
                 if on_answer is not None:
                     on_answer(row.index, row.answer)
-            else:
-                keep.append(r)
-        if len(keep) < len(rows):
-            index = torch.tensor(keep, dtype=torch.long, device=device)
-            rows = [rows[r] for r in keep]
-            mask, last, positions = mask[index], last[index], positions[index]
-            kv = [(k[index], v[index]) for k, v in kv]
-            cache = None
-            # columns that every remaining row pads are dropped, so attention does not grow with old rows
-            if rows:
-                start = int((mask.cumsum(1) == 0).sum(1).min())
-                if start:
-                    mask = mask[:, start:]
-                    kv = [(k[:, :, start:], v[:, :, start:]) for k, v in kv]
         if time.perf_counter() - t_log > log_every:
             t_log = time.perf_counter()
             log(f"answers: {len(answers)}/{len(prompts)}, {stats.answer_tokens / (t_log - t0):.0f} answer tokens/s, "
-                f"{len(rows)} rows decoding")
+                f"{sum(not row.done for row in rows)} rows decoding")
     stats.seconds = time.perf_counter() - t0
     return answers, stats

@@ -248,7 +248,7 @@ def generate_sequences(
         order = order[:limit]
     rows: dict[int, list[int]] = {}  # prompt index -> answer
     spec = {"prompts": prompts, "temperature": temperature, "seed": seed, "loop_cap": loop_cap,
-            "answering": "continuous"}
+            "answering": "continuous, inverse-CDF samples"}  # another sampler writes other answers
     if progress is not None and progress.exists():
         saved = torch.load(progress, weights_only=False)
         if all(saved.get(k) == v for k, v in spec.items()):
