@@ -1,8 +1,11 @@
 """The draft head's learning curve: held-out agreement and offline tau of finished heads against the loss
 positions (and CPU time) each was trained on, with a fit that says where more training stops paying.
 
-Each point is a finished model (its own schedule, cooled down at its end), a directory that
-`eagle.train.draft` wrote (`final/` and `progress.json`). Per point, on the 64 held-out chat prompts:
+Each point is a finished model (its own schedule, cooled down at its end): a directory that
+`eagle.train.draft` wrote (`final/` and `progress.json`), or an exported head with its
+`training_summary.json` (what `scripts/gpu_bundle_smollm2.sh` brings back from a GPU). Points already
+evaluated (an earlier curve's JSON, same held-out prompts and tree) join with --include, so the fit spans
+every run. Per point, on the 64 held-out chat prompts:
   - top-1 agreement and sum min(p, q) at draft steps 1-5 on the target's greedy and T = 1 answers
     (`eagle.train.evaluate.evaluate_head`, teacher-forced along the head's own unroll);
   - the offline tau of strict greedy decoding at one fixed tree (`offline_tau`), the same for every point;
@@ -87,7 +90,9 @@ def fit(points: list[tuple[float, float]]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
-    ap.add_argument("--runs", nargs="+", required=True, help="training run directories (final/, progress.json)")
+    ap.add_argument("--runs", nargs="*", default=[], help="training run directories (final/ and progress.json, "
+                    "or an exported head with training_summary.json)")
+    ap.add_argument("--include", nargs="*", default=[], help="earlier curves' JSON whose points join this one")
     ap.add_argument("--tree", default="5:4:16", help="DEPTH:BRANCHING:TOTAL of the offline tau's fixed tree")
     ap.add_argument("--prompts", default=HELDOUT, help="the held-out prompts (JSONL)")
     ap.add_argument("--count", type=int, default=64)
@@ -109,13 +114,15 @@ def main() -> None:
     points = []
     for run in args.runs:
         run = Path(run)
-        progress = json.loads((run / "progress.json").read_text())
+        final = run / "final" if (run / "final").is_dir() else run  # a run directory, or an exported head
+        summary = json.loads((final / "training_summary.json").read_text())
+        progress = json.loads((run / "progress.json").read_text()) if (run / "progress.json").exists() else \
+            {k: summary[k] for k in ("step", "schedule_steps", "loss_positions", "cpu_seconds", "wall_seconds")}
         if progress["step"] < progress["schedule_steps"]:
             raise SystemExit(f"{run} stopped at step {progress['step']} of {progress['schedule_steps']}: a point of "
                              "the curve must be a finished model (its learning rate cooled down)")
-        head = load_draft(run / "final", target).float()
-        point = {"run": str(run), **progress,
-                 "summary": json.loads((run / "final" / "training_summary.json").read_text())}
+        head = load_draft(final, target).float()
+        point = {"run": str(run), **progress, "summary": summary}
         for t, seqs in answers.items():
             report = evaluate_head(head, target, seqs, steps=5)
             point[f"t{t}"] = {"top1": [s["acc"] for s in report["steps"]],
@@ -127,6 +134,12 @@ def main() -> None:
             point["online_tau"] = online_tau(target, head, tokenizer, answers[0], args.online, tree)
         print(json.dumps({k: point[k] for k in ("run", "step", "loss_positions", "t0", "offline_tau")}), flush=True)
         points.append(point)
+    for earlier in args.include:
+        found = json.loads(Path(earlier).read_text())
+        if found["heldout"] != args.prompts or list(found["tree"].values()) != list(tree):
+            raise SystemExit(f"{earlier} was measured on {found['heldout']} at tree {found['tree']}, not on "
+                             f"{args.prompts} at {tree}: its points are not comparable")
+        points += found["points"]
     points.sort(key=lambda p: p["loss_positions"])
     curve = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
              "heldout": args.prompts, "tree": dict(zip(("depth", "branching", "total_tokens"), tree, strict=True)),

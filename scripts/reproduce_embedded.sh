@@ -16,7 +16,9 @@ source scripts/out_dir.sh
 out="$(out_dir "usage: scripts/reproduce_embedded.sh OUT_DIR [eval.run overrides...]" "$@")"
 shift
 export MARS_BENCH_DIR="${MARS_BENCH_DIR:-$(cd .. && pwd)/shared/data/bench}"
-common=(model=embedded "bench=embedded,humaneval" "sampling=t0,t1"
+# Every method at strict's calibrated tree for that temperature and drafting mode (tree.per_method=false): the
+# theta points and strict compared at one tree, as the paper compares rules.
+common=(model=embedded "bench=embedded,humaneval" "sampling=t0,t1" tree=calibrated tree.per_method=false
         "num_prompts=${NUM_PROMPTS:-10}" "max_new_tokens=${MAX_NEW_TOKENS:-64}"
         logging=offline logging.group=reproduce_embedded
         "out_dir=$out/runs/\${model.name}/\${bench.name}")

@@ -49,7 +49,9 @@ case "${DRAFTING:-}" in
 esac
 # The sweep lives in eval/reporting/zoo.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
 lists="$(python -m eval.zoo --baselines 0 1)"
-common=(model=embedded bench=embedded method=strict "num_prompts=${NUM_PROMPTS:-16}"
+# Every rule at strict's calibrated tree for that temperature and drafting mode (tree.per_method=false), as the
+# paper compares rules: their tau and speed are comparable with strict's, which is on every panel.
+common=(model=embedded bench=embedded method=strict tree=calibrated tree.per_method=false "num_prompts=${NUM_PROMPTS:-16}"
         "max_new_tokens=${MAX_NEW_TOKENS:-80}")
 python -m eval.run "${common[@]}" sampling=t0 "baselines=${lists%%$'\n'*}" "out_dir=\"$out/runs\"" \
     "summary_path=\"$out/summary_t0.json\"" "$@"

@@ -101,15 +101,18 @@ def test_every_runnable_python_example_has_its_test():
 def test_the_readme_example_decodes_with_the_settings_it_measured(monkeypatch, capsys):
     """`tuned` measures (here within 10 s per calibration instead of the default 2 minutes, on the embedded pair)
     and the generator it returns decodes with what was measured."""
-    from mars.tuning import tuned as tuning
+    from mars.tuning import calibrate as tuning
+    from mars.tuning import measure
 
-    real = tuning.calibrate
-    monkeypatch.setattr(tuning, "calibrate", lambda *args, **kwargs: real(*args, **{**kwargs, "budget": 10.0}))
+    real = measure.calibrate
+    monkeypatch.setattr(measure, "calibrate", lambda *args, **kwargs: real(*args, **{**kwargs, "budget": 10.0}))
     scope = run_python(blocks(README, "python")[0], monkeypatch, "README.md")
     gen, out, base = scope["gen"], scope["out"], scope["base"]  # MARS and plain decoding
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
     assert set(gen.calibration) == {"strict", "mars"} and gen.calibration["mars"]["rule"]["theta"] == 0.9
-    assert gen.target.model.dtype == getattr(torch, gen.calibration["strict"]["kernels"]["dtype"])
+    # the best tree's kernels, or our fastest plain decoding's where strict found no tree faster (speculation off)
+    kernels = tuning.decoding_kernels(gen.calibration["strict"], gen.speculation["strict"].speculate)
+    assert gen.target.model.dtype == kernels.torch_dtype
     assert gen.tree.total_tokens == gen.calibration["mars"]["tree"]["total_tokens"]
     assert f"tau {out.tau:.2f}" in capsys.readouterr().out
 

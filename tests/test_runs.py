@@ -161,10 +161,13 @@ def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(s
     chosen = first["settings"]["tree"]
     assert chosen == record["tree"] and first["settings"]["tree_reason"].startswith("measured")
     assert TreeShape(**record["tree"]) in CANDIDATES and record["tokens_per_s"]["plain"] > 0
-    # the directory is named by the tree chosen: the same as a run that asks for that tree explicitly
+    # the directory is named by the tree chosen: the same as a run that asks for that tree explicitly, unless
+    # no tree beat plain decoding in calibration (speculation off: plain decoding's answers, named so)
     explicit = [f"tree.{k}={v}" for k, v in record["tree"].items()]
-    assert first["methods"]["strict"]["run_dir"] == str(directories(config(
-        standin, tmp_path / "out", *more[1:], *explicit))["strict"])
+    forced = str(directories(config(standin, tmp_path / "out", *more[1:], *explicit))["strict"])
+    speculates = first["settings"]["speculation"]["strict"]["speculate"]
+    assert (first["methods"]["strict"]["run_dir"] == forced) is speculates
+    assert first["methods"]["strict"]["speculation"] == ("on" if speculates else "off")
     # the second run reads the calibration from the cache (and finds its answers done)
     again = run(config(standin, tmp_path / "out", *more, "num_prompts=3"))
     assert again["settings"]["calibration"]["cached"] and again["settings"]["tree"] == chosen

@@ -21,6 +21,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import MISSING
 
+from mars.decoding.reference import ISA_LIMITS  # what `generate@<dtype>+<isa>` sets in its process's environment
 from mars.rules import RULES, Rule, make_rule, rule_class
 from mars.rules.strict import Strict
 
@@ -28,8 +29,6 @@ SPEC = re.compile(r"^(\w+)(?:@([^\[\]]+))?(?:\[(.*)\])?$")  # a rule's display n
 GENERATE, VANILLA = "generate", "vanilla"
 STRICT = Strict.name  # the lossless rule: the reference of quality recovery and tree calibration
 PLAIN = (GENERATE, VANILLA)  # the methods that decode one token at a time; every other method is a rule
-# What `generate@<dtype>+<isa>` sets in its process's environment (read by torch when it loads).
-ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
 class Dtype(Enum):
@@ -60,7 +59,7 @@ class GenerateConfig(MethodConfig):
     kind: str = GENERATE
     dtype: Dtype | None = None  # null: the model's (model.dtype as resolved)
     # Run in a process whose torch and oneDNN are limited to this instruction set (ISA_LIMITS), e.g. avx2:
-    # on AVX-512 BF16 CPUs torch's own bf16 decoding is faster there (eval/runner/plain.py).
+    # on AVX-512 BF16 CPUs torch's own bf16 decoding is faster there (mars/decoding/reference.py).
     isa: str | None = None
 
     @property

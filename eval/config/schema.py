@@ -146,6 +146,10 @@ class TreeConfig:
     # prompts (never the benchmark's) and use the fastest; cached per machine, model, kind of decoding and
     # method, so it runs once per method. Each method of a run (strict, each rule) gets the tree measured for it.
     calibrate: bool = False
+    # With calibrate: true, each rule method gets its own measured tree and may decode plainly where none pays
+    # ("the speed you get"). false: every method drafts strict's calibrated tree and speculates (rules compared
+    # at one tree, as the paper compares them: the rule zoo, the theta sweep, the paper scripts).
+    per_method: bool = True
     calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"  # train-split functions of the stdlib
     calibration_budget: float = 120.0  # seconds per calibration: successive halving stops when they are spent
 

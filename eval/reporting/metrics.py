@@ -11,6 +11,11 @@ Definitions (all pooled over the questions every method answered):
   speedup_vs_fastest       tokens_per_s / the fastest plain decoding's tokens_per_s among those timed in
                            the run (model.generate in each precision timed, e.g. "generate@bfloat16", and
                            vanilla); `fastest_plain` names it
+  predicted_speedup_vs_fastest  a rule method's: the calibration's tokens/s of what it runs (its tree, or
+                           plain decoding where its speculation is off) over the fastest plain decoding
+                           timed in calibration, set by `eval.runner.job` beside the measured speedup_vs_fastest;
+                           `speculation` says "on", "off" (decoded plainly by vanilla's loop, tau 1) or
+                           "forced" (a tree set explicitly)
   speedup_per_question     mean per-question tokens/s / vanilla's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools
   tau                      tokens emitted by draft-verify cycles / cycles: every turn's first token
@@ -243,6 +248,7 @@ def format_table(figures: dict[str, dict], quality_metric: str | None = None) ->
     columns = [
         ("method", None, "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
         ("vs generate", "speedup_vs_generate", "{:.2f}x"), ("vs fastest", "speedup_vs_fastest", "{:.2f}x"),
+        ("predicted", "predicted_speedup_vs_fastest", "{:.2f}x"), ("speculation", "speculation", "{}"),
         ("tau", "tau", "{:.2f}"),
         ("relaxed", "relaxed_frac", "{:.1%}"),
         (quality_metric or "quality", "quality", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),

@@ -28,6 +28,9 @@ RATIOS = {  # figure: (the method it is relative to, the figure divided)
     "quality_recovery": (STRICT, "quality"),
     "quality_recovery_vs_vanilla": (VANILLA, "quality"),
 }
+# A rule method's speculation (on / off / forced), its tree and calibration's predicted speedup over the fastest
+# plain decoding (eval.runner.job.speculation_figures).
+SPECULATION = ("speculation", "tree", "predicted_speedup_vs_fastest", "speculation_reason")
 SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
                 "exact_attention", "prepack", "questions", "methods", "shard", "sandbox")
 
@@ -208,6 +211,10 @@ def combine_shards(figs: Sequence[dict]) -> dict:
     if all(hists) and all(h.get("edges") == hists[0].get("edges") for h in hists):
         counts = [sum(c) for c in zip(*(h["counts"] for h in hists), strict=True)]
         out["margin_histogram"] = {**hists[0], "counts": counts}
+    for key in SPECULATION:  # one setting of the run, the same in every shard
+        values = {json.dumps(f.get(key)) for f in figs}
+        if len(values) == 1 and figs[0].get(key) is not None:
+            out[key] = figs[0][key]
     if categories := _pool_categories([f.get("by_category") for f in figs]):
         out["by_category"] = categories  # its speedups: _fill_category_ratios, once every method is pooled
     return out

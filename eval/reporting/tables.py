@@ -16,10 +16,12 @@ DASH = "–"
 BOUND = "≤"  # before a cost the run reported as an upper bound (sampled drafts: mars.accounting.cost.sampling_cost)
 PERCENT_METRICS = {"accuracy", "exact_match", "em", "parse_rate", "parses"}  # fractions, shown in percent (+ pass@k)
 CSV_COLUMNS = ["model", "bench", "temperature", "method", "theta", "questions", "tokens_per_s", "speedup",
-               "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac", "quality_metric", "quality",
-               "quality_recovery", "quality_recovery_vs_vanilla", *COSTS, "rule", "run_dirs", "derived"]
-NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest", "tau", "relaxed_frac",
-                   "quality", "quality_recovery", "quality_recovery_vs_vanilla", *COSTS)
+               "speedup_vs_generate", "speedup_vs_fastest", "predicted_speedup_vs_fastest", "speculation", "tau",
+               "relaxed_frac", "quality_metric", "quality", "quality_recovery", "quality_recovery_vs_vanilla", *COSTS,
+               "rule", "run_dirs", "derived"]
+NUMERIC_COLUMNS = ("tokens_per_s", "speedup", "speedup_vs_generate", "speedup_vs_fastest",
+                   "predicted_speedup_vs_fastest", "tau", "relaxed_frac", "quality", "quality_recovery",
+                   "quality_recovery_vs_vanilla", *COSTS)
 
 
 def format_quality(value: float | None, metric: str | None) -> str:
@@ -79,6 +81,37 @@ def generate_cell(e: Entry | None) -> str:
 
 def fastest_cell(e: Entry | None) -> str:
     return DASH if e is None else _fmt(e, "speedup_vs_fastest", "×")
+
+
+def speculation_rows(entries: Sequence[Entry]) -> list[list[str]]:
+    """One row per rule method whose run recorded its speculation (`eval.runner.job.speculation_figures`):
+    model, bench, T, method, tree, on / off / forced, calibration's predicted speedup over the fastest
+    plain decoding, the run's measured one."""
+    rows = []
+    for e in entries:
+        if e.fig.get("speculation") is None:
+            continue
+        rows.append([e.model, e.bench, f"{e.temperature:g}", e.method, str(e.fig.get("tree") or DASH),
+                     str(e.fig["speculation"]), _fmt(e, "predicted_speedup_vs_fastest", "×"),
+                     _fmt(e, "speedup_vs_fastest", "×")])
+    return rows
+
+
+def speculation_section(entries: Sequence[Entry]) -> list[str]:
+    """The report's section on speculation: where each rule method speculated, and calibration's prediction
+    beside the speed the run measured (both over the fastest plain decoding)."""
+    rows = speculation_rows(entries)
+    if not rows:
+        return []
+    reasons = sorted({f"- {e.method}: {e.fig['speculation_reason']}" for e in entries
+                      if e.fig.get("speculation_reason") and e.fig.get("speculation") != "on"})
+    return ["", "## Speculation: calibration's prediction and the run", "",
+            "speculation: on (the best tree beat the fastest plain decoding in calibration), off (it did not: "
+            "the method decoded plainly with our vanilla, τ 1) or forced (a tree set explicitly always "
+            "speculates). predicted: calibration's speed of what the method ran over the fastest plain decoding "
+            "timed there; measured: the run's speedup over the fastest plain decoding timed in it.", "",
+            markdown_table(["model", "bench", "T", "method", "tree", "speculation", "predicted", "measured"], rows),
+            *([""] + reasons if reasons else [])]
 
 
 def cost_bounded(e: Entry) -> bool:
@@ -232,12 +265,16 @@ def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Seque
                           "draw's bound is +∞ wherever the draw lets the rule emit a token strict's given-the-draw "
                           "distribution excludes); the KL shown is the mean over the other tokens only, so the KL "
                           "per token (or its bound) is +∞ and the figure shown is not a bound on it."]
+    parts += speculation_section(entries)
     parts += category_tables(entries)
     parts += ["", "## Legend", "",
               "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
               "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",
               "- **speedup vs fastest**: tokens/s over the fastest plain decoding timed in the same run "
               "(`model.generate` in every precision timed, e.g. `generate@bfloat16`, and vanilla).",
+              "- **predicted** (Speculation section): calibration's tokens/s of what a rule method ran (its tree, "
+              "or plain decoding where its speculation was off) over the fastest plain decoding timed in "
+              "calibration, beside the run's measured speedup vs fastest.",
               "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
               "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
               "and exact match in percent, BLEU / chrF / ROUGE raw.",
@@ -269,6 +306,7 @@ def write_csv(entries: Sequence[Entry], path: Path) -> None:
             row = {**{c: e.value(c) for c in NUMERIC_COLUMNS}, "model": e.model, "bench": e.bench,
                    "temperature": e.temperature, "method": e.method,
                    "theta": e.theta, "questions": e.fig.get("questions"), "quality_metric": e.quality_metric,
+                   "speculation": e.fig.get("speculation"),
                    "rule": json.dumps(e.rule, sort_keys=True) if e.rule else None,
                    "run_dirs": ";".join(e.run_dirs), "derived": ";".join(sorted(e.derived))}
             writer.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])

@@ -29,11 +29,13 @@ from mars.verification.sampling import SamplingConfig
 
 def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
            max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
-           tree: TreeShape | None = None) -> list[GenerationOutput]:
+           tree: TreeShape | None = None, speculate: bool = True) -> list[GenerationOutput]:
     """`method`'s answers to the prompts of `batch`, decoded together (one output per prompt, its `seconds`
     the time from the batch's start to its last token): `model.generate` (left-padded) on `plain_model`
     (default: the generator's target) or in the process of a `GenerateWorker` (`generate@<dtype>+<isa>`),
-    or our `vanilla` / `generate`; a rule drafts `tree` (None: the generator's current one)."""
+    or our `vanilla` / `generate`; a rule drafts `tree` (None: the generator's current one), or decodes
+    plainly with our `vanilla` where its speculation is off (`speculate` False: calibration found no tree
+    faster than the fastest plain decoding, `DecodeSettings.speculates`)."""
     if isinstance(plain_model, GenerateWorker):
         return plain_model.answer_batch(batch, sampling, max_new_tokens, eos, seed)
     if method.kind == GENERATE:
@@ -41,9 +43,10 @@ def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingCo
     rng = None
     if not sampling.greedy:
         rng = torch.Generator(device=gen.target.devices.logits).manual_seed(seed)
-    if tree is not None and method.kind != VANILLA:
+    plain = method.kind == VANILLA or not speculate
+    if tree is not None and not plain:
         gen.use_tree(tree)
-    run = gen.vanilla if method.kind == VANILLA else gen.generate
+    run = gen.vanilla if plain else gen.generate
     return run([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling, max_new_tokens=max_new_tokens,
                eos_token_id=eos, generator=rng)
 
@@ -57,9 +60,10 @@ class Evaluator:
 
     def __init__(self, run: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
                  plain_models: dict[str, object] | None = None, timing_device: str = "cpu",
-                 trees: dict[str, TreeShape] | None = None):
+                 trees: dict[str, TreeShape] | None = None, plain_methods: set[str] | None = None):
         self.run, self.gen, self.tokenizer, self.fmt = run, gen, tokenizer, fmt
         self.trees = trees or {}  # {method: the tree it drafts} (DecodeSettings.tree_for); others: the generator's
+        self.plain_methods = plain_methods or set()  # rule methods whose speculation is off: decoded by `vanilla`
         self.timing_device = timing_device  # the timing lock its answers hold (eval.runner.locks.timed)
         # generate@<dtype> baselines: the target loaded in that dtype, or a worker process (eval.runner.plain)
         self.plain_models = plain_models or {}
@@ -110,7 +114,8 @@ class Evaluator:
             budgets = [self.budget(x) for x in ids]
             plain = self.plain_models.get(method.name)
             tree = self.trees.get(method.name)
-            outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree)
+            outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree,
+                          speculate=method.name not in self.plain_methods)
             wall = max(o.seconds for o in outs)
             tokens = sum(len(o.tokens) for o in outs) or 1
             for i, x, out in zip(rows, ids, outs, strict=True):
@@ -215,7 +220,7 @@ def warm_up(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig]
             budget = min(16, *(evaluator.budget(x) for x in ids))
             plain = evaluator.plain_models.get(m.name)
             decode(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain,
-                   evaluator.trees.get(m.name))
+                   evaluator.trees.get(m.name), speculate=m.name not in evaluator.plain_methods)
         except Skip:
             break
 

@@ -74,6 +74,8 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
         if tree["drafting"] == "topk":  # what every tree was before sampled drafting: earlier runs keep their names
             del tree["drafting"]
         identity.update(draft=settings.head.value, tree=tree)  # the head used
+        if not settings.speculates(method.name):  # plain decoding's answers: never resumed as the tree's
+            identity["speculation"] = "off"  # named only when off: earlier run directories keep their names
         rule = method.rule()  # its main parameter is in the name; the others here, as values
         identity.update({k: v for k, v in rule.params().items() if k != rule.label})
     return identity

@@ -212,9 +212,21 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
         "speedup": "ratio of total tokens/s to vanilla's (speedup), to model.generate's in the run's precision "
                    "(speedup_vs_generate) and to the fastest plain decoding timed in the run, model.generate in "
                    "any precision or vanilla (speedup_vs_fastest); speedup_per_question: ratio of mean "
-                   "per-question tokens/s (EAGLE tools). Baselines answered by an earlier job of a sweep were "
-                   "timed then, not interleaved with this method",
+                   "per-question tokens/s (EAGLE tools); predicted_speedup_vs_fastest: calibration's prediction of "
+                   "speedup_vs_fastest (speculation off: decoded plainly). Baselines answered by an earlier job of a "
+                   "sweep were timed then, not interleaved with this method",
     }
+
+
+def speculation_figures(resolved: DecodeSettings, method: str) -> dict:
+    """A rule method's summary entry on speculation: "speculation" ("on", "off": decoded plainly, "forced": a
+    tree set explicitly) and, where calibration predicted it, "predicted_speedup_vs_fastest" (the calibration's
+    tokens/s over the fastest plain decoding's) beside the measured `speedup_vs_fastest`."""
+    spec = resolved.speculation.get(method)
+    if spec is None:
+        return {"speculation": "on"}
+    return {"speculation": spec.state, "predicted_speedup_vs_fastest": spec.predicted,
+            "speculation_reason": spec.reason}
 
 
 def sweep_name() -> str | None:
@@ -311,6 +323,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
         if isinstance(m, RuleMethod):
             fig["rule"] = {"name": m.kind, **m.rule().params()}
             fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
+            fig.update(speculation_figures(resolved, m.name))
             fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
     for path in [job_dir / SUMMARY, *([resolve(config.summary_path)] if config.summary_path else [])]:
@@ -357,7 +370,9 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
                     plain_models[m.name] = worker
                 elif method_dtype(m, resolved) != resolved.dtype.value:
                     plain_models[m.name] = load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows)
-        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees)
+        off = {m.name for m in pending if isinstance(m, RuleMethod) and not resolved.speculates(m.name)}
+        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees,
+                              plain_methods=off)
         by_name = {m.name: m for m in pending}
 
         def answer(names: list[str]) -> None:

@@ -1,29 +1,20 @@
-"""Plain decoding with transformers' own `model.generate`: in this process, or in a worker process
+"""Plain decoding with transformers' own `model.generate` for a job: in this process, or in a worker process
 whose torch and oneDNN are limited to an instruction set (`generate@bfloat16+avx2`).
 
-Why a worker: `ATEN_CPU_CAPABILITY` and `ONEDNN_MAX_CPU_ISA` are read when torch loads, and on an
-AVX-512 BF16 CPU torch's bf16 decoding is faster under the AVX2 limits than natively (one-row
-products reorder the weight into oneDNN's layout at every call natively; 208.7 against 139.7 tok/s
-on the embedded target). A user can run `model.generate` that way, so it is a plain decoding the
-speedups are quoted against. The worker loads the target once and answers one prompt at a time on
-request, timed inside the worker, so its answers interleave with the other methods' like any other.
+The decoding and the worker are the engine's (`mars.decoding.reference`: the calibration times the same
+configurations, so it judges trees against the plain decoding the job reports); here they take a job's
+config.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-
-import torch
-
-from eval.config.methods import ISA_LIMITS
 from eval.config.schema import RunConfig
-from mars.accounting.timing import frozen_heap
 from mars.decoding.generate import GenerationOutput
+from mars.decoding.reference import GenerateWorker as Worker
+from mars.decoding.reference import hf_generate_batch
 from mars.verification.sampling import SamplingConfig
+
+__all__ = ["GenerateWorker", "hf_generate", "hf_generate_batch"]
 
 
 def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
@@ -32,117 +23,11 @@ def hf_generate(model, ids: list[int], sampling: SamplingConfig, max_new_tokens:
     return hf_generate_batch(model, [ids], sampling, max_new_tokens, eos, seed)[0]
 
 
-def hf_generate_batch(model, batch: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
-                      seed: int) -> list[GenerationOutput]:
-    """`model.generate` on several prompts at once, left-padded as transformers decodes a batch; each
-    prompt's tokens up to its EOS. Every row's `seconds` is the batch's: `generate` returns when the last
-    row ends. One prompt: no padding, exactly `model.generate` on it."""
-    from transformers import GenerationConfig
-
-    greedy = sampling.greedy
-    pad = model.generation_config.pad_token_id
-    pad = pad if pad is not None else (eos[0] if eos else 0)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not greedy, eos_token_id=eos or None,
-        pad_token_id=pad, temperature=None if greedy else sampling.temperature,
-        top_p=None if greedy else sampling.top_p, top_k=None if greedy else sampling.top_k,
-    )
-    device = model.get_input_embeddings().weight.device
-    width = max(map(len, batch))
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
-    torch.manual_seed(seed)  # generate samples from torch's global generator
-    start = time.perf_counter()
-    with torch.inference_mode(), frozen_heap():  # as our own decoding runs (`mars.decoding.generate`)
-        out = model.generate(input_ids, attention_mask=mask, generation_config=config)
-    seconds = time.perf_counter() - start
-    outputs = []
-    for row in out[:, width:].tolist():
-        stopped = next((i for i, t in enumerate(row) if t in eos), None)
-        tokens = row[: stopped + 1] if stopped is not None else row
-        outputs.append(GenerationOutput(tokens=tokens, accept_lengths=[0] * max(len(tokens) - 1, 0),
-                                        num_cycles=max(len(tokens) - 1, 0), seconds=seconds,
-                                        stopped_by="eos" if stopped is not None else "length"))
-    return outputs
-
-
-REPLY = "mars-generate-worker: "  # marks the worker's replies on its standard output
-
-
-class GenerateWorker:
-    """`model.generate` in a process of its own, started with the environment of ISA_LIMITS[isa].
-
-    `answer` takes what `hf_generate` takes (but the model) and returns its `GenerationOutput`; `close`
-    (or the end of a `with` block) ends the process. The worker loads the run's target (a local
-    directory or hub id, `eval.runner.models.target_source`) on the CPU in `dtype`, with the run's threads."""
+class GenerateWorker(Worker):
+    """`mars.decoding.reference.GenerateWorker` on the run's target (a local directory or hub id,
+    `eval.runner.models.target_source`), with this process's torch threads."""
 
     def __init__(self, run: RunConfig, dtype: str, isa: str):
         from eval.runner.models import target_source
 
-        self.isa = isa
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "eval.runner.plain"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env={**os.environ, **ISA_LIMITS[isa]})
-        self._send({"target": target_source(run), "dtype": dtype,
-                    "threads": torch.get_num_threads()})
-        ready = self._receive()
-        if ready.get("capability") != ISA_LIMITS[isa]["ATEN_CPU_CAPABILITY"].upper():
-            self.close()
-            raise RuntimeError(f"the {isa} worker's torch runs at CPU capability {ready.get('capability')}, not "
-                               f"{isa.upper()}: drop the generate@{dtype}+{isa} baseline on this machine")
-
-    def _send(self, message: dict) -> None:
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-
-    def _receive(self) -> dict:
-        while line := self.process.stdout.readline():
-            if line.startswith(REPLY):  # anything else a library printed is not ours
-                return json.loads(line[len(REPLY):])
-        raise RuntimeError(f"the {self.isa} generate worker exited (code {self.process.poll()}); its error is "
-                           "above in the job's output")
-
-    def answer(self, ids: list[int], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
-               seed: int) -> GenerationOutput:
-        return self.answer_batch([ids], sampling, max_new_tokens, eos, seed)[0]
-
-    def answer_batch(self, batch: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
-                     seed: int) -> list[GenerationOutput]:
-        """`hf_generate_batch` in the worker."""
-        self._send({"batch": batch, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                    "top_k": sampling.top_k, "max_new_tokens": max_new_tokens, "eos": eos, "seed": seed})
-        done = self._receive()
-        return [GenerationOutput(tokens=row["tokens"], accept_lengths=[0] * max(len(row["tokens"]) - 1, 0),
-                                 num_cycles=max(len(row["tokens"]) - 1, 0), seconds=row["seconds"],
-                                 stopped_by=row["stopped_by"]) for row in done["rows"]]
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
-
-    def __enter__(self) -> GenerateWorker:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def serve() -> None:
-    """The worker's side: load the target, report the CPU capability torch runs at, answer requests."""
-    from transformers import AutoModelForCausalLM
-
-    start = json.loads(sys.stdin.readline())
-    torch.set_num_threads(start["threads"])
-    model = AutoModelForCausalLM.from_pretrained(start["target"], dtype=getattr(torch, start["dtype"])).eval()
-    print(REPLY + json.dumps({"capability": torch.backends.cpu.get_cpu_capability()}), flush=True)
-    for line in sys.stdin:
-        job = json.loads(line)
-        sampling = SamplingConfig(temperature=job["temperature"], top_p=job["top_p"], top_k=job["top_k"])
-        outs = hf_generate_batch(model, job["batch"], sampling, job["max_new_tokens"], job["eos"], job["seed"])
-        rows = [{"tokens": o.tokens, "seconds": o.seconds, "stopped_by": o.stopped_by} for o in outs]
-        print(REPLY + json.dumps({"rows": rows}), flush=True)
-
-
-if __name__ == "__main__":
-    serve()
+        super().__init__(target_source(run), dtype, isa)

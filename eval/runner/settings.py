@@ -7,10 +7,15 @@ machine and model; on a GPU the precision follows the hardware (`eagle.precision
 Exact attention follows the precision: on where it is needed for strict greedy output to equal plain
 decoding (bf16/fp16), off in float32 and with static shapes. The draft head follows the temperature
 (`head_setting`). Each value carries its reason.
+
+Calibrated trees are judged against the fastest plain decoding timed beside them (our vanilla at every
+kernel candidate, `model.generate` in every precision loaded and, on a CPU with more than AVX2, under the
+AVX2 limits in a worker process): a method whose best tree is slower does not speculate (`speculation`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 
@@ -24,8 +29,10 @@ from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
+from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import Budget, calibrate, fixed_candidates, kernel_candidates, tree_candidates, untimed
+from mars.tuning.calibrate import kernel_candidates, tree_candidates, untimed
+from mars.tuning.measure import measure
 
 
 def on_cpu(run: RunConfig) -> bool:
@@ -101,13 +108,17 @@ def exact_reason(run: RunConfig, kernels: Kernels) -> str:
     return f"auto: {kernels.dtype} tree verification already reproduces plain decoding"
 
 
-def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None) -> str:
+def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None,
+                   plain: bool = False) -> str:
+    """Why the run's prepacking; `plain`: strict does not speculate (the kernels are plain decoding's)."""
     m = run.model
     if m.prepack is not None:
         return "set explicitly"
     if m.compile is not None:
         return "auto: torch.compile chooses the kernels of the compiled forwards"
     same = [k for k in options if k.dtype == kernels.dtype]
+    if len(same) > 1 and record and plain:
+        return plain_reason(record, kernels)
     if len(same) > 1 and record and record.get("kernel_candidates"):
         speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values(), default=None) for k in same}
         return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" if v else
@@ -137,11 +148,21 @@ def measured_of(record: dict, offered: int) -> str:
             f"not timed within the {record['budget_s']:.0f} s budget)")
 
 
-def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None) -> str:
+def plain_reason(record: dict, kernels: Kernels) -> str:
+    """Why a run whose strict does not speculate decodes with `kernels`: our fastest plain decoding's."""
+    return (f"measured: speculation off for strict, so the kernels of our fastest plain decoding "
+            f"(vanilla {kernels.label} {record['fastest_plain']['tokens_per_s']:.1f} tok/s in calibration)")
+
+
+def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None,
+                 plain: bool = False) -> str:
+    """Why the run's precision; `plain`: strict does not speculate (the kernels are plain decoding's)."""
     if run.model.dtype.value != "auto":
         return "set explicitly"
     if not on_cpu(run):
         return resolve_dtype("auto", run_device(run)).reason
+    if record and plain:
+        return plain_reason(record, kernels)
     if record and record.get("kernel_candidates"):
         figures = record["kernel_candidates"]
         best = max(figures[kernels.label]["trees"].values())
@@ -187,49 +208,58 @@ def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
     return target, load_head(head, target)
 
 
+def calibrated_reason(record: dict, offered: int) -> str:
+    """How a calibrated tree was chosen: of how many candidates, and how fast against plain decoding."""
+    reference = record["reference"]
+    return (f"{measured_of(record, offered)}, {record['speedup_over_plain']:.2f}x our plain decoding at the same "
+            f"kernels and {record['speedup_over_reference']:.2f}x the fastest plain decoding ({reference['label']} "
+            f"{reference['tokens_per_s']:.1f} tok/s) in calibration "
+            f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
+
+
 def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], None] = print) -> DecodeSettings:
-    """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine."""
+    """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine.
+
+    Calibrated (`tree=calibrated`), strict and each rule method speculate only where their best tree ran at
+    least as fast as the fastest plain decoding in calibration (`mars.tuning.calibrate.speculation_of`);
+    where strict does not, the run decodes with the kernels of our fastest plain decoding, and the rules'
+    trees are timed at those. A tree set explicitly always speculates."""
     options = candidates(run)
     sampling = sampling_of(method_spec(STRICT), run.sampling)
     sampled = not sampling.greedy
-    tree, record = fixed_tree(run.tree, sampled), None
     head = head_setting(run, sampled)
     trees = tree_candidates(sampled, run.tree.drafting) if run.tree.calibrate else None
-    measure = run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))
-    if not measure:
+    if not (run.tree.calibrate or (run.model.dtype.value == "auto" and on_cpu(run))):
         options = options[:1]  # the rule: packed where oneDNN packs (kernel_candidates lists it first)
-    # Calibrations time: no other job of ours may time meanwhile (eval.runner.locks)
-    exclusive = partial(locks.exclusive, timing_device(run, None), run.exclusive_timing)
-    prompts = calibration_prompts(run, fmt) if len(options) > 1 or run.tree.calibrate else []
-    others = rule_methods(run) if run.tree.calibrate and not run.model.static else []  # static: one tree size
-    budget = Budget(run.tree.calibration_budget,
-                    [len(options) * len(trees or fixed_candidates(tree, sampled, run.tree.drafting))]
-                    + [len(trees or ())] * len(others))
-    if len(options) > 1 or run.tree.calibrate:
-        record = calibrate(partial(load_pair, run, head), options, prompts, sampling,
-                           trees=trees, fixed_tree=tree, log=log, drafting=run.tree.drafting, batch=run.batch_size,
-                           budget=budget.next(), exclusive=exclusive)
-        kernels, tree = Kernels(**record["kernels"]), TreeShape(**record["tree"])
-    else:
-        kernels = options[0]
+    timed = len(options) > 1 or run.tree.calibrate
+    # static: one tree size; per_method false: rules compared at strict's tree
+    others = rule_methods(run) if run.tree.calibrate and run.tree.per_method and not run.model.static else []
+    with contextlib.ExitStack() as stack:
+        references = limited_references(target_source(run), run_device(run)) if timed else []
+        for reference in references:  # a worker process, started at its first timing: ended here
+            stack.callback(reference.close)
+        # the one door `mars.tuned` goes through too; calibrations time with no other job of ours timing
+        found = measure(partial(load_pair, run, head), options, calibration_prompts(run, fmt) if timed else [],
+                        sampling, {m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
+                        fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
+                        budget=run.tree.calibration_budget, references=references, log=log,
+                        shared=run.tree.calibrate and not run.tree.per_method,
+                        exclusive=partial(locks.exclusive, timing_device(run, None), run.exclusive_timing))
+    kernels, tree, record = found.kernels, found.tree, found.records.get(STRICT)
+    method_trees = {name: Setting(shape, f"measured for {name} with {kernels.label}: "
+                                         f"{calibrated_reason(found.records[name], len(trees))}", found.records[name])
+                    for name, shape in found.method_trees.items()}
     if run.tree.calibrate:
-        tree_setting = Setting(tree, f"measured: {measured_of(record, len(trees))}, "
-                                     f"{record['speedup_over_plain']:.2f}x plain decoding in calibration "
-                                     f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
+        shared = "" if run.tree.per_method else \
+            "; every method drafts it (tree.per_method=false: rules compared at one tree)"
+        tree_setting = Setting(tree, f"measured: {calibrated_reason(record, len(trees))}{shared}")
     else:
         tree_setting = Setting(tree, "set in the config (tree=...)")
-    method_trees = {}
-    for method in others:  # each rule's own tree, at the chosen kernels
-        own = calibrate(partial(load_pair, run, head), [kernels], prompts, sampling_of(method, run.sampling),
-                        trees=trees, log=log, drafting=run.tree.drafting, batch=run.batch_size, budget=budget.next(),
-                        exclusive=exclusive)
-        method_trees[method.name] = Setting(
-            TreeShape(**own["tree"]), f"measured for {method.name}: {measured_of(own, len(trees))} with "
-            f"{kernels.label}, {own['speedup_over_plain']:.2f}x plain decoding in calibration "
-            f"({'cached: ' if own['cached'] else 'saved to '}{own['cache']})", own)
+    plain = not found.strict_speculates
     return DecodeSettings(
-        dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
+        dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record, plain)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
-        prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
+        prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record, plain)),
         tree=tree_setting, drafting_reason=drafting_reason(run, tree, sampled, record),
-        placement=placement_of(run), head=head, calibration=record, method_trees=method_trees)
+        placement=placement_of(run), head=head, calibration=record, method_trees=method_trees,
+        speculation=found.speculation)

@@ -131,6 +131,9 @@ class SpeculativeGenerator:
         self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack, compiled=compile is not None)
         self.kernels = PackedLinears(target_model, head) if self.prepack else None
         self.policy: AdaptiveTree | None = None  # measured on first use
+        # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
+        # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
+        self.speculate = True
 
     def adaptive_policy(self) -> AdaptiveTree | None:
         """The adaptive tree's policy (None for a fixed tree), its costs measured here at first use and again
@@ -258,8 +261,11 @@ class SpeculativeGenerator:
         refilled); each output's `seconds` is the time from the batch's start to its last token. Strict
         greedy output of every prompt equals its plain greedy decoding alone (float32; tested), strict
         sampling is lossless per prompt. Batches need a fixed-size tree on the dynamic cache
-        (`check_batching`).
+        (`check_batching`). With `speculate` False, plain decoding: `vanilla`'s loop and outputs (tau 1).
         """
+        if not self.speculate:
+            return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
+                                nodes=1)
         return self._decode(_speculate, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
                             nodes=self.tree.total_tokens + 1)
 

@@ -121,6 +121,34 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """Whether a method speculates, and why (`mars.tuning.calibrate.speculation_of` decides it from the method's
+    calibration record).
+
+    Off where its best tree ran slower than the fastest plain decoding timed in calibration: the method then
+    decodes plainly, with our vanilla loop at the run's kernels. `forced`: the tree was set explicitly, which
+    always speculates (the reason says when calibration found it slower). `predicted`: the calibration's
+    tokens/s of what the method will run (its tree, or plain decoding when off) over the fastest plain
+    decoding's, the figure the run's measured `speedup_vs_fastest` is set beside. `reference`: that fastest
+    plain decoding, {"label", "tokens_per_s"}."""
+
+    speculate: bool
+    reason: str  # one of the run's first lines: "speculation off for strict: the best tree (4/4/1) ran at ..."
+    predicted: float | None = None
+    forced: bool = False
+    reference: dict | None = None
+
+    @property
+    def state(self) -> str:
+        """"on", "off", or "forced" (a tree set explicitly, speculating whatever calibration found)."""
+        return "off" if not self.speculate else "forced" if self.forced else "on"
+
+    def record(self) -> dict:
+        return {"speculate": self.speculate, "state": self.state, "reason": self.reason,
+                "predicted_speedup_vs_fastest": self.predicted, "reference": self.reference}
+
+
+@dataclass(frozen=True)
 class DecodeSettings:
     """Everything a run decided about how it decodes (see the module docstring).
 
@@ -139,10 +167,17 @@ class DecodeSettings:
     # {method name: Setting(TreeShape)}: a tree measured for that method's rule (a relaxed rule lengthens
     # deep chains more than wide trees); every other method drafts `tree`.
     method_trees: dict[str, Setting] = field(default_factory=dict)
+    # {method name: Speculation}: whether strict and each rule method speculate, where calibration decided it
+    # (or a forced tree was timed); a method not in it speculates.
+    speculation: dict[str, Speculation] = field(default_factory=dict)
 
     def tree_for(self, method: str) -> TreeShape:
         """The tree `method` drafts: its own measured tree, else the run's."""
         return self.method_trees[method].value if method in self.method_trees else self.tree.value
+
+    def speculates(self, method: str) -> bool:
+        """Whether `method` decodes speculatively (False: plain decoding, `SpeculativeGenerator.vanilla`)."""
+        return self.speculation[method].speculate if method in self.speculation else True
 
     @property
     def kernels(self) -> Kernels:
@@ -161,7 +196,8 @@ class DecodeSettings:
                 f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.tree.value.drafting} "
                 f"({self.drafting_reason}); placement: {self.placement.value} ({self.placement.reason})",
                 f"draft head: {self.head.value} ({self.head.reason})",
-                *(f"tree of {name}: {t.value.label} ({t.reason})" for name, t in self.method_trees.items())]
+                *(f"tree of {name}: {t.value.label} ({t.reason})" for name, t in self.method_trees.items()),
+                *(s.reason for s in self.speculation.values())]
 
     def record(self) -> dict:
         """The summary's (and W&B's) record of the settings: each value with its reason."""
@@ -173,4 +209,5 @@ class DecodeSettings:
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
                 "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration,
                 "method_trees": {name: {"tree": asdict(t.value), "reason": t.reason, "calibration": t.calibration}
-                                 for name, t in self.method_trees.items()}}
+                                 for name, t in self.method_trees.items()},
+                "speculation": {name: s.record() for name, s in self.speculation.items()}}

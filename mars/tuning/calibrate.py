@@ -15,13 +15,23 @@ multiplies (with AMX, 64 bf16 rows cost 1.8 single rows, 64 float32 rows 11). Ke
 greedy output differs from their own plain greedy decoding on the first prompts are not timed (the
 correctness every strict run promises). The rest are timed by successive halving within a budget
 (default 2 minutes): round by round on twice as many prompts (the first, every candidate on one
-prompt, at half the tokens), interleaved with plain decoding,
+prompt, at half the tokens), interleaved with the plain configurations,
 candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`).
 Candidates of one precision share one loaded model; every precision's models are held at once where
 they fit in memory, one precision at a time otherwise. The record keeps every figure and which
 candidates were dropped when, and is cached under `cache_dir` by a key of the machine, the models,
 the candidates and the decoding (greedy or sampled, and the rule: each method can have its tree), so a
 machine calibrates once (not by the budget, which only bounds how long).
+
+Every candidate is judged against the fastest plain decoding timed beside it, the `reference` of the
+record: our vanilla at every kernel candidate (whether or not its tree verification reproduces plain
+decoding: plain decoding at those kernels is plain decoding), transformers' `model.generate` in every
+precision loaded, and the caller's `references` (`model.generate` under the AVX2 limits in a worker
+process, `mars.decoding.reference`), the configurations a run's `speedup_vs_fastest` divides by.
+`speedup_over_reference` is the best candidate's speed over it; `speedup_over_plain`, over our vanilla at
+the same kernels, is kept for continuity. Where the best tree is slower than the reference
+(`speculation_of`), the run's default settings do not speculate for that method: it decodes plainly, with
+our vanilla at the fastest kernels for plain decoding (`decoding_kernels`), and the run says so.
 
 The tree and the kernels change only how fast verification runs: strict verification stays exact
 (greedy) and lossless (sampling) with any of them.
@@ -34,20 +44,35 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
 from mars.adapter.kernels import packed_copy_fits, packs
 from mars.decoding.generate import SpeculativeGenerator
-from mars.decoding.settings import Kernels, TreeShape
+from mars.decoding.reference import hf_generate_batch, rows_of
+from mars.decoding.settings import Kernels, Speculation, TreeShape
 from mars.verification.sampling import SamplingConfig
 
 Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
+# How a plain configuration is timed: (a unit of prompts, the sampling, new tokens, seed) -> (tokens, seconds).
+Timer = Callable[[list[torch.Tensor], SamplingConfig, int, int], tuple[int, float]]
+
+
+class Reference(Protocol):
+    """A plain configuration the caller has the calibration time beside ours (e.g. `model.generate` in a
+    worker process under the AVX2 limits, `mars.decoding.reference.LimitedGenerate`): `label` names it in the
+    record (and in the cache key), `time` is its `Timer`."""
+
+    label: str
+
+    def time(self, unit: list[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
+             seed: int) -> tuple[int, float]: ...
 
 
 def default_cache() -> Path:
@@ -178,24 +203,80 @@ def decode(gen: SpeculativeGenerator, plain: bool, group: list[torch.Tensor], sa
 
 
 @dataclass
-class Arm:
-    """One candidate being timed: plain decoding (`tree` None) or strict speculation at `tree`, with
-    `kernels`; what it decoded so far, and when it was dropped (None: still in)."""
+class Timed:
+    """What a configuration decoded while timed, and when it was dropped (None: still in)."""
 
-    kernels: Kernels
-    tree: TreeShape | None
-    tokens: int = 0
-    seconds: float = 0.0
-    units: int = 0  # prompts (or batches of prompts) timed
-    dropped: dict | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.kernels.label} {self.tree.label if self.tree else 'plain'}"
+    tokens: int = field(default=0, kw_only=True)
+    seconds: float = field(default=0.0, kw_only=True)
+    units: int = field(default=0, kw_only=True)  # prompts (or batches of prompts) timed
+    dropped: dict | None = field(default=None, kw_only=True)
 
     @property
     def speed(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.units += 1
+
+
+@dataclass
+class Arm(Timed):
+    """One candidate being timed: strict speculation at `tree` with `kernels`."""
+
+    kernels: Kernels
+    tree: TreeShape
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernels.label} {self.tree.label}"
+
+
+@dataclass
+class PlainArm(Timed):
+    """One plain configuration being timed: our vanilla at `kernels` ("vanilla <kernels>"), or `model.generate`
+    (`kernels` None: "generate@<dtype>" in this process, or a caller's `Reference`), timed by `time`."""
+
+    label: str
+    time: Timer
+    kernels: Kernels | None = None
+    warm: bool = False  # run once untimed (a first call pays one-time costs: a worker's first kernels, allocations)
+
+    def warm_up(self, unit: list[torch.Tensor], sampling: SamplingConfig) -> None:
+        """One short untimed call, as the candidates get theirs (`check_kernels`), once per configuration."""
+        if not self.warm:
+            self.time(unit, sampling, 8, 0)
+            self.warm = True
+
+
+def vanilla_arm(kernels: Kernels, gen: SpeculativeGenerator) -> PlainArm:
+    """Our plain decoding at `kernels` (`decode`), seeded as the candidates are."""
+    def time_it(unit: list[torch.Tensor], sampling: SamplingConfig, tokens: int, seed: int) -> tuple[int, float]:
+        rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
+        out, took = decode(gen, True, unit, sampling, tokens, rng)
+        return sum(map(len, out)), took
+    return PlainArm(f"vanilla {kernels.label}", time_it, kernels)
+
+
+def generate_arm(model: torch.nn.Module, dtype: str, attention: str) -> PlainArm:
+    """transformers' `model.generate` on `model` (in `dtype`), with the model's own attention implementation
+    `attention` while it decodes: the generators on it switch it for tree attention, which plain decoding
+    with `generate` is not (untimed switches, `mars.adapter.model.TargetModel`)."""
+    def time_it(unit: list[torch.Tensor], sampling: SamplingConfig, tokens: int, seed: int) -> tuple[int, float]:
+        current = model.config._attn_implementation
+        model.set_attn_implementation(attention)
+        try:
+            outs = hf_generate_batch(model, rows_of(unit), sampling, tokens, [], seed)
+        finally:
+            model.set_attn_implementation(current)
+        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+    return PlainArm(f"generate@{dtype}", time_it)
+
+
+def retired(*args) -> tuple[int, float]:
+    """The timer of a plain configuration whose precision's group is done (its model let go)."""
+    raise RuntimeError("this plain configuration's model was let go: its precision's timing is over")
 
 
 # Successive halving: after each round, the candidates slower than the best by more than
@@ -209,42 +290,46 @@ DEFAULT_BUDGET = 120.0  # seconds for the calibrations of a run on 2 cores, load
 class Halving:
     """Times `arms` on units of prompts by successive halving until `deadline` (see SLACK).
 
-    Round by round, on each unit every kernel's plain decoding and then every arm still in decode in
-    turn, tree by tree with the kernels interleaved (drift of the machine's speed falls on all alike);
-    plain decoding is timed on every unit. A round that would overrun the deadline is cut to the units
-    that fit (by the round before's seconds per unit); none fit: the fastest so far wins. Should even
-    the first round overrun it, the arms not timed yet are dropped untimed (the candidates come in the
-    order of their prior: chains and small trees first). `progress` shows what is being timed."""
+    Round by round, on each unit the plain configurations (`plains`: our vanilla at each kernel candidate,
+    `model.generate`) and then every arm still in decode in turn, tree by tree with the kernels interleaved
+    (drift of the machine's speed falls on all alike). Plain decoding at the kernels of an arm still in is
+    timed on every unit; any other plain configuration only while it may still be the fastest plain
+    decoding (the reference the trees are judged against), dropped by the same slack as the arms. A round
+    that would overrun the deadline is cut to the units that fit (by the round before's seconds per unit);
+    none fit: the fastest so far wins. Should even the first round overrun it, the arms not timed yet are
+    dropped untimed (the candidates come in the order of their prior: chains and small trees first).
+    `progress` shows what is being timed."""
 
-    def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], units: list[list[torch.Tensor]],
-                 sampling: SamplingConfig, max_new_tokens: int, deadline: float, max_units: int, log, progress: bool):
-        self.gens, self.arms, self.units, self.sampling = gens, arms, units, sampling
+    def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], plains: list[PlainArm],
+                 units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, deadline: float,
+                 max_units: int, log, progress: bool):
+        self.gens, self.arms, self.plains, self.units, self.sampling = gens, arms, plains, units, sampling
         self.max_new_tokens, self.deadline, self.max_units = max_new_tokens, deadline, max_units
-        self.plains = {k: Arm(k, None) for k in gens}
         self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
         self.log, self.progress, self.rounds = log, progress, []
 
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
 
-    def _decode(self, arm: Arm, unit: list[torch.Tensor], seed: int, tokens: int, bar) -> None:
+    def timed_plains(self, alive: list[Arm]) -> list[PlainArm]:
+        """The plain configurations this round times: those of the arms' kernels, and those still in."""
+        kernels = {a.kernels for a in alive}
+        return [p for p in self.plains if p.dropped is None or p.kernels in kernels]
+
+    def _speculate(self, arm: Arm, unit: list[torch.Tensor], seed: int, tokens: int) -> tuple[int, float]:
         gen = self.gens[arm.kernels]
-        bar.set_postfix_str(arm.label)
         rng = None if self.sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-        if arm.tree is not None:
-            gen.use_tree(arm.tree)
-        out, took = decode(gen, arm.tree is None, unit, self.sampling, tokens, rng)
-        arm.tokens += sum(map(len, out))
-        arm.seconds += took
-        arm.units += 1
-        bar.update(1)
+        gen.use_tree(arm.tree)
+        out, took = decode(gen, False, unit, self.sampling, tokens, rng)
+        return sum(map(len, out)), took
 
     def _round(self, r: int, units: list[tuple[int, list[torch.Tensor]]], alive: list[Arm], started: float) -> bool:
         """Time `alive` on `units`; False if the deadline came first (the arms not timed yet are dropped)."""
         from tqdm import tqdm
 
         kernels = list(dict.fromkeys(a.kernels for a in alive))
-        total = len(units) * (len(alive) + len(kernels))
+        plains = self.timed_plains(alive)
+        total = len(units) * (len(alive) + len(plains))
         # The first round, every candidate on one prompt, only has to find the clear losers: half the tokens.
         tokens = max(8, self.max_new_tokens // 2) if r == 0 else self.max_new_tokens
         with tqdm(total=total, desc=f"calibrating: round {r + 1}, {len(alive)} candidates x {len(units)} prompts",
@@ -252,8 +337,10 @@ class Halving:
             for index, unit in units:
                 turn = kernels[index % len(kernels):] + kernels[:index % len(kernels)]
                 order = sorted(alive, key=lambda a: (self.prior[a.tree], turn.index(a.kernels)))
-                for k in turn:
-                    self._decode(self.plains[k], unit, index, tokens, bar)
+                for plain in plains[index % len(plains):] + plains[:index % len(plains)]:
+                    bar.set_postfix_str(plain.label)
+                    plain.add(*plain.time(unit, self.sampling, tokens, index))
+                    bar.update(1)
                 for arm in order:
                     if time.perf_counter() > self.deadline and arm.units == 0 and any(a.units for a in alive):
                         untimed = [a for a in alive if a.units == 0]
@@ -263,16 +350,30 @@ class Halving:
                                          "elapsed_s": round(time.perf_counter() - started, 1)}
                         self.log(f"calibration budget spent in round {r + 1}: {len(untimed)} candidates not timed")
                         return False
-                    self._decode(arm, unit, index, tokens, bar)
+                    bar.set_postfix_str(arm.label)
+                    arm.add(*self._speculate(arm, unit, index, tokens))
+                    bar.update(1)
         return True
+
+    def _drop_plains(self, r: int, seen: int, alive: list[Arm], slack: float, elapsed: float) -> None:
+        """Plain configurations that can no longer be the fastest (slower than it by more than `slack`) stop
+        being timed, unless an arm still in runs at their kernels (its speedup over plain decoding needs them)."""
+        kernels = {a.kernels for a in alive}
+        timed = [p for p in self.plains if p.units and p.dropped is None]
+        if not timed:
+            return
+        fastest = max(p.speed for p in timed)
+        for p in timed:
+            if p.kernels not in kernels and p.speed < (1 - slack) * fastest:
+                p.dropped = {"round": r + 1, "prompts": seen, "tokens_per_s": round(p.speed, 2),
+                             "fastest_plain_tokens_per_s": round(fastest, 2), "elapsed_s": elapsed}
 
     def run(self, started: float) -> Arm:
         seen, size, r = 0, 1, 0
         while True:
             alive = self.alive()
             if r:  # fit the round into what is left of the budget
-                kernels = dict.fromkeys(a.kernels for a in alive)
-                per_unit = sum(a.seconds / a.units for a in [*alive, *(self.plains[k] for k in kernels)])
+                per_unit = sum(a.seconds / a.units for a in [*alive, *self.timed_plains(alive)] if a.units)
                 left = self.deadline - time.perf_counter()
                 size = min(size, int(left / per_unit)) if per_unit else size
                 if size < 1:
@@ -291,6 +392,7 @@ class Halving:
                 if id(arm) not in keep:
                     arm.dropped = {"round": r + 1, "prompts": seen, "tokens_per_s": round(arm.speed, 2),
                                    "best_tokens_per_s": round(best.speed, 2), "elapsed_s": elapsed}
+            self._drop_plains(r, seen, self.alive(), slack, elapsed)
             self.rounds.append({"round": r + 1, "prompts": size, "candidates": len(alive),
                                 "kept": len(keep), "elapsed_s": elapsed})
             self.log(f"calibration round {r + 1}: {len(alive)} candidates x {size} prompts, kept {len(keep)} "
@@ -346,8 +448,9 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
               max_new_tokens: int = 64, rounds: int = 1, cache_dir: Path | None = None, log=print,
               drafting: str = "auto", batch: int = 1,
               exclusive: Callable[[], AbstractContextManager] = nullcontext, budget: float = DEFAULT_BUDGET,
-              progress: bool = True) -> dict:
-    """The fastest kernels and tree here, chosen together (see the module docstring).
+              progress: bool = True, references: Sequence[Reference] = ()) -> dict:
+    """The fastest kernels and tree here, chosen together (see the module docstring), and the fastest
+    plain decoding they are judged against.
 
     load(dtype name) gives the target and its draft head in that precision. Every (kernels, tree) pair
     is a candidate: precision and tree are searched jointly (a wide bf16 tree can beat the float32
@@ -357,16 +460,58 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     method can have its tree). Candidates are timed by successive halving (`Halving`) within `budget`
     seconds, at most `rounds` passes over the prompts each; kernels whose strict greedy output differs
     from their plain greedy output on the first prompts are not timed (unless none reproduces it).
+    Interleaved with them, the plain configurations: our vanilla at every kernel candidate, transformers'
+    `model.generate` in every precision loaded, and `references` (e.g. `generate` in a worker process under
+    the AVX2 limits, `mars.decoding.reference.limited_references`); the fastest is the record's `reference`.
 
     Returns the record {"kernels", "tree", "kernel_candidates": {kernels label: {"plain", "trees":
     {tree label: tok/s when last timed}, "identical"}}, "tokens_per_s": the chosen kernels' trees and
-    plain decoding, "speedup_over_plain", "fastest_plain", "dropped": {candidate: when and at what
-    speed}, "rounds", "seconds", "budget_s", "cache", "cached", ...}. cache_dir: default
-    `default_cache()`. batch: the batch size the run decodes at (`generate` of a list): candidates are
-    timed on batches of that many prompts (the best tree shrinks as the batch grows). exclusive: held
-    while timing (not on a cache hit), e.g. a machine-wide lock that keeps other jobs from timing at
-    once (eval.runner.locks).
+    plain decoding, "speedup_over_plain" (the best candidate over our vanilla at its kernels),
+    "plains": {label: {"tokens_per_s", "prompts", "dropped"}} (every plain configuration timed),
+    "reference": {"label", "tokens_per_s"} (the fastest of them), "speedup_over_reference",
+    "fastest_plain" (our fastest vanilla: {"kernels", "tokens_per_s"}), "plain_kernels" (its kernels),
+    "dropped": {candidate: when and at what speed}, "rounds", "seconds", "budget_s", "cache", "cached",
+    ...}. cache_dir: default `default_cache()`. batch: the batch size the run decodes at (`generate` of a
+    list): candidates are timed on batches of that many prompts (the best tree shrinks as the batch grows).
+    exclusive: held while timing (not on a cache hit), e.g. a machine-wide lock that keeps other jobs from
+    timing at once (eval.runner.locks).
     """
+    shapes = candidate_shapes(kernels, trees, fixed_tree, batch, not sampling.greedy, drafting)
+    started = time.perf_counter()  # the budget counts loading too
+    held: dict[str, tuple] = {}
+    first = held.setdefault(kernels[0].dtype, load(kernels[0].dtype))
+    key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": not sampling.greedy,
+           "rule": {"name": sampling.rule.name, **sampling.rule.params()},
+           "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
+           "max_new_tokens": max_new_tokens, "prompts": len(prompts), "prompt_ids": prompt_digest(prompts),
+           "rounds": rounds, "references": ["generate", *(r.label for r in references)]}
+    path = cache_path(key, cache_dir or default_cache())
+    if path.exists():
+        return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
+    log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
+        f"({', '.join(k.label for k in kernels)}) x {len(shapes)} trees on {len(prompts)} prompts "
+        f"({'greedy' if sampling.greedy else 'sampled'}, rule {sampling.rule.name}), by successive "
+        f"halving within {budget:.0f} s, beside plain decoding; cached afterwards")
+    timing = Timing(load, held, kernels, shapes, batches_of(prompts, batch), sampling, max_new_tokens, rounds,
+                    budget, started, log, progress, references)
+    with exclusive():  # no other job of ours times meanwhile
+        timing.run()
+    held.clear()
+    result = timing.record(key, budget, len(prompts), max_new_tokens, batch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
+    log(f"calibrated in {result['seconds']:.0f} s: {timing.best.label}, {timing.best.speed:.1f} tok/s, "
+        f"{result['speedup_over_plain']:.2f}x our plain decoding at its kernels, "
+        f"{result['speedup_over_reference']:.2f}x the fastest plain decoding ({result['reference']['label']} "
+        f"{result['reference']['tokens_per_s']:.1f} tok/s; {len(result['dropped'])} candidates dropped)")
+    return {**result, "cache": str(path), "cached": False}
+
+
+def candidate_shapes(kernels: list[Kernels], trees: tuple[TreeShape, ...] | None, fixed_tree: TreeShape | None,
+                     batch: int, sampled: bool, drafting: str) -> tuple[TreeShape, ...]:
+    """The trees a calibration times (`calibrate`'s arguments checked): batched decoding drafts fixed trees."""
     if not kernels:
         raise ValueError("no kernel candidates to calibrate")
     if batch > 1:  # what batched decoding runs (`SpeculativeGenerator.check_batching`): no adaptive tree
@@ -377,81 +522,169 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
                              "trees (no adaptive tree)")
     if trees is None and fixed_tree is None:
         raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
-    sampled = not sampling.greedy
-    shapes = tuple(dict.fromkeys(trees if trees else fixed_candidates(fixed_tree, sampled, drafting)))
-    started = time.perf_counter()  # the budget counts loading too
-    held: dict[str, tuple] = {}
-    first = held.setdefault(kernels[0].dtype, load(kernels[0].dtype))
-    key = {**fingerprint(*first), "kernels": [k.label for k in kernels], "sampled": sampled,
-           "rule": {"name": sampling.rule.name, **sampling.rule.params()},
-           "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
-           "max_new_tokens": max_new_tokens, "prompts": len(prompts), "prompt_ids": prompt_digest(prompts),
-           "rounds": rounds}
-    path = cache_path(key, cache_dir or default_cache())
-    if path.exists():
-        return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
-    weights = sum(p.numel() for model in first for p in model.parameters())
-    dtypes = _dtypes(kernels)
-    hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in dtypes))
-    # Every precision's models at once where they fit, timed interleaved; else one precision at a time,
-    # each with its share of the budget, and the winners compared.
-    groups = [dtypes] if hold_all else [[d] for d in dtypes]
-    units = batches_of(prompts, batch)
-    log(f"calibrating for this machine and model: {len(kernels)} kernel candidates "
-        f"({', '.join(k.label for k in kernels)}) x {len(shapes)} trees on {len(prompts)} prompts "
-        f"({'sampled' if sampled else 'greedy'}, rule {sampling.rule.name}), by successive halving within "
-        f"{budget:.0f} s; cached afterwards")
-    identical: dict[Kernels, bool] = {}
-    winners, plains, everything = [], {}, []
-    rounds_record = []
-    with exclusive():  # no other job of ours times meanwhile
-        for g, group in enumerate(groups):
+    return tuple(dict.fromkeys(trees if trees else fixed_candidates(fixed_tree, sampled, drafting)))
+
+
+class Timing:
+    """One calibration's timing (`calibrate`): the precisions' models loaded, the kernels checked, the
+    candidates and plain configurations timed by `Halving`, and the record made of what was timed.
+
+    Candidates of one precision share one loaded model; every precision's models are held at once where
+    they fit in memory (timed interleaved), one precision at a time otherwise, each with its share of the
+    budget, and the winners compared."""
+
+    def __init__(self, load: Load, held: dict[str, tuple], kernels: list[Kernels], shapes: tuple[TreeShape, ...],
+                 units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, rounds: int,
+                 budget: float, started: float, log, progress: bool, references: Sequence[Reference]):
+        self.load, self.held, self.kernels, self.shapes, self.units = load, held, kernels, shapes, units
+        self.sampling, self.max_new_tokens, self.rounds = sampling, max_new_tokens, rounds
+        self.budget, self.started, self.log, self.progress = budget, started, log, progress
+        # The caller's plain configurations, one arm each across the precisions' groups.
+        self.references = [PlainArm(r.label, r.time) for r in references]
+        weights = sum(p.numel() for model in held[kernels[0].dtype] for p in model.parameters())
+        self.dtypes = _dtypes(kernels)
+        self.hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in self.dtypes))
+        self.identical: dict[Kernels, bool] = {}
+        self.winners: list[Arm] = []
+        self.arms: list[Arm] = []
+        self.plains: list[PlainArm] = []
+        self.rounds_record: list[dict] = []
+
+    @property
+    def groups(self) -> list[list[str]]:
+        return [self.dtypes] if self.hold_all else [[d] for d in self.dtypes]
+
+    @property
+    def best(self) -> Arm:
+        return max(self.winners, key=lambda a: a.speed)
+
+    def run(self) -> None:
+        for g, group in enumerate(self.groups):
             with ExitStack() as stack:
-                gens = {}
+                gens, plains = {}, []
                 for dtype in group:
-                    if dtype not in held:
-                        if not hold_all:
-                            held.clear()
-                        held[dtype] = load(dtype)
-                    mine = [k for k in kernels if k.dtype == dtype]
-                    made = stack.enter_context(generators(*held[dtype], mine, shapes[0]))
+                    if dtype not in self.held:
+                        if not self.hold_all:
+                            self.held.clear()
+                        self.held[dtype] = self.load(dtype)
+                    model = self.held[dtype][0]
+                    attention = model.config._attn_implementation  # the model's own, before the generators'
+                    mine = [k for k in self.kernels if k.dtype == dtype]
+                    made = stack.enter_context(generators(*self.held[dtype], mine, self.shapes[0]))
                     gens.update(made)
-                identical.update(check_kernels(gens, shapes[0], units[:2], 16))
-                exact = {k: gen for k, gen in gens.items() if identical[k]} or gens
-                arms = [Arm(k, t) for k in exact for t in shapes]
-                # The whole budget when every precision is held; else each its share, in turn.
-                deadline = started + budget * sum(len(x) for x in groups[: g + 1]) / len(dtypes)
-                halving = Halving(exact, arms, units, sampling, max_new_tokens, deadline, len(units) * rounds, log,
-                                  progress)
-                winners.append(halving.run(started))
-                plains.update(halving.plains)
-                everything += arms
-                rounds_record += [{**r, "group": g} for r in halving.rounds] if len(groups) > 1 else halving.rounds
-    held.clear()
-    best = max(winners, key=lambda a: a.speed)
-    timed_plain = {k.label: a.speed for k, a in plains.items() if a.units}
-    fastest_plain = max(timed_plain, key=timed_plain.get)
-    chosen = [a for a in everything if a.kernels == best.kernels]
-    result = {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
-              "kernels_reproduce_plain": any(identical.values()),  # False: none did; the fastest was taken anyway
-              "kernel_candidates": {k.label: {"plain": round(plains[k].speed, 2) if k in plains else None,
-                                              "trees": {a.tree.label: round(a.speed, 2) for a in everything
-                                                        if a.kernels == k and a.units},
-                                              # None: not checked, the budget ran out before its precision
-                                              "identical": identical.get(k)} for k in kernels},
-              "tokens_per_s": {**{a.tree.label: round(a.speed, 2) for a in chosen if a.units},
-                               "plain": round(plains[best.kernels].speed, 2)},
-              "speedup_over_plain": round(best.speed / plains[best.kernels].speed, 3),
-              "fastest_plain": {"kernels": fastest_plain, "tokens_per_s": round(timed_plain[fastest_plain], 2)},
-              "dropped": {a.label: a.dropped for a in everything if a.dropped},
-              "timed_prompts": {a.label: a.units for a in everything},
-              "rounds": rounds_record, "seconds": round(time.perf_counter() - started, 1), "budget_s": budget,
-              "prompts": len(prompts), "max_new_tokens": max_new_tokens, "sampled": sampled,
-              "rule": key["rule"], "batch": batch, "machine": key["cpu"], "capability": key["capability"]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
-    log(f"calibrated in {result['seconds']:.0f} s: {best.label}, {best.speed:.1f} tok/s, "
-        f"{result['speedup_over_plain']:.2f}x plain decoding ({len(result['dropped'])} candidates dropped)")
-    return {**result, "cache": str(path), "cached": False}
+                    plains += [vanilla_arm(k, gen) for k, gen in made.items()]
+                    plains.append(generate_arm(model, dtype, attention))
+                self._time_group(g, gens, plains)
+
+    def _time_group(self, g: int, gens: dict[Kernels, SpeculativeGenerator], plains: list[PlainArm]) -> None:
+        self.identical.update(check_kernels(gens, self.shapes[0], self.units[:2], 16))
+        exact = {k: gen for k, gen in gens.items() if self.identical[k]} or gens
+        arms = [Arm(kernels=k, tree=t) for k in exact for t in self.shapes]
+        plains += self.references
+        for plain in plains:
+            plain.warm_up(self.units[0], self.sampling)
+        # The whole budget when every precision is held; else each its share, in turn.
+        groups = self.groups
+        deadline = self.started + self.budget * sum(len(x) for x in groups[: g + 1]) / len(self.dtypes)
+        halving = Halving(exact, arms, plains, self.units, self.sampling, self.max_new_tokens, deadline,
+                          len(self.units) * self.rounds, self.log, self.progress)
+        self.winners.append(halving.run(self.started))
+        self.arms += arms
+        self.plains += [p for p in plains if all(p is not q for q in self.plains)]  # a reference once
+        for p in plains:  # this group's models may be let go (one precision at a time): no arm holds them
+            if all(p is not r for r in self.references):
+                p.time = retired
+        self.rounds_record += [{**r, "group": g} for r in halving.rounds] if len(groups) > 1 else halving.rounds
+
+    def record(self, key: dict, budget: float, prompts: int, max_new_tokens: int, batch: int) -> dict:
+        best, everything = self.best, self.arms
+        vanilla = {p.kernels: p for p in self.plains if p.kernels is not None and p.units}
+        ours = max(vanilla.values(), key=lambda p: p.speed)
+        reference = max((p for p in self.plains if p.units), key=lambda p: p.speed)
+        chosen = [a for a in everything if a.kernels == best.kernels]
+        return {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
+                # False: none did; the fastest was taken anyway
+                "kernels_reproduce_plain": any(self.identical.values()),
+                "kernel_candidates": {k.label: {"plain": round(vanilla[k].speed, 2) if k in vanilla else None,
+                                                "trees": {a.tree.label: round(a.speed, 2) for a in everything
+                                                          if a.kernels == k and a.units},
+                                                # None: not checked, the budget ran out before its precision
+                                                "identical": self.identical.get(k)} for k in self.kernels},
+                "tokens_per_s": {**{a.tree.label: round(a.speed, 2) for a in chosen if a.units},
+                                 "plain": round(vanilla[best.kernels].speed, 2)},
+                "speedup_over_plain": round(best.speed / vanilla[best.kernels].speed, 3),
+                "plains": {p.label: {"tokens_per_s": round(p.speed, 2), "prompts": p.units,
+                                     **({"dropped": p.dropped} if p.dropped else {})}
+                           for p in self.plains if p.units},
+                "reference": {"label": reference.label, "tokens_per_s": round(reference.speed, 2)},
+                "speedup_over_reference": round(best.speed / reference.speed, 3),
+                "fastest_plain": {"kernels": ours.kernels.label, "tokens_per_s": round(ours.speed, 2)},
+                "plain_kernels": asdict(ours.kernels),
+                "dropped": {a.label: a.dropped for a in everything if a.dropped},
+                "timed_prompts": {a.label: a.units for a in everything},
+                "rounds": self.rounds_record, "seconds": round(time.perf_counter() - self.started, 1),
+                "budget_s": budget, "prompts": prompts, "max_new_tokens": max_new_tokens, "sampled": key["sampled"],
+                "rule": key["rule"], "batch": batch, "machine": key["cpu"], "capability": key["capability"]}
+
+
+# --- the verdict: speculate, or decode plainly ------------------------------------------------------
+
+def reference_of(record: dict, strict: dict | None = None) -> dict:
+    """The fastest plain decoding a method's calibration `record` is judged against, {"label", "tokens_per_s"}:
+    the record's own `reference`; for a rule's record, timed at the run's kernels alone, the faster of that
+    and `strict`'s reference (strict's calibration times our vanilla at every kernel candidate and
+    `model.generate` in every precision), carried over through our vanilla at those kernels, timed in both
+    calibrations, so that the machine's drift between the two cancels."""
+    own = record["reference"]
+    if strict is None or strict is record:
+        return own
+    label = Kernels(**record["kernels"]).label
+    here = record["kernel_candidates"].get(label, {}).get("plain")
+    there = strict["kernel_candidates"].get(label, {}).get("plain")
+    if not here or not there:
+        return own
+    carried = strict["reference"]["tokens_per_s"] * here / there
+    if carried <= own["tokens_per_s"]:
+        return own
+    return {"label": strict["reference"]["label"], "tokens_per_s": round(carried, 2),
+            "carried": f"strict's calibration, scaled by vanilla {label} ({here:.1f} tok/s here, {there:.1f} there)"}
+
+
+def speculation_of(method: str, record: dict, *, forced: bool = False, strict: dict | None = None,
+                   why_forced: str = "a tree set explicitly always speculates") -> Speculation:
+    """Whether `method` speculates, by its calibration `record` (`calibrate`'s): on where its best tree ran at
+    least as fast as the fastest plain decoding timed (`reference_of`; `strict`: strict's record, for a rule's),
+    off otherwise, when the method decodes plainly with our vanilla (at `decoding_kernels`). `forced`: the tree
+    was set explicitly, which always speculates; the reason then says whether calibration found it slower.
+
+    Why not the adaptive tree (`mars.decoding.adaptive`, the `20/6/5 adaptive` candidate) as the way to stop
+    speculating: it sizes each cycle's tree from measured costs and can choose depth 0, a plain step, but it
+    still runs the speculative loop (a verification forward of the root and its bookkeeping per token), pays
+    a cost measurement at its first call (in calibration, inside its first timed call), probes at full depth
+    after every 16 plain steps and then has the head catch up on every token since, and it starts from an
+    optimistic prior, so it speculates before it learns not to. It is a candidate like any tree and is timed
+    as one (on SmolLM2 it ran at 17.9 tok/s where plain decoding ran at ~50). Speculation off costs nothing
+    per token: the method runs `vanilla`'s loop."""
+    reference = reference_of(record, strict)
+    tree = TreeShape(**record["tree"])
+    ratio = record["tokens_per_s"][tree.label] / reference["tokens_per_s"]
+    against = (f"{ratio:.2f}x the fastest plain decoding ({reference['label']}, {reference['tokens_per_s']:.1f} "
+               f"tok/s) in calibration")
+    if forced:
+        slower = ", slower than plain decoding" if ratio < 1 else ""
+        return Speculation(True, f"speculation forced for {method} ({why_forced}): "
+                                 f"tree {tree.label} ran at {against}{slower}", round(ratio, 3), True, reference)
+    if ratio >= 1:
+        return Speculation(True, f"speculation on for {method}: the best tree ({tree.label}) ran at {against}",
+                           round(ratio, 3), False, reference)
+    plain = decoding_kernels(record, False)
+    speed = record["kernel_candidates"][plain.label]["plain"]
+    return Speculation(False, f"speculation off for {method}: the best tree ({tree.label}) ran at {against}; "
+                              f"{method} decodes plainly (vanilla {plain.label}, {speed:.1f} tok/s)",
+                       round(speed / reference["tokens_per_s"], 3), False, reference)
+
+
+def decoding_kernels(record: dict, speculate: bool) -> Kernels:
+    """The kernels a method decodes with by its calibration `record`: the best candidate's where it
+    speculates, our fastest plain decoding's where it does not."""
+    return Kernels(**(record["kernels"] if speculate else record["plain_kernels"]))

@@ -8,11 +8,19 @@
 
 `tuned` loads the target and its draft head in the precision measured fastest here and returns a
 `SpeculativeGenerator` with the measured kernels (exact attention, prepacked linears) and tree: the
-calibration `eval.run` makes with `model.dtype=auto tree=calibrated` (`mars.tuning.calibrate`: precision and
-tree searched together for strict verification, then the tree of `rule` at those kernels), cached
+calibration `eval.run` makes with `model.dtype=auto tree=calibrated`, through the same door
+(`mars.tuning.measure`: precision and tree searched together for strict verification, then the tree of `rule`
+at those kernels; given the prompts `eval.run` times, the two share one record), cached
 per machine, models, kind of decoding, rule and batch size and shared with runs, so it is timed
 once. `gen.calibration` holds the records. A fixed tree by name (`tree="paper"`, `NAMED_TREES`) or
 as a `TreeShape` skips the tree's measurement; `dtype=` fixes the precision.
+
+Speculation off: where the best tree of `rule` ran slower than the fastest plain decoding timed in
+calibration (our vanilla at every kernel candidate, `model.generate` in each precision, and on a CPU with
+more than AVX2 under the AVX2 limits: `mars.tuning.calibrate.speculation_of`), the generator's `generate`
+decodes plainly, exactly as `vanilla` does (`gen.speculate` is False), at the kernels of our fastest plain
+decoding, and `tuned` logs why; `gen.speculation` holds each verdict. `gen.speculate = True` speculates
+anyway. A fixed tree always speculates (the log says when calibration found it slower).
 
 `SpeculativeGenerator(target, head)` with no settings keeps EAGLE-2's GPU tree (60/6/10), which on
 a 2-core CPU is slower than plain decoding: on a CPU, use `tuned`.
@@ -26,9 +34,11 @@ from pathlib import Path
 import torch
 
 from mars.decoding.generate import SpeculativeGenerator
-from mars.decoding.settings import NAMED_TREES, Kernels, TreeShape
+from mars.decoding.reference import limited_references
+from mars.decoding.settings import NAMED_TREES, TreeShape
 from mars.rules import make_rule
-from mars.tuning.calibrate import DEFAULT_BUDGET, Budget, calibrate, kernel_candidates, tree_candidates
+from mars.tuning.calibrate import DEFAULT_BUDGET, kernel_candidates, tree_candidates
+from mars.tuning.measure import measure
 from mars.verification.sampling import SamplingConfig
 
 # Train-split functions of the standard library: what `eval.run` calibrates on (never a benchmark's).
@@ -82,27 +92,26 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     if prompts is None:
         prompts = calibration_prompts(AutoTokenizer.from_pretrained(target))
     prompts = [p.to(device) for p in prompts]
-    common = {"log": log, "drafting": drafting, "batch": batch_size, "cache_dir": cache_dir}
-    trees = tree_candidates(sampled, drafting)
-    strict = SamplingConfig(temperature=temperature)
-    # Strict first, precision and tree together; then the rule's own tree at those kernels (as a run).
-    shares = Budget(budget, [len(options) * (len(trees) if fixed is None else 1),
-                             len(trees) if rule != "strict" and fixed is None else 0])
-    records = {}
-    if len(options) > 1 or fixed is None:
-        records["strict"] = calibrate(load, options, prompts, strict, trees=None if fixed else trees,
-                                      fixed_tree=fixed, budget=shares.next(), **common)
-        kernels = Kernels(**records["strict"]["kernels"])
-        shape = TreeShape(**records["strict"]["tree"])
-    else:
-        kernels, shape = options[0], fixed
-    if rule != "strict" and fixed is None:
-        cfg = SamplingConfig(temperature=temperature, rule=make_rule(rule, **rule_params))
-        records[rule] = calibrate(load, [kernels], prompts, cfg, trees=trees, budget=shares.next(), **common)
-        shape = TreeShape(**records[rule]["tree"])
+    trees = tree_candidates(sampled, drafting) if fixed is None else None
+    rules = {rule: SamplingConfig(temperature=temperature, rule=make_rule(rule, **rule_params))} \
+        if rule != "strict" and fixed is None else {}
+    references = limited_references(target, device)  # a worker process, started at its first timing
+    try:  # the one door `eval.run` goes through too
+        found = measure(load, options, prompts, SamplingConfig(temperature=temperature), rules, trees=trees,
+                        fixed_tree=fixed, drafting=drafting, batch=batch_size, budget=budget, references=references,
+                        cache_dir=cache_dir, log=log)
+    finally:
+        for reference in references:
+            reference.close()
+    kernels, shape = found.kernels, found.method_trees.get(rule, found.tree)
+    records, speculation = found.records, found.speculation
     model, head = load(kernels.dtype)
     gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack)
-    gen.calibration = records
+    gen.calibration, gen.speculation = records, speculation
+    verdict = speculation.get(rule) or speculation.get("strict")  # a fixed tree: strict's record timed it
+    gen.speculate = verdict.speculate if verdict else True
     log(f"tuned for this machine: {kernels.label}, tree {shape.label}"
         + "".join(f"; {name}: {'cached' if r['cached'] else 'measured'} ({r['cache']})" for name, r in records.items()))
+    if verdict:
+        log(verdict.reason)
     return gen

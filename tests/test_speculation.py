@@ -1,0 +1,211 @@
+"""Trees judged against the fastest plain decoding, and "speculation off" where none pays
+(mars.tuning.calibrate's `reference` and `speculation_of`): the record's reference is the fastest plain
+configuration timed; a method whose best tree is slower decodes exactly as plain decoding does and says so
+(first lines, settings record, summary, report); a tree set explicitly speculates anyway and says when it is
+slower. "No tree pays" is made deterministic by slowing every tree's timing (never by asserting a speed):
+the decision is the production one."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import random_prompt, save_standin_pair
+from test_precision import CANDIDATES, tiny_pair_loader
+from test_runs import config
+
+from mars import SamplingConfig, SpeculativeGenerator
+from mars.decoding.settings import DecodeSettings, Setting, TreeShape
+from mars.tuning import calibrate as C
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def slow_trees(monkeypatch, factor: float = 50.0) -> None:
+    """Every speculative call of a calibration is timed `factor` times slower; plain decoding as it ran."""
+    real = C.decode
+
+    def slowed(gen, plain, *args, **kwargs):
+        tokens, seconds = real(gen, plain, *args, **kwargs)
+        return tokens, seconds * (1 if plain else factor)
+
+    monkeypatch.setattr(C, "decode", slowed)
+
+
+class Instant:
+    """A caller's plain configuration (as `mars.decoding.reference.LimitedGenerate` is) that decodes a unit
+    in next to no time: the fastest plain decoding of any calibration it joins."""
+
+    label = "generate@bfloat16+avx2"
+
+    def time(self, unit, sampling, max_new_tokens, seed) -> tuple[int, float]:
+        return max_new_tokens * len(unit), 1e-6
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Path:
+    return save_standin_pair(tmp_path_factory.mktemp("standin"))
+
+
+def test_the_reference_is_the_fastest_plain_configuration_and_slower_trees_turn_speculation_off(tmp_path,
+                                                                                                   monkeypatch):
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(2)]
+    kernels = C.kernel_candidates("cpu", "float32")
+    common = {"max_new_tokens": 8, "log": lambda _: None, "progress": False, "budget": 5.0}
+    slow_trees(monkeypatch)
+    record = C.calibrate(load, kernels, prompts, SamplingConfig(), CANDIDATES, cache_dir=tmp_path, **common)
+    plains = record["plains"]  # our vanilla at every kernel candidate and model.generate in the precision loaded
+    assert {f"vanilla {k.label}" for k in kernels} | {"generate@float32"} <= set(plains)
+    fastest = max(plains, key=lambda label: plains[label]["tokens_per_s"])
+    assert record["reference"] == {"label": fastest, "tokens_per_s": plains[fastest]["tokens_per_s"]}
+    best = record["tokens_per_s"][TreeShape(**record["tree"]).label]
+    assert record["speedup_over_reference"] == pytest.approx(best / plains[fastest]["tokens_per_s"], abs=2e-3)
+    ours = {label: p["tokens_per_s"] for label, p in plains.items() if label.startswith("vanilla ")}
+    assert f"vanilla {record['fastest_plain']['kernels']}" == max(ours, key=ours.get)
+    # the production verdict: off, decoding plainly at our fastest plain decoding's kernels
+    verdict = C.speculation_of("strict", record)
+    assert not verdict.speculate and verdict.state == "off" and verdict.reference == record["reference"]
+    assert verdict.reason.startswith(f"speculation off for strict: the best tree ({TreeShape(**record['tree']).label})"
+                                     " ran at ") and "x the fastest plain decoding" in verdict.reason
+    assert C.decoding_kernels(record, False).label == record["fastest_plain"]["kernels"]
+    forced = C.speculation_of("strict", record, forced=True)  # a tree set explicitly speculates anyway
+    assert forced.speculate and forced.state == "forced" and forced.reason.endswith("slower than plain decoding")
+    # a caller's plain configuration joins the race (and the cache key): here it is the fastest
+    joined = C.calibrate(load, kernels[:1], prompts, SamplingConfig(), CANDIDATES[:1], cache_dir=tmp_path,
+                         references=[Instant()], **common)
+    assert joined["reference"]["label"] == Instant.label and not joined["cached"]
+    assert joined["reference"]["tokens_per_s"] == max(p["tokens_per_s"] for p in joined["plains"].values())
+    # a rule's record, timed at one kernel, is judged against strict's reference too (carried over through
+    # our vanilla at those kernels, which both timed)
+    rule = {**record, "kernels": vars(kernels[0]), "reference": {"label": "vanilla float32", "tokens_per_s": 1.0}}
+    assert C.reference_of(rule, strict=joined)["label"] == Instant.label
+
+
+def test_speculation_off_decodes_exactly_as_plain_decoding_and_says_so(standin, tmp_path, monkeypatch, capsys):
+    from eval.reporting.summaries import load_runs, merge_runs
+    from eval.reporting.tables import report_markdown
+    from eval.runner import settings as S
+    from eval.runner.job import run
+
+    monkeypatch.setattr(S, "limited_references", lambda *args: [])  # no worker process: a second saved
+    slow_trees(monkeypatch)
+    prompts = tmp_path / "calibration.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def f{i}(x):\n    "}) + "\n"
+                               for i in range(2)))
+    summary = run(config(standin, tmp_path / "out", "tree=calibrated", f"tree.calibration_prompts={prompts}",
+                         "tree.calibration_budget=3", "method=strict", "baselines=[vanilla]"))
+    lines = capsys.readouterr().out
+    assert "speculation off for strict: the best tree (" in lines  # the run's first lines
+    strict = summary["methods"]["strict"]
+    assert strict["speculation"] == "off" and strict["identical_to_vanilla"] == 1.0 and strict["tau"] == 1.0
+    assert strict["predicted_speedup_vs_fastest"] > 0 and "speedup_vs_fastest" in strict
+    recorded = summary["settings"]["speculation"]["strict"]
+    assert recorded["speculate"] is False and recorded["reason"].startswith("speculation off for strict")
+    identity = json.loads((Path(strict["run_dir"]) / "identity.json").read_text())
+    assert identity["speculation"] == "off"  # plain decoding's answers are never resumed as the tree's
+    runs = load_runs([tmp_path / "out"])
+    report = report_markdown(runs, merge_runs(runs), [])
+    assert "## Speculation: calibration's prediction and the run" in report and "| off |" in report
+    # The engine's own switch: `generate` with speculation off is `vanilla`, token for token (tau 1).
+    from transformers import AutoModelForCausalLM
+
+    from eagle.checkpoint import load_draft
+
+    model = AutoModelForCausalLM.from_pretrained(standin / "target", dtype=torch.float32).eval()
+    with SpeculativeGenerator(model, load_draft(standin / "draft", model), TreeShape(8, 4, 2)) as gen:
+        gen.speculate = False
+        prompt = torch.tensor([[1, 5, 9, 33, 7]])
+        out, plain = gen.generate(prompt, max_new_tokens=12), gen.vanilla(prompt, max_new_tokens=12)
+        assert out.tokens == plain.tokens and out.tau == 1.0
+
+
+def test_a_forced_tree_speculates_even_where_calibration_found_it_slower(standin, tmp_path, monkeypatch):
+    from mars import tuned
+
+    monkeypatch.setattr("mars.tuning.tuned.limited_references", lambda *args: [])  # no worker process
+    slow_trees(monkeypatch)
+    logged: list[str] = []
+    common = {"prompts": [torch.tensor([[1, 5 + i, 9, 33, 7, 12]]) for i in range(2)], "dtype": "float32",
+              "cache_dir": tmp_path / "cache", "budget": 3.0, "log": logged.append}
+    forced = tuned(standin / "target", standin / "draft", tree=TreeShape(4, 2, 2), **common)
+    assert forced.speculate and forced.speculation["strict"].state == "forced"
+    assert any(line.startswith("speculation forced for strict") and line.endswith("slower than plain decoding")
+               for line in logged)
+    default = tuned(standin / "target", standin / "draft", **common)  # tree="auto": no tree pays, plain decoding
+    assert not default.speculate and any(line.startswith("speculation off for strict") for line in logged)
+    with default:
+        prompt = common["prompts"][0]
+        assert default.generate(prompt, max_new_tokens=8).tokens == default.vanilla(prompt, max_new_tokens=8).tokens
+    # and the run's first lines and settings record say it
+    record = forced.calibration["strict"]
+    settings = DecodeSettings(
+        dtype=Setting("float32", "set explicitly"), exact_attention=Setting(False, "set explicitly"),
+        prepack=Setting(False, "set explicitly"), tree=Setting(TreeShape(4, 2, 2), "set in the config (tree=...)"),
+        drafting_reason="greedy", placement=Setting("cpu", "model.device"), head=Setting("draft", "model.draft"),
+        calibration=record, speculation={"strict": C.speculation_of("strict", record, forced=True)})
+    assert settings.speculates("strict") and settings.describe()[-1].startswith("speculation forced for strict")
+    assert settings.record()["speculation"]["strict"]["state"] == "forced"
+
+
+def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_prompts_miss(standin, tmp_path,
+                                                                                          monkeypatch):
+    """`eval.run`'s settings and `mars.tuned` both go through `mars.tuning.measure`: for the same machine,
+    models, rule, batch and prompts they time once and share the record; other prompts are another record."""
+    from eval.benchmarks.prompting import PromptFormat
+    from eval.config.schema import validate
+    from eval.runner import settings as S
+    from mars import tuned
+
+    monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "limited_references", lambda *args: [])  # no worker process (the same on both sides)
+    monkeypatch.setattr("mars.tuning.tuned.limited_references", lambda *args: [])
+    prompts = tmp_path / "calibration.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def g{i}(x):\n    "}) + "\n"
+                               for i in range(2)))
+    run = validate(config(standin, tmp_path / "out", "tree=calibrated", f"tree.calibration_prompts={prompts}",
+                          "tree.calibration_budget=3", "model.dtype=float32", "method=mars",
+                          "method.theta=0.9", "baselines=[vanilla]"))
+    fmt = PromptFormat.of(run.model.prompt)
+    logged: list[str] = []
+    settings = S.resolve_settings(run, fmt, log=logged.append)
+    assert any(line.startswith("calibrating") for line in logged)  # timed the first time
+    same = S.calibration_prompts(run, fmt)
+    logged.clear()
+    gen = tuned(standin / "target", standin / "draft", rule="mars", theta=0.9, dtype="float32", prompts=same,
+                budget=3.0, log=logged.append)
+    assert not any(line.startswith("calibrating") for line in logged)  # the records eval.run made
+    assert gen.calibration["strict"]["cache"] == settings.calibration["cache"]
+    (mars,) = settings.method_trees.values()  # the run's MARS method, whatever its display name
+    assert gen.calibration["mars"]["cache"] == mars.calibration["cache"]
+    other = tuned(standin / "target", standin / "draft", dtype="float32", prompts=same[:1], budget=3.0,
+                  log=logged.append)
+    assert other.calibration["strict"]["cache"] != settings.calibration["cache"]  # other prompts miss
+
+
+def test_rules_compared_at_one_tree_all_draft_stricts_tree_and_speculate(standin, tmp_path, monkeypatch):
+    """tree.per_method=false (the zoo, the theta sweep, the paper scripts): no rule gets a tree of its own,
+    every method drafts strict's calibrated tree and speculates even where calibration found it slower."""
+    from eval.runner import settings as S
+    from eval.runner.job import run
+
+    monkeypatch.setattr(S, "limited_references", lambda *args: [])
+    slow_trees(monkeypatch)
+    prompts = tmp_path / "calibration.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def h{i}(x):\n    "}) + "\n"
+                               for i in range(2)))
+    summary = run(config(standin, tmp_path / "out", "tree=calibrated", "tree.per_method=false",
+                         f"tree.calibration_prompts={prompts}", "tree.calibration_budget=3", "method=mars",
+                         "baselines=[vanilla,strict]"))
+    settings = summary["settings"]
+    assert settings["method_trees"] == {}  # no rule's own tree: one calibration, strict's
+    assert settings["speculation"]["strict"]["state"] == "forced"
+    assert "rules compared at one tree" in settings["tree_reason"]
+    methods = summary["methods"]
+    (mars,) = [name for name in methods if name.startswith("mars")]
+    # both speculate (the stand-in head is random, so tau says nothing here), at the one tree
+    assert methods["strict"]["speculation"] == "forced" and methods[mars]["speculation"] == "on"
+    assert methods["strict"]["tree"] == methods[mars]["tree"] == TreeShape(**settings["tree"]).label
