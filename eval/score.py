@@ -10,8 +10,9 @@ input exits with code 2 and a one-line message.
 Answers are JSONL records in the EAGLE / MARS layout (`question_id`, `choices[0]["turns"]`); the
 scored text is the first turn, or every turn of a multi-turn set (MT-bench). What a benchmark
 measures is its own file's business (`eval/benchmarks/`): humaneval pass@1 (unit tests in the
-sandbox), gsm8k and aime2025 accuracy of the final number, wmt19 BLEU/chrF, sum ROUGE, mt_bench,
-alpaca and qa agreement with the same model's vanilla answers (ROUGE-L, token F1, exact match) and
+sandbox), gsm8k and aime2025 accuracy of the final number, wmt19 BLEU/chrF, sum ROUGE, alpaca ROUGE against
+its reference answers, mt_bench and qa agreement with the same model's vanilla answers (ROUGE-L, token F1,
+exact match) and
 an LLM judge where configured, spec_bench per category. Metrics: `eval.scoring.text`.
 
 HumanEval's programs run in the sandbox (`eval.scoring.sandbox`); where it cannot hide the caller's

@@ -235,3 +235,21 @@ def test_no_module_imports_another_modules_private_names():
               if inspect.isfunction(f) and f.__module__ == text.__name__ and not name.startswith("_")]
     assert {"squash", "mean_figure", "vs_vanilla_each"} <= {f.__name__ for f in public}
     assert [f.__name__ for f in public if not f.__doc__] == []
+
+
+def test_alpaca_scores_quality_against_its_reference_answers_and_agreement_against_vanilla():
+    """Quality is ROUGE against the file's reference answers (the headline); agreement with vanilla's answers is
+    reported beside it, as agreement: a method that writes vanilla's answers agrees 100% whatever their quality."""
+    questions = load_questions("alpaca", limit=3)
+
+    def record(q, text):
+        return {"question_id": q.question_id, "choices": [{"turns": [text]}]}
+
+    references = [record(q, q.reference[0]) for q in questions]
+    other = [record(q, "I cannot say.") for q in questions]
+    perfect = score("alpaca", references, baseline=other)
+    assert perfect["metric"] == "rougeL" and perfect["rougeL"] == pytest.approx(100.0)
+    assert perfect["rougeL_vs_vanilla"] < 50  # far from vanilla's answers, yet the reference itself
+    echo = score("alpaca", other, baseline=other)
+    assert echo["rougeL_vs_vanilla"] == pytest.approx(100.0) and echo["rougeL"] < 50
+    assert score("alpaca", other)["rougeL"] == echo["rougeL"]  # no baseline needed: the references are the yardstick

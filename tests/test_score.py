@@ -458,9 +458,9 @@ def test_judge_from_environment_and_failures(judge_server: str, monkeypatch: pyt
 
 
 def test_cli_judge(judge_server: str, tmp_path: Path, capsys, monkeypatch) -> None:
-    answers = [record(q["question_id"], "Do yoga.") for q in questions("alpaca")[:2]]
-    path = write_jsonl(tmp_path / "alpaca.jsonl", answers)
-    code, stdout, stderr = call_cli(capsys, monkeypatch, "alpaca", str(path), "--judge-url", judge_server,
+    answers = [record(q["question_id"], "Do yoga.") for q in questions("qa")[:2]]  # a reference-free set
+    path = write_jsonl(tmp_path / "qa.jsonl", answers)
+    code, stdout, stderr = call_cli(capsys, monkeypatch, "qa", str(path), "--judge-url", judge_server,
                                     "--judge-key", "k", "--judge-model", "jm")
     assert code == 0, stderr
     result = json.loads(stdout.strip().split("\n")[-1])
