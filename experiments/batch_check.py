@@ -27,7 +27,8 @@ method seeded per batch; no identity check, sampling is compared in distribution
 
 Writes {"machine", "capability", "prompts", "max_new_tokens", "batches": {B: {"settings", "tokens_per_s":
 {method: throughput}, "latency_p90": {method: s}, "latency_mean", "tau", "identical_to_alone": strict rows
-equal to decoding alone / prompts, "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_vanilla"}}}.
+equal to decoding alone / prompts, "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_vanilla",
+"predicted_speedup_vs_fastest_plain": calibration's figure for strict, "speculation": each verdict}}}.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main() -> None:
             head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
             gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size)
             record = gen.calibration
+            verdicts = {name: v.record() for name, v in gen.speculation.items()}
             alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
         else:
             settings = pair.settings(f"batch_size={size}")
@@ -99,6 +101,7 @@ def main() -> None:
             alone = None if args.t1 else reference(settings)
             gen = pair.generator(settings)
             record = settings.record()
+            verdicts = record["speculation"]
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         plain_ours, spec = gen.vanilla, gen.generate
         ours = {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded()),
@@ -140,6 +143,10 @@ def main() -> None:
             "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
             "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
             "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
+            # calibration's prediction for strict (its tree, or plain decoding where speculation is off) beside it
+            "predicted_speedup_vs_fastest_plain": {"strict": verdicts.get("strict", {}).get(
+                "predicted_speedup_vs_fastest")},
+            "speculation": {name: v["state"] for name, v in verdicts.items()},
         }
         row = result["batches"][str(size)]
         print(f"B={size}: " + ", ".join(f"{m} {v:.1f}" for m, v in speed.items()) + f" tok/s; tau {row['tau']}; "
