@@ -130,8 +130,11 @@ def main() -> None:
                               "positions": report["steps"][0]["positions"]}
         point["offline_tau"] = {k: v for k, v in offline_tau(head, target, answers[0], *tree).items()
                                 if k != "accept_lengths"}
-        if args.online:
+        if args.online:  # decoding itself, and the replay on the same prompts (the gap between the two)
             point["online_tau"] = online_tau(target, head, tokenizer, answers[0], args.online, tree)
+            first = answers[0].select(torch.arange(min(args.online, len(answers[0]))))
+            point["offline_tau_first_n"] = {k: v for k, v in offline_tau(head, target, first, *tree).items()
+                                            if k != "accept_lengths"}
         print(json.dumps({k: point[k] for k in ("run", "step", "loss_positions", "t0", "offline_tau")}), flush=True)
         points.append(point)
     for earlier in args.include:
