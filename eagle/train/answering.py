@@ -84,7 +84,7 @@ def _sample(logits: torch.Tensor, rows: list[_Row], temperature: float) -> list[
     if temperature <= 0:
         return logits.argmax(-1).tolist()
     cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(-1)
-    u = torch.tensor([r.rng.random() if r.rng is not None else 0.5 for r in rows], device=cdf.device)
+    u = torch.tensor([r.rng.random() for r in rows], device=cdf.device)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1)
     return tokens.clamp_max(cdf.shape[-1] - 1).tolist()
 

@@ -7,16 +7,15 @@ A question without a reference (a hub copy that lost them) falls back to the van
 
 from __future__ import annotations
 
-from eval.benchmarks import HubSource, ScoreContext, register_benchmark
-from eval.benchmarks.against_vanilla import AgainstVanilla, score_against_vanilla
+from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
+from eval.benchmarks.against_vanilla import score_against_vanilla
 from eval.scoring.text import ROUGE_TYPES, rouge_each
 
 
 @register_benchmark
-class Alpaca(AgainstVanilla):
+class Alpaca(Benchmark):
     name = "alpaca"
     headline = "rougeL"  # against the reference answers
-    vs_vanilla = False
     hub = HubSource("tatsu-lab/alpaca", split="train")
 
     def from_hub(self, row: dict, index: int) -> dict:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from mars.decoding.settings import Kernels, Speculation, TreeShape
+from mars.rules.strict import Strict
 from mars.tuning.calibrate import (
     DEFAULT_BUDGET,
     Budget,
@@ -36,7 +37,7 @@ from mars.tuning.calibrate import (
 )
 from mars.verification.sampling import SamplingConfig
 
-STRICT = "strict"
+STRICT = Strict.name
 
 
 @dataclass
