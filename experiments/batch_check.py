@@ -91,7 +91,8 @@ def main() -> None:
         if args.api:
             m = pair.config.model
             head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
-            gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size)
+            gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size,
+                        max_new_tokens=args.tokens)
             record = gen.calibration
             verdicts = {name: v.record() for name, v in gen.speculation.items()}
             alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]

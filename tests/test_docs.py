@@ -111,8 +111,8 @@ def test_the_readme_example_decodes_with_the_settings_it_measured(monkeypatch, c
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128
     assert set(gen.calibration) == {"strict", "mars"} and gen.calibration["mars"]["rule"]["theta"] == 0.9
     # the best tree's kernels, or our fastest plain decoding's where strict found no tree faster (speculation off)
-    kernels = tuning.decoding_kernels(gen.calibration["strict"], gen.speculation["strict"].speculate)
-    assert gen.target.model.dtype == kernels.torch_dtype
+    kernels, plain = tuning.decoding_kernels(gen.calibration["strict"], gen.speculation["strict"].speculate)
+    assert gen.target.model.dtype == kernels.torch_dtype and (gen.tree_kernels, gen.plain_kernels) == (kernels, plain)
     assert gen.tree.total_tokens == gen.calibration["mars"]["tree"]["total_tokens"]
     assert f"tau {out.tau:.2f}" in capsys.readouterr().out
 

@@ -14,7 +14,7 @@ from helpers import hf_greedy, random_prompt, summation_tolerance, tiny_model, u
 from eagle import Eagle3Head
 from mars import SpeculativeGenerator
 from mars.adapter import kernels as K
-from mars.decoding.settings import TreeShape
+from mars.decoding.settings import Kernels, TreeShape
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -130,7 +130,7 @@ def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_g
             assert out.tokens == expected
         assert hf_greedy(model, prompt, 40) == expected  # model.generate after the call: torch's own kernels
     with SpeculativeGenerator(model, head, TreeShape(12, 4, 3), prepack=False) as gen:
-        assert gen.kernels is None
+        assert gen.packed is None
         assert gen.generate(prompt, max_new_tokens=40).tokens == gen.vanilla(prompt, max_new_tokens=40).tokens
 
 
@@ -153,3 +153,50 @@ def test_a_model_moved_after_packing_to_a_precision_not_packed_here_keeps_torchs
     else:
         assert torch.equal(out, expected)
     assert "forward" not in vars(model[0])  # the class's own forward again
+
+
+def test_plain_decoding_can_run_at_its_own_kernels_while_the_tree_stays_packed(monkeypatch):
+    # The fastest one-row products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC: torch's
+    # own, oneDNN off, for a decoding step; packed oneDNN for a tree): vanilla and speculation off decode at
+    # plain_kernels, the tree at its own, and strict equals plain decoding at the tree's kernels.
+    from mars.adapter.kernels import packs
+
+    dtype = torch.bfloat16 if packs(torch.bfloat16) else torch.float32
+    model = tiny_model("llama").to(dtype)
+    torch.manual_seed(2)
+    head = Eagle3Head.for_target(model.config).to(dtype)
+    prompt = random_prompt(random.Random(3), model.config.vocab_size, 10)
+    name = str(dtype).removeprefix("torch.")
+    aten = Kernels(name, False, False, onednn=False)
+    onednn_seen, packed_seen, original = [], [], K._packed_forward
+    monkeypatch.setattr(K, "_packed_forward", lambda *a: packed_seen.append(1) or original(*a))
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda *_: onednn_seen.append(torch.backends.mkldnn.enabled))
+    with SpeculativeGenerator(model, head, TreeShape(8, 4, 2), prepack=True, plain_kernels=aten) as gen:
+        assert gen.plain_kernels == aten and gen.tree_kernels.prepack and gen.tree_kernels.onednn
+        plain = gen.vanilla(prompt, max_new_tokens=24).tokens
+        assert not packed_seen and onednn_seen and not any(onednn_seen)  # torch's own products only
+        assert torch.backends.mkldnn.enabled  # restored after the call
+        onednn_seen.clear()
+        at_tree = gen.vanilla(prompt, max_new_tokens=24, tree_kernels=True).tokens
+        assert packed_seen and all(onednn_seen)
+        assert gen.generate(prompt, max_new_tokens=24).tokens == at_tree  # exact at the tree's kernels
+        gen.speculate = False
+        packed_seen.clear()
+        off = gen.generate(prompt, max_new_tokens=24)
+        assert off.tokens == plain and not packed_seen and off.tau == 1  # speculation off: plain_kernels' loop
+        if dtype == torch.float32:  # torch's own float32 products are MKL's either way: one decoding
+            assert plain == at_tree
+    hook.remove()
+
+
+def test_kernels_that_cannot_be_are_refused_with_the_fix_named():
+    with pytest.raises(ValueError, match="prepack=True needs onednn=True"):
+        Kernels("bfloat16", False, True, onednn=False)
+    model = tiny_model("llama")
+    head = Eagle3Head.for_target(model.config)
+    with pytest.raises(ValueError, match="same model, so give kernels of its precision"):
+        SpeculativeGenerator(model, head, TreeShape(8, 4, 2), plain_kernels=Kernels("bfloat16", False, False))
+    with pytest.raises(ValueError, match="need the tree's too"):
+        SpeculativeGenerator(model, head, TreeShape(8, 4, 2), exact_attention=False,
+                             plain_kernels=Kernels("float32", True, False))

@@ -7,8 +7,10 @@ the decision is the production one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from test_precision import CANDIDATES, tiny_pair_loader
 from test_runs import config
 
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.decoding.settings import DecodeSettings, Setting, TreeShape
+from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning import calibrate as C
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -71,7 +73,9 @@ def test_the_reference_is_the_fastest_plain_configuration_and_slower_trees_turn_
     assert not verdict.speculate and verdict.state == "off" and verdict.reference == record["reference"]
     assert verdict.reason.startswith(f"speculation off for strict: the best tree ({TreeShape(**record['tree']).label})"
                                      " ran at ") and "x the fastest plain decoding" in verdict.reason
-    assert C.decoding_kernels(record, False).label == record["fastest_plain"]["kernels"]
+    tree_kernels, plain_kernels = C.decoding_kernels(record, False)
+    assert plain_kernels.label == record["fastest_plain"]["kernels"] and tree_kernels.dtype == plain_kernels.dtype
+    assert tree_kernels.label in {label for label, k in record["kernel_candidates"].items() if k["trees"]}
     forced = C.speculation_of("strict", record, forced=True)  # a tree set explicitly speculates anyway
     assert forced.speculate and forced.state == "forced" and forced.reason.endswith("slower than plain decoding")
     # a caller's plain configuration joins the race (and the cache key): here it is the fastest
@@ -176,13 +180,13 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
     same = S.calibration_prompts(run, fmt)
     logged.clear()
     gen = tuned(standin / "target", standin / "draft", rule="mars", theta=0.9, dtype="float32", prompts=same,
-                budget=3.0, log=logged.append)
+                budget=3.0, max_new_tokens=run.max_new_tokens, log=logged.append)  # the run's prompts and length
     assert not any(line.startswith("calibrating") for line in logged)  # the records eval.run made
     assert gen.calibration["strict"]["cache"] == settings.calibration["cache"]
     (mars,) = settings.method_trees.values()  # the run's MARS method, whatever its display name
     assert gen.calibration["mars"]["cache"] == mars.calibration["cache"]
     other = tuned(standin / "target", standin / "draft", dtype="float32", prompts=same[:1], budget=3.0,
-                  log=logged.append)
+                  max_new_tokens=run.max_new_tokens, log=logged.append)
     assert other.calibration["strict"]["cache"] != settings.calibration["cache"]  # other prompts miss
 
 
@@ -209,3 +213,47 @@ def test_rules_compared_at_one_tree_all_draft_stricts_tree_and_speculate(standin
     # both speculate (the stand-in head is random, so tau says nothing here), at the one tree
     assert methods["strict"]["speculation"] == "forced" and methods[mars]["speculation"] == "on"
     assert methods["strict"]["tree"] == methods[mars]["tree"] == TreeShape(**settings["tree"]).label
+
+
+def test_plain_decoding_runs_at_the_fastest_plain_kernels_of_the_trees_precision_and_strict_is_checked_at_its_own():
+    """Plain decoding's fastest kernels need not be the tree's (bf16 on the AVX-512 EPYC: torch's own one-row
+    products, a tree packed): a run's vanilla and speculation-off methods decode at the fastest plain kernels of
+    the trees' precision, and strict greedy's first answers are checked against plain decoding at the trees'."""
+    from helpers import tiny_model
+
+    from eagle import Eagle3Head
+    from eval.config.methods import method_spec
+    from eval.runner.answering import exact_at_tree_kernels
+
+    packed, unpacked, aten = (Kernels("bfloat16", True, True), Kernels("bfloat16", True, False),
+                              Kernels("bfloat16", False, False, onednn=False))
+    candidates = {k.label: {"kernels": dataclasses.asdict(k), "plain": speed, "trees": trees, "identical": same}
+                  for k, speed, trees, same in [(packed, 30.0, {"4/4/1": 40.0}, True), (unpacked, 25.0, {}, True),
+                                                (aten, 42.0, {"4/4/1": 20.0}, False),
+                                                (Kernels("float32", False, True), 50.0, {"4/4/1": 45.0}, True)]}
+    float32 = Kernels("float32", False, True)
+    record = {"kernels": dataclasses.asdict(packed), "plain_kernels": dataclasses.asdict(float32),
+              "kernel_candidates": candidates}
+    assert C.decoding_kernels(record, True) == (packed, aten)  # float32's faster plain is another model
+    # strict off: float32 plain decoding, and float32's fastest tree kernels for a rule's or forced tree
+    assert C.decoding_kernels(record, False) == (float32, float32)
+    record["plain_kernels"] = dataclasses.asdict(aten)
+    assert C.decoding_kernels(record, False) == (packed, aten)  # never the aten trees: they did not reproduce
+    if torch.backends.mkldnn.is_available():
+        assert aten in C.kernel_candidates("cpu", "bfloat16")
+        assert all(k.onednn for k in C.kernel_candidates("cpu", "bfloat16", prepack=True))
+
+    model = tiny_model("llama").to(torch.bfloat16)
+    torch.manual_seed(4)
+    head = Eagle3Head.for_target(model.config).to(torch.bfloat16)
+    batch = [random_prompt(random.Random(5), model.config.vocab_size, 9)[0].tolist()]
+    strict, vanilla, greedy = method_spec("strict"), method_spec("vanilla"), SamplingConfig()
+    with SpeculativeGenerator(model, head, TreeShape(6, 3, 2), exact_attention=True, prepack=False,
+                              plain_kernels=Kernels("bfloat16", False, False, onednn=False)) as gen:
+        outs = gen.generate([torch.tensor(x) for x in batch], greedy, max_new_tokens=16)
+        assert exact_at_tree_kernels(gen, strict, greedy, batch, outs, 16, []) == [True]
+        assert exact_at_tree_kernels(gen, vanilla, greedy, batch, outs, 16, []) is None
+        wrong = [replace(outs[0], tokens=[t + 1 for t in outs[0].tokens])]
+        assert exact_at_tree_kernels(gen, strict, greedy, batch, wrong, 16, []) == [False]
+    with SpeculativeGenerator(model, head, TreeShape(6, 3, 2)) as same:  # vanilla is the check already
+        assert exact_at_tree_kernels(same, strict, greedy, batch, outs, 16, []) is None

@@ -150,7 +150,10 @@ class TreeConfig:
     # ("the speed you get"). false: every method drafts strict's calibrated tree and speculates (rules compared
     # at one tree, as the paper compares them: the rule zoo, the theta sweep, the paper scripts).
     per_method: bool = True
-    calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"  # train-split functions of the stdlib
+    # A prompt file (default: train-split functions of the stdlib), or "bench": the benchmark's own questions that
+    # the run does not answer (the 8 after its first num_prompts), so that calibration times prompts like the
+    # run's (a chat head accepts more on its own kind of prompt than on another: its prediction follows).
+    calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"
     calibration_budget: float = 120.0  # seconds per calibration: successive halving stops when they are spent
 
 

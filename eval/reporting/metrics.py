@@ -27,6 +27,10 @@ Definitions (all pooled over the questions every method answered):
   relaxed_frac             tokens accepted only through the MARS relaxation / new tokens
   parse_rate, loglik       see `eval.scoring.quality`; token_prob = exp(loglik)
   identical_to_vanilla     fraction of questions whose tokens equal the baseline's exactly
+  exact_at_tree_kernels    where vanilla decodes at other kernels than the trees (`DecodeSettings.plain`: in bf16
+                           the two round differently, so identical_to_vanilla stops showing strict exact): the
+                           fraction of strict greedy's first turns checked (`exact_checked_turns`, untimed)
+                           that equal plain decoding at the trees' kernels; None where none was checked
   margin_histogram         counts of the margin values at verified positions (`margin_histogram`)
   phase_seconds, phase_share  wall time by phase of the decoding loop (`mars.accounting.timing.PHASES`: prefill,
                            draft, tree_forward, accept, cache_update, catch_up; plain decoding: decode)
@@ -114,6 +118,7 @@ def method_figures(records: list[dict]) -> dict:
     for r in records:
         phases.update(r["eval"].get("phase_seconds", {}))
     loop = {k: v for k, v in phases.items() if k != ACCOUNTING}  # what `seconds` timed
+    checked = [x for r in records for x in r["eval"].get("exact_at_tree_kernels", [])]
     latencies = sorted(x for r in records for x in r["eval"].get("latency", r["choices"][0]["wall_time"]))
     figures = {
         "questions": len(records),
@@ -127,6 +132,8 @@ def method_figures(records: list[dict]) -> dict:
         "cycles": cycles,
         "tau": tau(cycle_tokens, cycles),
         "tau_by_turn": tau_by_turn(records),
+        "exact_at_tree_kernels": _mean(checked) if checked else None,
+        "exact_checked_turns": len(checked),
         "relaxed_tokens": relaxed,
         "relaxed_frac": relaxed / tokens if tokens else 0.0,
         "stopped_by_eos_frac": _mean([s == "eos" for r in records for s in r["eval"]["stopped_by"]]),
@@ -252,7 +259,8 @@ def format_table(figures: dict[str, dict], quality_metric: str | None = None) ->
         ("tau", "tau", "{:.2f}"),
         ("relaxed", "relaxed_frac", "{:.1%}"),
         (quality_metric or "quality", "quality", "{:.3f}"), ("recovery", "quality_recovery", "{:.3f}"),
-        ("=vanilla", "identical_to_vanilla", "{:.0%}"), ("contended", "contended_questions", "{}"),
+        ("=vanilla", "identical_to_vanilla", "{:.0%}"), ("=plain@tree", "exact_at_tree_kernels", "{:.0%}"),
+        ("contended", "contended_questions", "{}"),
     ]
     rows = [[name for name, _, _ in columns]]
     for method, fig in figures.items():

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from eagle.config import eos_token_ids
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
-from eval.config.methods import GENERATE, VANILLA, MethodConfig
+from eval.config.methods import GENERATE, STRICT, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
 from eval.runner import locks
 from eval.runner.directories import answer_path
@@ -51,6 +51,26 @@ def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingCo
                eos_token_id=eos, generator=rng)
 
 
+# Strict greedy's first answers checked against plain decoding at the tree's kernels, where the run's plain
+# decoding (vanilla) runs at other kernels: bf16 at other kernels sums in another order, so vanilla's tokens part
+# from strict's after a rounding tie and `identical_to_vanilla` no longer shows strict exact; this does.
+EXACTNESS_CHECKS = 4
+
+
+def exact_at_tree_kernels(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig,
+                          batch: list[list[int]], outs: list[GenerationOutput], max_new_tokens: int,
+                          eos: list[int]) -> list[bool] | None:
+    """Whether each of strict greedy's `outs` equals plain decoding of its prompt at the tree's kernels
+    (`SpeculativeGenerator.vanilla(tree_kernels=True)`, untimed); None where there is nothing to check (another
+    method, sampling, speculation off, or plain decoding at the tree's kernels already: vanilla is the check)."""
+    if (method.name != STRICT or not sampling.greedy or not gen.speculate or method.kind == VANILLA
+            or gen.plain_kernels == gen.tree_kernels):
+        return None
+    plain = gen.vanilla([torch.tensor(ids, dtype=torch.long) for ids in batch], sampling,
+                        max_new_tokens=max_new_tokens, eos_token_id=eos, tree_kernels=True)
+    return [p.tokens == o.tokens for p, o in zip(plain, outs, strict=True)]
+
+
 class Skip(Exception):
     """A question that cannot be answered under these settings (the reason is recorded)."""
 
@@ -72,6 +92,7 @@ class Evaluator:
         self.figures = set(run.bench.quality)
         self._loglik: dict[tuple, tuple[float, int]] = {}  # for the current question only
         self._prompts: dict[tuple, quality.PromptLoglik] = {}  # its prompts, each computed once for every method
+        self.exactness_checks = EXACTNESS_CHECKS  # strict answers still to check (`exact_at_tree_kernels`)
 
     def budget(self, ids: list[int]) -> int:
         """max_new_tokens, or what still fits the context after a long prompt."""
@@ -108,6 +129,9 @@ class Evaluator:
         turns: list[list[tuple[list[int], int, GenerationOutput]]] = [[] for _ in questions]
         texts: list[list[str]] = [[] for _ in questions]
         shares: list[list[float]] = [[] for _ in questions]
+        exact: list[list[bool]] = [[] for _ in questions]
+        speculate = method.name not in self.plain_methods
+        check = self.exactness_checks > 0
         for turn in range(max(len(q.turns) for q in questions)):
             rows = [i for i, q in enumerate(questions) if turn < len(q.turns)]
             ids = [encode(self.tokenizer, questions[i], texts[i], self.fmt) for i in rows]
@@ -115,19 +139,27 @@ class Evaluator:
             plain = self.plain_models.get(method.name)
             tree = self.trees.get(method.name)
             outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree,
-                          speculate=method.name not in self.plain_methods)
+                          speculate=speculate)
+            checked = exact_at_tree_kernels(self.gen, method, sampling, ids, outs, min(budgets), self.eos) \
+                if check and speculate and plain is None else None
+            for i, same in zip(rows, checked or [], strict=False):
+                exact[i].append(same)
             wall = max(o.seconds for o in outs)
             tokens = sum(len(o.tokens) for o in outs) or 1
             for i, x, out in zip(rows, ids, outs, strict=True):
                 turns[i].append((x, min(budgets), out))
                 texts[i].append(self.tokenizer.decode(out.tokens, skip_special_tokens=True))
                 shares[i].append(wall * len(out.tokens) / tokens if batched else out.seconds)
-        return [self._record(method, q, texts[i], turns[i], shares[i], len(questions))
+        if any(exact):
+            self.exactness_checks -= len(questions)
+        return [self._record(method, q, texts[i], turns[i], shares[i], len(questions), exact[i])
                 for i, q in enumerate(questions)]
 
     def _record(self, method: MethodConfig, question: Question, texts: list[str],
-                turns: list[tuple[list[int], int, GenerationOutput]], wall: list[float], batch: int) -> dict:
-        """The answer record of one question's turns (ids, budget, output each)."""
+                turns: list[tuple[list[int], int, GenerationOutput]], wall: list[float], batch: int,
+                exact: list[bool]) -> dict:
+        """The answer record of one question's turns (ids, budget, output each); `exact`: per turn, whether it
+        equals plain decoding at the tree's kernels, where checked (`exact_at_tree_kernels`)."""
         extra = {"method": method.name, "token_ids": [], "max_new_tokens": [], "parses": [], "loglik": [],
                  "loglik_tokens": []}
         for (ids, budget, out), prompt, text in zip(turns, question.turns, texts, strict=False):
@@ -148,6 +180,8 @@ class Evaluator:
                      phase_seconds={k: round(v, 6) for k, v in phases.items()})
         if batch > 1:
             extra.update(batch_size=batch, latency=[round(o.seconds, 6) for o in outs])
+        if exact:
+            extra["exact_at_tree_kernels"] = exact
         return answer_record(question.question_id, f"{self.run.model.name}-{method.name}", texts,
                              [o.num_cycles for o in outs], [len(o.tokens) for o in outs],
                              [round(w, 6) for w in wall], extra)

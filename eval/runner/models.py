@@ -132,7 +132,8 @@ def make_generator(target, head, settings: DecodeSettings, run: RunConfig,
     """Our decoding loop with the job's resolved settings (its tree, exact attention and kernels)."""
     m = run.model
     return SpeculativeGenerator(target, head, settings.tree.value, exact_attention=settings.exact_attention.value,
-                                prepack=settings.prepack.value, profile=profile, static=m.static, compile=m.compile,
+                                prepack=settings.prepack.value, onednn=settings.onednn.value,
+                                plain_kernels=settings.plain, profile=profile, static=m.static, compile=m.compile,
                                 max_cache_len=m.max_cache_len)
 
 

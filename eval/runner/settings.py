@@ -150,8 +150,18 @@ def measured_of(record: dict, offered: int) -> str:
 
 def plain_reason(record: dict, kernels: Kernels) -> str:
     """Why a run whose strict does not speculate decodes with `kernels`: our fastest plain decoding's."""
-    return (f"measured: speculation off for strict, so the kernels of our fastest plain decoding "
-            f"(vanilla {kernels.label} {record['fastest_plain']['tokens_per_s']:.1f} tok/s in calibration)")
+    fastest = record["fastest_plain"]
+    trees = "" if fastest["kernels"] == kernels.label else \
+        f"; a tree in that precision (a rule's own, a forced one) verifies at {kernels.label}, the fastest timed there"
+    return (f"measured: speculation off for strict, so the precision of our fastest plain decoding "
+            f"(vanilla {fastest['kernels']} {fastest['tokens_per_s']:.1f} tok/s in calibration){trees}")
+
+
+def plain_kernels_reason(record: dict, kernels: Kernels, plain: Kernels) -> str:
+    """Why the run's plain decoding runs at other kernels than its trees: faster in calibration."""
+    speed = {k.label: record["kernel_candidates"][k.label]["plain"] for k in (plain, kernels)}
+    return (f"measured: vanilla {plain.label} {speed[plain.label]:.1f} tok/s against {speed[kernels.label]:.1f} at "
+            f"the trees' kernels in calibration; strict reproduces plain decoding at the trees' kernels")
 
 
 def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None,
@@ -176,9 +186,25 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     return f"auto: the only candidate here ({kernels.label})"
 
 
+# tree.calibration_prompts=bench: this many of the benchmark's questions after the run's
+BENCH_CALIBRATION_PROMPTS = 8
+
+
 def calibration_prompts(run: RunConfig, fmt: PromptFormat) -> list[torch.Tensor]:
+    """The first turns calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
+    questions after the run's first `num_prompts` (never one the run answers)."""
     tokenizer = load_tokenizer(run)
-    return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in load_questions(run.tree.calibration_prompts)]
+    if run.tree.calibration_prompts != "bench":
+        questions = load_questions(run.tree.calibration_prompts)
+    else:
+        every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+        questions = every[run.num_prompts:][:BENCH_CALIBRATION_PROMPTS] if run.num_prompts else []
+        if len(questions) < 2:
+            raise ValueError(f"tree.calibration_prompts=bench times the benchmark's questions the run does not answer, "
+                             f"but {run.bench.name} has {len(every)} and the run answers "
+                             f"{run.num_prompts or 'all'}: lower num_prompts, or give tree.calibration_prompts a "
+                             "prompt file (e.g. data/prompts/smollm2_calibration.jsonl)")
+    return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in questions]
 
 
 def head_setting(run: RunConfig, sampled: bool) -> Setting:
@@ -243,6 +269,7 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
                         sampling, {m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
                         fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
                         budget=run.tree.calibration_budget, references=references, log=log,
+                        max_new_tokens=run.max_new_tokens,
                         shared=run.tree.calibrate and not run.tree.per_method,
                         exclusive=partial(locks.exclusive, timing_device(run, None), run.exclusive_timing))
     kernels, tree, record = found.kernels, found.tree, found.records.get(STRICT)
@@ -256,10 +283,15 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     else:
         tree_setting = Setting(tree, "set in the config (tree=...)")
     plain = not found.strict_speculates
+    plain_kernels = None
+    if found.plain_kernels is not None and found.plain_kernels != kernels:
+        plain_kernels = Setting(found.plain_kernels, plain_kernels_reason(record, kernels, found.plain_kernels))
     return DecodeSettings(
         dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record, plain)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
         prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record, plain)),
         tree=tree_setting, drafting_reason=drafting_reason(run, tree, sampled, record),
         placement=placement_of(run), head=head, calibration=record, method_trees=method_trees,
-        speculation=found.speculation)
+        speculation=found.speculation,
+        onednn=Setting(kernels.onednn, "measured: with the kernels above" if record else "default"),
+        plain_kernels=plain_kernels)

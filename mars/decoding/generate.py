@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -50,12 +50,12 @@ from eagle.tree import DraftTree
 from mars.accounting.deferred import CostLedger
 from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
-from mars.adapter.kernels import PackedLinears, choose_packing
+from mars.adapter.kernels import PackedLinears, choose_packing, onednn_off
 from mars.decoding.adaptive import AdaptiveTree, measure_costs
 from mars.decoding.drafting import Drafter
 from mars.decoding.output import GenerationOutput
 from mars.decoding.rows import Behind, Rows, joined, paths_behind, prompts_behind
-from mars.decoding.settings import TreeShape
+from mars.decoding.settings import Kernels, TreeShape
 from mars.verification.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
 from mars.verification.verify import Verdict, accept_rows
 
@@ -64,13 +64,13 @@ DEFAULT_TREE = TreeShape(60, 6, 10)
 
 
 def _while_decoding(method):
-    """Run a decoding method with the generator's packed kernels and feature hooks on the models,
-    taken off again after (between calls the models are as the caller gave them), and the heap that
-    exists at the call frozen out of garbage collections (`mars.accounting.timing.frozen_heap`)."""
+    """Run a decoding method with the generator's feature hooks on the models, taken off again after
+    (between calls the models are as the caller gave them), and the heap that exists at the call frozen
+    out of garbage collections (`mars.accounting.timing.frozen_heap`). The kernels are entered per loop
+    (`SpeculativeGenerator._computing`)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        with self.kernels.active() if self.kernels is not None else nullcontext(), self.target.tapped(), \
-                frozen_heap():
+        with self.target.tapped(), frozen_heap():
             return method(self, *args, **kwargs)
     return run
 
@@ -94,6 +94,15 @@ class SpeculativeGenerator:
     `generate`/`vanilla` (`mars.adapter.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
+    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`mars.adapter.kernels.onednn_off`);
+    needs prepack off.
+    plain_kernels: the kernels of plain decoding (`vanilla`, and `generate` while `speculate` is False) where
+    they differ from the tree's (a `mars.decoding.settings.Kernels` of the model's precision; None: the
+    tree's). The fastest one-row products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC:
+    torch's own for one row, packed oneDNN for a tree; `mars.adapter.kernels`). Strict greedy output equals
+    plain greedy decoding at the tree's kernels, bit for bit; at other kernels bf16 sums in another order and
+    greedy continuations part after a rounding tie (`gen.vanilla(..., tree_kernels=True)` decodes plainly at
+    the tree's kernels).
     profile: time the loop's phases into `GenerationOutput.phase_seconds` (synchronising the devices
     at every phase boundary; off by default, for the loop's sake on a GPU).
     An adaptive tree (`tree.adaptive`) is sized each cycle (up to the tree's maxima, down to a plain
@@ -113,7 +122,8 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target_model, head: DraftHead, tree: TreeShape = DEFAULT_TREE, *,
-                 exact_attention: bool | str = "auto", prepack: bool | str = "auto", profile: bool = False,
+                 exact_attention: bool | str = "auto", prepack: bool | str = "auto", onednn: bool = True,
+                 plain_kernels: Kernels | None = None, profile: bool = False,
                  static: bool = False, compile: str | None = None, max_cache_len: int | None = None,
                  rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, **tree_arguments):
         if tree_arguments:
@@ -129,11 +139,42 @@ class SpeculativeGenerator:
         self.head, self.tree, self.profile = head, tree, profile
         self.rank_acceptance = tuple(rank_acceptance)
         self.prepack, self.prepack_reason = choose_packing([target_model, head], prepack, compiled=compile is not None)
-        self.kernels = PackedLinears(target_model, head) if self.prepack else None
+        # The tree's kernels and plain decoding's, each (exact attention plans, packed, oneDNN on).
+        precision = str(self.target.dtype).removeprefix("torch.")
+        self.tree_kernels = Kernels(precision, self.target.exact_attention, self.prepack, onednn)
+        self.plain_kernels = self._checked_plain(plain_kernels)
+        packing = self.prepack or self.plain_kernels.prepack
+        self.packed = PackedLinears(target_model, head) if packing else None
         self.policy: AdaptiveTree | None = None  # measured on first use
         # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
         # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
         self.speculate = True
+
+    def _checked_plain(self, plain: Kernels | None) -> Kernels:
+        if plain is None:
+            return self.tree_kernels
+        if not isinstance(plain, Kernels):
+            raise TypeError(f"plain_kernels must be a mars.decoding.settings.Kernels, got {type(plain).__name__}")
+        if plain.dtype != self.tree_kernels.dtype:
+            raise ValueError(f"plain_kernels are {plain.dtype} but the target is loaded in {self.tree_kernels.dtype}: "
+                             "plain decoding runs on the same model, so give kernels of its precision")
+        if plain.exact_attention and not self.target.exact_attention:
+            raise ValueError("plain_kernels with exact attention need the tree's too (exact_attention=True): "
+                             "the model's attention implementation is chosen once, for both")
+        if plain.prepack and not choose_packing([self.target.model], "auto")[0]:
+            raise ValueError("plain_kernels ask for prepacked weights, which oneDNN cannot pack here (or the packed "
+                             "copy does not fit in memory): give plain_kernels with prepack=False")
+        if plain != self.tree_kernels and self.target.static:
+            raise ValueError("static shapes run one set of kernels: leave plain_kernels unset with static=True")
+        return plain
+
+    @contextmanager
+    def _computing(self, kernels: Kernels):
+        """Inside: the linears multiply as `kernels` say (packed or not, oneDNN on or off) and forwards make
+        exact attention's plans or not."""
+        with self.packed.active() if kernels.prepack else nullcontext(), onednn_off(not kernels.onednn), \
+                self.target.exact_plans(kernels.exact_attention):
+            yield
 
     def adaptive_policy(self) -> AdaptiveTree | None:
         """The adaptive tree's policy (None for a fixed tree), its costs measured here at first use and again
@@ -221,7 +262,7 @@ class SpeculativeGenerator:
                              f"logits are, {device}: pass torch.Generator(device='{device}')")
 
     def _decode(self, loop: Callable, input_ids, sampling: SamplingConfig | None, max_new_tokens: int,
-                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int):
+                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int, kernels: Kernels):
         cfg = resolve_sampling(sampling, **overrides)
         prompts = self._prompts(input_ids, max_new_tokens, nodes)
         self._check_generator(generator)
@@ -230,7 +271,9 @@ class SpeculativeGenerator:
         outputs = [GenerationOutput() for _ in prompts]
         if max_new_tokens > 0:
             try:
-                loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator, outputs)
+                with self._computing(kernels):
+                    loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator,
+                         outputs)
             finally:
                 self.target.rows = None
         return outputs[0] if isinstance(input_ids, torch.Tensor) else outputs
@@ -265,9 +308,9 @@ class SpeculativeGenerator:
         """
         if not self.speculate:
             return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
-                                nodes=1)
+                                nodes=1, kernels=self.plain_kernels)
         return self._decode(_speculate, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
-                            nodes=self.tree.total_tokens + 1)
+                            nodes=self.tree.total_tokens + 1, kernels=self.tree_kernels)
 
     @_while_decoding
     @torch.inference_mode()
@@ -279,13 +322,18 @@ class SpeculativeGenerator:
         max_new_tokens: int = 128,
         eos_token_id: int | list[int] | None = None,
         generator: torch.Generator | None = None,
+        tree_kernels: bool = False,
         **overrides,
     ) -> GenerationOutput | list[GenerationOutput]:
         """Plain token-by-token decoding with the same adapter, cache and logits processing: `generate`'s
         own baseline. Takes and returns what `generate` does (several prompts: one token per prompt per
         forward, on the ragged cache); the verification settings (rule, theta, ...) do not apply.
+        Decodes at `plain_kernels`, or with `tree_kernels` at the tree's: the plain decoding strict greedy
+        reproduces bit for bit.
         """
-        return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides, nodes=1)
+        kernels = self.tree_kernels if tree_kernels else self.plain_kernels
+        return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides, nodes=1,
+                            kernels=kernels)
 
 
 # --- the loops: B >= 1 rows, each a prompt; one prompt is a forest of one ---------------------------

@@ -95,11 +95,19 @@ NAMED_TREES = {
 @dataclass(frozen=True)
 class Kernels:
     """How the target computes: its precision, whether verification attention is exact
-    (`mars.adapter.exact`), whether linears multiply prepacked weights (`mars.adapter.kernels`)."""
+    (`mars.adapter.exact`), whether linears multiply prepacked weights (`mars.adapter.kernels`), and whether
+    torch may hand CPU products to oneDNN at all (`onednn` False: torch's own kernels, label "aten"; on the
+    AVX-512 EPYC its one-row bf16 products stream SmolLM2's weights faster than packed oneDNN, though several
+    rows cost nearly that many times one, so it is a plain decoding's kernels, `mars.adapter.kernels`)."""
 
     dtype: str  # a key of DTYPES
     exact_attention: bool
     prepack: bool
+    onednn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.prepack and not self.onednn:
+            raise ValueError("prepacked weights are multiplied by oneDNN: prepack=True needs onednn=True")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -108,7 +116,7 @@ class Kernels:
     @property
     def label(self) -> str:
         return "+".join([self.dtype, *(["exact"] if self.exact_attention else []),
-                         *(["packed"] if self.prepack else [])])
+                         *(["packed"] if self.prepack else []), *([] if self.onednn else ["aten"])])
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,8 @@ class Speculation:
     calibration record).
 
     Off where its best tree ran slower than the fastest plain decoding timed in calibration: the method then
-    decodes plainly, with our vanilla loop at the run's kernels. `forced`: the tree was set explicitly, which
+    decodes plainly, with our vanilla loop at the run's plain kernels
+    (`DecodeSettings.plain`). `forced`: the tree was set explicitly, which
     always speculates (the reason says when calibration found it slower). `predicted`: the calibration's
     tokens/s of what the method will run (its tree, or plain decoding when off) over the fastest plain
     decoding's, the figure the run's measured `speedup_vs_fastest` is set beside. `reference`: that fastest
@@ -170,6 +179,9 @@ class DecodeSettings:
     # {method name: Speculation}: whether strict and each rule method speculate, where calibration decided it
     # (or a forced tree was timed); a method not in it speculates.
     speculation: dict[str, Speculation] = field(default_factory=dict)
+    onednn: Setting = Setting(True, "default: torch hands CPU products to oneDNN where it can")  # bool
+    # Kernels: plain decoding's (vanilla, and methods whose speculation is off) where not the trees'; None: the same
+    plain_kernels: Setting | None = None
 
     def tree_for(self, method: str) -> TreeShape:
         """The tree `method` drafts: its own measured tree, else the run's."""
@@ -181,7 +193,13 @@ class DecodeSettings:
 
     @property
     def kernels(self) -> Kernels:
-        return Kernels(self.dtype.value, self.exact_attention.value, self.prepack.value)
+        """The kernels the run's trees verify with (the generator's)."""
+        return Kernels(self.dtype.value, self.exact_attention.value, self.prepack.value, self.onednn.value)
+
+    @property
+    def plain(self) -> Kernels:
+        """The kernels of the run's plain decoding."""
+        return self.plain_kernels.value if self.plain_kernels is not None else self.kernels
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -192,7 +210,10 @@ class DecodeSettings:
         on = {True: "on", False: "off"}
         return [f"precision: {self.dtype.value} ({self.dtype.reason}); exact attention "
                 f"{on[self.exact_attention.value]} ({self.exact_attention.reason}); prepacked linears "
-                f"{on[self.prepack.value]} ({self.prepack.reason})",
+                f"{on[self.prepack.value]} ({self.prepack.reason})"
+                + ("" if self.onednn.value else f"; oneDNN off ({self.onednn.reason})"),
+                *([f"plain decoding (vanilla, speculation off): {self.plain.label} ({self.plain_kernels.reason})"]
+                  if self.plain != self.kernels else []),
                 f"tree: {self.tree.value.label} ({self.tree.reason}); drafting: {self.tree.value.drafting} "
                 f"({self.drafting_reason}); placement: {self.placement.value} ({self.placement.reason})",
                 f"draft head: {self.head.value} ({self.head.reason})",
@@ -204,6 +225,9 @@ class DecodeSettings:
         return {"dtype": self.dtype.value, "dtype_reason": self.dtype.reason,
                 "exact_attention": self.exact_attention.value, "exact_attention_reason": self.exact_attention.reason,
                 "prepack": self.prepack.value, "prepack_reason": self.prepack.reason,
+                "onednn": self.onednn.value, "onednn_reason": self.onednn.reason,
+                "plain_kernels": asdict(self.plain),
+                "plain_kernels_reason": self.plain_kernels.reason if self.plain_kernels else "the trees' kernels",
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
                 "drafting": self.tree.value.drafting, "drafting_reason": self.drafting_reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,

@@ -2,10 +2,14 @@
 
 Two questions decide a run's speed, and the answers differ by machine more than any rule of thumb
 can say:
-- the kernels: precision (bf16 / float32), exact attention and prepacked linears. On an AVX-512
-  BF16 CPU, bf16 verification is 1.3x slower than float32 with torch's own kernels and the fastest
+- the kernels: precision (bf16 / float32), exact attention, prepacked linears and oneDNN on or off. On an
+  AVX-512 BF16 CPU, bf16 verification is 1.3x slower than float32 with torch's own kernels and the fastest
   of all on prepacked weights; without bf16 instructions a 21-token bf16 forward costs ~6 decodes
-  against ~1.7 in float32 (`../shared/notes/cpu-performance.md`).
+  against ~1.7 in float32 (`../shared/notes/cpu-performance.md`). The fastest one-row products can be
+  another kernel's: there, plain bf16 decoding of SmolLM2 ran 1.3x faster with torch's own products
+  (oneDNN off) than packed, whose few-row products win a tree's forward; so plain decoding (our vanilla,
+  and a method whose speculation is off) runs at the fastest plain kernels of the tree's precision
+  (`plain_kernels_of`), while the tree keeps its own.
 - the draft tree: a 21-node verification costs ~1.3 decodes with bf16 matrix instructions, ~1.7 in
   float32 without them, about one on a GPU; sampled decoding accepts less than greedy.
 
@@ -127,7 +131,8 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
     CPU: float32 and bf16; exact attention where the precision needs it to reproduce plain decoding
     (bf16: `eagle.precision.needs_exact_attention`) unless set; prepacked linears on and off where
     oneDNN packs that precision here (`mars.adapter.kernels.packs`) and a packed copy of the target's
-    `parameters` weights fits in memory (`mars.adapter.kernels.packed_copy_fits`), unless set. Other devices:
+    `parameters` weights fits in memory (`mars.adapter.kernels.packed_copy_fits`), unless set; and in bf16 /
+    fp16, torch's own products with oneDNN off ("aten"), unless prepacking was asked for. Other devices:
     one candidate, the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
     float32 is never the faster there, and `mars.adapter.kernels` packs CPU weights only).
     """
@@ -145,6 +150,11 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
         can_pack = on_cpu and packs(getattr(torch, name)) and packed_copy_fits(size)
         for packed in ([prepack] if prepack is not None else [True, False] if can_pack else [False]):
             found.append(Kernels(name, exact, packed))
+        if on_cpu and name != "float32" and prepack is not True and torch.backends.mkldnn.is_available():
+            # torch's own half-precision products, oneDNN off: a plain decoding candidate above all (one row
+            # streams faster than packed on the AVX-512 EPYC); without exact attention, unless it was set,
+            # which a lone row does not need. Its trees are timed only if they reproduce its plain decoding.
+            found.append(Kernels(name, exact if exact_attention is not None else False, False, onednn=False))
     return found
 
 
@@ -182,7 +192,7 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
     gets its own attention implementation back)."""
     with ExitStack() as stack:
         yield {k: stack.enter_context(SpeculativeGenerator(target, head, tree, exact_attention=k.exact_attention,
-                                                           prepack=k.prepack)) for k in kernels}
+                                                           prepack=k.prepack, onednn=k.onednn)) for k in kernels}
 
 
 def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tensor]]:
@@ -605,7 +615,8 @@ class Timing:
         return {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
                 # False: none did; the fastest was taken anyway
                 "kernels_reproduce_plain": any(self.identical.values()),
-                "kernel_candidates": {k.label: {"plain": round(vanilla[k].speed, 2) if k in vanilla else None,
+                "kernel_candidates": {k.label: {"kernels": asdict(k),
+                                                "plain": round(vanilla[k].speed, 2) if k in vanilla else None,
                                                 "trees": {a.tree.label: round(a.speed, 2) for a in everything
                                                           if a.kernels == k and a.units},
                                                 # None: not checked, the budget ran out before its precision
@@ -677,14 +688,37 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
     if ratio >= 1:
         return Speculation(True, f"speculation on for {method}: the best tree ({tree.label}) ran at {against}",
                            round(ratio, 3), False, reference)
-    plain = decoding_kernels(record, False)
+    plain = Kernels(**record["plain_kernels"])
     speed = record["kernel_candidates"][plain.label]["plain"]
     return Speculation(False, f"speculation off for {method}: the best tree ({tree.label}) ran at {against}; "
                               f"{method} decodes plainly (vanilla {plain.label}, {speed:.1f} tok/s)",
                        round(speed / reference["tokens_per_s"], 3), False, reference)
 
 
-def decoding_kernels(record: dict, speculate: bool) -> Kernels:
-    """The kernels a method decodes with by its calibration `record`: the best candidate's where it
-    speculates, our fastest plain decoding's where it does not."""
-    return Kernels(**(record["kernels"] if speculate else record["plain_kernels"]))
+def decoding_kernels(record: dict, speculate: bool) -> tuple[Kernels, Kernels]:
+    """(the kernels a run's trees verify with, those of its plain decoding) by strict's calibration `record`.
+    Where strict speculates: the best candidate's, and our fastest plain decoding of that precision. Where
+    it does not: our fastest plain decoding's, and for the trees (the rules' own, a forced one) the candidate
+    of that precision whose tree ran fastest (a tree at torch's own products would be slow)."""
+    if speculate:
+        tree = Kernels(**record["kernels"])
+    else:
+        plain = Kernels(**record["plain_kernels"])
+        timed = [(max(e["trees"].values()), Kernels(**e["kernels"])) for e in record["kernel_candidates"].values()
+                 if "kernels" in e and e["trees"] and e["kernels"]["dtype"] == plain.dtype and e["identical"]
+                 is not False and (e["kernels"]["exact_attention"] or not plain.exact_attention)]
+        tree = max(timed, key=lambda t: t[0])[1] if timed else plain
+    return tree, plain_kernels_of(record, tree)
+
+
+def plain_kernels_of(record: dict, kernels: Kernels) -> Kernels:
+    """The kernels of plain decoding beside a tree at `kernels` (`SpeculativeGenerator(plain_kernels=)`): our
+    fastest vanilla in calibration among the candidates of that precision (the same model), `kernels` where
+    none was timed faster. Plain decoding at exact attention needs the tree's exact attention on."""
+    best, speed = kernels, record["kernel_candidates"].get(kernels.label, {}).get("plain") or 0.0
+    for entry in record["kernel_candidates"].values():
+        other = Kernels(**entry["kernels"]) if "kernels" in entry else None  # records before the field: none
+        if (other is not None and other.dtype == kernels.dtype and (entry["plain"] or 0.0) > speed
+                and (kernels.exact_attention or not other.exact_attention)):
+            best, speed = other, entry["plain"]
+    return best

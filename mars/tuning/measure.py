@@ -5,7 +5,9 @@ machine, models, rules, batch and prompts:
 1. strict first: precision, kernels and tree searched together (`calibrate`), judged against the fastest
    plain decoding timed beside them (`references`: e.g. `model.generate` under the AVX2 limits);
 2. whether strict speculates (`speculation_of`): where its best tree is slower than that reference, the
-   run decodes with the kernels of our fastest plain decoding instead;
+   run decodes with the kernels of our fastest plain decoding instead; where it speculates, plain decoding
+   (vanilla, and any method whose speculation is off) runs at our fastest plain kernels of the tree's
+   precision (`plain_kernels_of`), the tree at its own;
 3. then each relaxed rule's own tree at those kernels, and whether that rule speculates (judged against
    strict's reference too).
 A fixed tree (`fixed_tree`) skips the tree search and always speculates ("forced"); where there is no
@@ -43,11 +45,13 @@ STRICT = Strict.name
 @dataclass
 class Measured:
     """What the door found. `records`: {method: its calibration record} (strict's under "strict", absent where
-    nothing was timed); `speculation`: {method: verdict}; `kernels`: what the run decodes with; `tree`:
-    strict's tree (or the fixed one); `method_trees`: {rule method: its own tree}."""
+    nothing was timed); `speculation`: {method: verdict}; `kernels`: what the run's trees verify with (the
+    generator's); `plain_kernels`: what its plain decoding runs at (None: `kernels`); `tree`: strict's tree (or
+    the fixed one); `method_trees`: {rule method: its own tree}."""
 
     kernels: Kernels
     tree: TreeShape
+    plain_kernels: Kernels | None = None
     records: dict[str, dict] = field(default_factory=dict)
     speculation: dict[str, Speculation] = field(default_factory=dict)
     method_trees: dict[str, TreeShape] = field(default_factory=dict)
@@ -62,11 +66,12 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
             fixed_tree: TreeShape | None = None, drafting: str = "auto", batch: int = 1,
             budget: float = DEFAULT_BUDGET, references: Sequence[Reference] = (),
             exclusive: Callable[[], AbstractContextManager] = nullcontext, cache_dir: Path | None = None,
-            shared: bool = False, log=print) -> Measured:
+            shared: bool = False, max_new_tokens: int = 64, log=print) -> Measured:
     """Strict's kernels and tree, then each of `rules`' ({method name: its sampling, rule included}) trees at
     those kernels, each with its speculation verdict (see the module docstring). `trees` None: the tree is
     `fixed_tree`, which speculates whatever it costs. `budget`: seconds for all the calibrations together,
-    shared by the candidates each times (`Budget`)."""
+    shared by the candidates each times (`Budget`). `max_new_tokens`: the length the run decodes, which the
+    candidates are timed at (a tree's advantage and plain decoding's speed both change with the context)."""
     rules = {} if shared else rules or {}
     sampled = not strict.greedy
     if trees is None and fixed_tree is None:
@@ -75,6 +80,7 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
     shares = Budget(budget, [len(options) * len(trees or fixed_candidates(fixed_tree, sampled, drafting))]
                     + [per_rule] * len(rules))
     common = {"prompts": prompts, "drafting": drafting, "batch": batch, "references": references,
+              "max_new_tokens": max_new_tokens,
               "exclusive": exclusive, "cache_dir": cache_dir, "log": log}
     if len(options) == 1 and trees is None:  # nothing to choose: a forced tree at the only kernels
         return Measured(options[0], fixed_tree)
@@ -84,7 +90,7 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
     found.speculation[STRICT] = speculation_of(
         STRICT, record, forced=trees is None or shared,
         **({"why_forced": "every method drafts strict's tree, rules compared at one tree"} if trees and shared else {}))
-    found.kernels = decoding_kernels(record, found.strict_speculates)
+    found.kernels, found.plain_kernels = decoding_kernels(record, found.strict_speculates)
     for name, sampling in rules.items() if trees else ():
         own = calibrate(load, [found.kernels], sampling=sampling, trees=trees, budget=shares.next(), **common)
         found.records[name] = own

@@ -7,7 +7,8 @@
         out = gen.generate(input_ids, max_new_tokens=128)                  # gen.target.model: the target
 
 `tuned` loads the target and its draft head in the precision measured fastest here and returns a
-`SpeculativeGenerator` with the measured kernels (exact attention, prepacked linears) and tree: the
+`SpeculativeGenerator` with the measured kernels (exact attention, prepacked linears, oneDNN; plain decoding
+at the fastest plain kernels of that precision, `gen.plain_kernels`) and tree: the
 calibration `eval.run` makes with `model.dtype=auto tree=calibrated`, through the same door
 (`mars.tuning.measure`: precision and tree searched together for strict verification, then the tree of `rule`
 at those kernels; given the prompts `eval.run` times, the two share one record), cached
@@ -66,12 +67,13 @@ def _parameters(target: str) -> int:
 def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, rule: str = "strict",
           batch_size: int = 1, device: str | None = None, dtype: str = "auto", tree: str | TreeShape = "auto",
           drafting: str = "auto", prompts: list[torch.Tensor] | None = None, budget: float = DEFAULT_BUDGET,
-          cache_dir: Path | None = None, log=print, **rule_params) -> SpeculativeGenerator:
+          max_new_tokens: int = 64, cache_dir: Path | None = None, log=print, **rule_params) -> SpeculativeGenerator:
     """A `SpeculativeGenerator` for `target` (a local directory or hub id) and its EAGLE `draft`, with
     the settings measured on this machine for decoding at `temperature` with `rule` (and `rule_params`,
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
     prompts: token tensors [1, n] to time on (default: the repository's calibration prompts, encoded
-    with the target's tokenizer). budget: seconds for all the timing together (first use only)."""
+    with the target's tokenizer). budget: seconds for all the timing together (first use only).
+    max_new_tokens: the length your calls decode, which candidates are timed at."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle.checkpoint import load_draft
@@ -99,18 +101,20 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     try:  # the one door `eval.run` goes through too
         found = measure(load, options, prompts, SamplingConfig(temperature=temperature), rules, trees=trees,
                         fixed_tree=fixed, drafting=drafting, batch=batch_size, budget=budget, references=references,
-                        cache_dir=cache_dir, log=log)
+                        max_new_tokens=max_new_tokens, cache_dir=cache_dir, log=log)
     finally:
         for reference in references:
             reference.close()
     kernels, shape = found.kernels, found.method_trees.get(rule, found.tree)
     records, speculation = found.records, found.speculation
     model, head = load(kernels.dtype)
-    gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack)
+    gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack,
+                               onednn=kernels.onednn, plain_kernels=found.plain_kernels)
     gen.calibration, gen.speculation = records, speculation
     verdict = speculation.get(rule) or speculation.get("strict")  # a fixed tree: strict's record timed it
     gen.speculate = verdict.speculate if verdict else True
-    log(f"tuned for this machine: {kernels.label}, tree {shape.label}"
+    plain = "" if gen.plain_kernels == kernels else f" (plain decoding at {gen.plain_kernels.label})"
+    log(f"tuned for this machine: {kernels.label}{plain}, tree {shape.label}"
         + "".join(f"; {name}: {'cached' if r['cached'] else 'measured'} ({r['cache']})" for name, r in records.items()))
     if verdict:
         log(verdict.reason)
