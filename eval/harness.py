@@ -104,7 +104,9 @@ class JobPair:
         key = (settings.head.value, dtype)
         if key not in self.heads:
             self.heads[key] = load_head(settings.head, target)
-        return make_generator(target, self.heads[key], settings, self.config, profile=profile)
+        plain = settings.plain.dtype
+        return make_generator(target, self.heads[key], settings, self.config, profile=profile,
+                              plain_model=self.target(plain) if plain != dtype else None)
 
     def plain_decoders(self, names: list[str] | None = None) -> dict[str, PlainDecoder]:
         """`model.generate` as a user has it here (`names`: only those): in float32 and bf16, and on a CPU

@@ -235,6 +235,8 @@ def test_plain_decoding_runs_at_the_fastest_plain_kernels_of_the_trees_precision
     record = {"kernels": dataclasses.asdict(packed), "plain_kernels": dataclasses.asdict(float32),
               "kernel_candidates": candidates}
     assert C.decoding_kernels(record, True) == (packed, aten)  # float32's faster plain is another model
+    # ... which plain decoding takes where calibration held both precisions' models at once
+    assert C.decoding_kernels({**record, "precisions_held_together": True}, True) == (packed, float32)
     # strict off: float32 plain decoding, and float32's fastest tree kernels for a rule's or forced tree
     assert C.decoding_kernels(record, False) == (float32, float32)
     record["plain_kernels"] = dataclasses.asdict(aten)

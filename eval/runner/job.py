@@ -361,7 +361,12 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
             rows = max(t.total_tokens for t in [resolved.tree.value, *trees.values()]) + 1
             target = load_target(config, resolved.torch_dtype, gpus, rows)
             head = load_head(resolved.head, target)
-            gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile))
+            copies = {resolved.dtype.value: target}  # the target in each precision loaded, once
+            if resolved.plain.dtype not in copies:  # plain decoding measured fastest in another precision
+                copies[resolved.plain.dtype] = load_target(config, resolved.plain.torch_dtype, gpus, rows)
+            gen = stack.enter_context(make_generator(target, head, resolved, config, profile=config.profile,
+                                                     plain_model=copies.get(resolved.plain.dtype) if
+                                                     resolved.plain.dtype != resolved.dtype.value else None))
             plain_models = {}
             for m in pending:  # generate@<dtype>: the target again in that precision, or in a worker process
                 if isinstance(m, GenerateConfig) and m.isa:
@@ -369,7 +374,10 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
                     register(worker.process.pid)  # its CPU time is this job's
                     plain_models[m.name] = worker
                 elif method_dtype(m, resolved) != resolved.dtype.value:
-                    plain_models[m.name] = load_target(config, DTYPES[method_dtype(m, resolved)], gpus, rows)
+                    dtype = method_dtype(m, resolved)
+                    if dtype not in copies:
+                        copies[dtype] = load_target(config, DTYPES[dtype], gpus, rows)
+                    plain_models[m.name] = copies[dtype]
         off = {m.name for m in pending if isinstance(m, RuleMethod) and not resolved.speculates(m.name)}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees,
                               plain_methods=off)

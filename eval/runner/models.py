@@ -127,14 +127,15 @@ def load_target(run: RunConfig, dtype: torch.dtype, gpus: list[int] | None = Non
     return model
 
 
-def make_generator(target, head, settings: DecodeSettings, run: RunConfig,
-                   profile: bool = False) -> SpeculativeGenerator:
-    """Our decoding loop with the job's resolved settings (its tree, exact attention and kernels)."""
+def make_generator(target, head, settings: DecodeSettings, run: RunConfig, profile: bool = False,
+                   plain_model=None) -> SpeculativeGenerator:
+    """Our decoding loop with the job's resolved settings (its tree, exact attention and kernels; plain decoding
+    at its own kernels, on `plain_model`, the target in their precision, where that is not the trees')."""
     m = run.model
     return SpeculativeGenerator(target, head, settings.tree.value, exact_attention=settings.exact_attention.value,
                                 prepack=settings.prepack.value, onednn=settings.onednn.value,
-                                plain_kernels=settings.plain, profile=profile, static=m.static, compile=m.compile,
-                                max_cache_len=m.max_cache_len)
+                                plain_kernels=settings.plain, plain_model=plain_model, profile=profile,
+                                static=m.static, compile=m.compile, max_cache_len=m.max_cache_len)
 
 
 def load_head(head: Setting, target):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import torch
 
@@ -97,10 +98,12 @@ class SpeculativeGenerator:
     onednn: False multiplies with torch's own CPU kernels, oneDNN off (`mars.adapter.kernels.onednn_off`);
     needs prepack off.
     plain_kernels: the kernels of plain decoding (`vanilla`, and `generate` while `speculate` is False) where
-    they differ from the tree's (a `mars.decoding.settings.Kernels` of the model's precision; None: the
-    tree's). The fastest one-row products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC:
-    torch's own for one row, packed oneDNN for a tree; `mars.adapter.kernels`). Strict greedy output equals
-    plain greedy decoding at the tree's kernels, bit for bit; at other kernels bf16 sums in another order and
+    they differ from the tree's (a `mars.decoding.settings.Kernels`; None: the tree's). The fastest one-row
+    products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC: torch's own for one row,
+    packed oneDNN for a tree; `mars.adapter.kernels`), nor in the same precision (the embedded pair there:
+    float32 trees, bf16 plain decoding). plain_model: the target loaded in `plain_kernels`' precision, where
+    that is not `target_model`'s (a second copy, the caller's to load). Strict greedy output equals plain
+    greedy decoding at the tree's kernels, bit for bit; at other kernels the sums run in another order and
     greedy continuations part after a rounding tie (`gen.vanilla(..., tree_kernels=True)` decodes plainly at
     the tree's kernels).
     profile: time the loop's phases into `GenerationOutput.phase_seconds` (synchronising the devices
@@ -123,7 +126,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target_model, head: DraftHead, tree: TreeShape = DEFAULT_TREE, *,
                  exact_attention: bool | str = "auto", prepack: bool | str = "auto", onednn: bool = True,
-                 plain_kernels: Kernels | None = None, profile: bool = False,
+                 plain_kernels: Kernels | None = None, plain_model=None, profile: bool = False,
                  static: bool = False, compile: str | None = None, max_cache_len: int | None = None,
                  rank_acceptance: tuple[float, ...] = RANK_ACCEPTANCE, **tree_arguments):
         if tree_arguments:
@@ -142,38 +145,59 @@ class SpeculativeGenerator:
         # The tree's kernels and plain decoding's, each (exact attention plans, packed, oneDNN on).
         precision = str(self.target.dtype).removeprefix("torch.")
         self.tree_kernels = Kernels(precision, self.target.exact_attention, self.prepack, onednn)
-        self.plain_kernels = self._checked_plain(plain_kernels)
-        packing = self.prepack or self.plain_kernels.prepack
+        self.plain_kernels = self._checked_plain(plain_kernels, plain_model)
+        # Plain decoding's adapter: the tree's, or one over the copy in plain decoding's precision.
+        self.plain_target = self.target if plain_model is None else TargetModel(
+            plain_model, head.config.feature_layers, self.plain_kernels.exact_attention, feature_device=head.device)
+        packing = self.prepack or (self.plain_kernels.prepack and plain_model is None)
         self.packed = PackedLinears(target_model, head) if packing else None
+        self.plain_packed = PackedLinears(plain_model) if plain_model is not None and self.plain_kernels.prepack \
+            else self.packed
         self.policy: AdaptiveTree | None = None  # measured on first use
         # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
         # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
         self.speculate = True
 
-    def _checked_plain(self, plain: Kernels | None) -> Kernels:
+    def _checked_plain(self, plain: Kernels | None, model) -> Kernels:
         if plain is None:
+            if model is not None:
+                raise ValueError("plain_model needs plain_kernels (of its precision)")
             return self.tree_kernels
         if not isinstance(plain, Kernels):
             raise TypeError(f"plain_kernels must be a mars.decoding.settings.Kernels, got {type(plain).__name__}")
-        if plain.dtype != self.tree_kernels.dtype:
-            raise ValueError(f"plain_kernels are {plain.dtype} but the target is loaded in {self.tree_kernels.dtype}: "
-                             "plain decoding runs on the same model, so give kernels of its precision")
-        if plain.exact_attention and not self.target.exact_attention:
+        loaded = str((model or self.target.model).get_input_embeddings().weight.dtype).removeprefix("torch.")
+        if plain.dtype != loaded:
+            fix = "pass the target loaded in that precision as plain_model" if model is None else \
+                "give plain_model in plain_kernels' precision"
+            raise ValueError(f"plain_kernels are {plain.dtype} but the model plain decoding runs on is {loaded}: {fix}")
+        if model is not None and model.config.to_dict().get("vocab_size") != self.target.model.config.vocab_size:
+            raise ValueError("plain_model is not the target: load the same model in plain_kernels' precision")
+        if model is None and plain.exact_attention and not self.target.exact_attention:
             raise ValueError("plain_kernels with exact attention need the tree's too (exact_attention=True): "
                              "the model's attention implementation is chosen once, for both")
-        if plain.prepack and not choose_packing([self.target.model], "auto")[0]:
+        if plain.prepack and not choose_packing([model or self.target.model], "auto")[0]:
             raise ValueError("plain_kernels ask for prepacked weights, which oneDNN cannot pack here (or the packed "
                              "copy does not fit in memory): give plain_kernels with prepack=False")
         if plain != self.tree_kernels and self.target.static:
             raise ValueError("static shapes run one set of kernels: leave plain_kernels unset with static=True")
         return plain
 
+    def close(self) -> None:
+        """Hand the target model (and a plain decoding copy) back as it was given (its own attention
+        implementation)."""
+        self.target.close()
+        if self.plain_target is not self.target:
+            self.plain_target.close()
+
     @contextmanager
-    def _computing(self, kernels: Kernels):
-        """Inside: the linears multiply as `kernels` say (packed or not, oneDNN on or off) and forwards make
-        exact attention's plans or not."""
-        with self.packed.active() if kernels.prepack else nullcontext(), onednn_off(not kernels.onednn), \
-                self.target.exact_plans(kernels.exact_attention):
+    def _computing(self, plain: bool):
+        """Inside: plain decoding's adapter (`plain`) or the tree's, its linears multiplying as its kernels say
+        (packed or not, oneDNN on or off) and its forwards making exact attention's plans or not."""
+        target, kernels = (self.plain_target, self.plain_kernels) if plain else (self.target, self.tree_kernels)
+        packed = self.plain_packed if plain else self.packed
+        with packed.active() if kernels.prepack else nullcontext(), onednn_off(not kernels.onednn), \
+                target.exact_plans(kernels.exact_attention), \
+                target.tapped() if target is not self.target else nullcontext():
             yield
 
     def adaptive_policy(self) -> AdaptiveTree | None:
@@ -195,10 +219,6 @@ class SpeculativeGenerator:
             raise ValueError(f"tree {tree.label} has more nodes than the static shapes were built for "
                              f"({self.target.tree_rows - 1}): build the generator with the largest tree")
         self.tree = tree
-
-    def close(self) -> None:
-        """Hand the target model back as it was given (its own attention implementation)."""
-        self.target.close()
 
     def __enter__(self) -> SpeculativeGenerator:
         return self
@@ -262,7 +282,7 @@ class SpeculativeGenerator:
                              f"logits are, {device}: pass torch.Generator(device='{device}')")
 
     def _decode(self, loop: Callable, input_ids, sampling: SamplingConfig | None, max_new_tokens: int,
-                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int, kernels: Kernels):
+                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int, plain: bool = False):
         cfg = resolve_sampling(sampling, **overrides)
         prompts = self._prompts(input_ids, max_new_tokens, nodes)
         self._check_generator(generator)
@@ -271,11 +291,11 @@ class SpeculativeGenerator:
         outputs = [GenerationOutput() for _ in prompts]
         if max_new_tokens > 0:
             try:
-                with self._computing(kernels):
+                with self._computing(plain):
                     loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator,
                          outputs)
             finally:
-                self.target.rows = None
+                self.target.rows = self.plain_target.rows = None
         return outputs[0] if isinstance(input_ids, torch.Tensor) else outputs
 
     @_while_decoding
@@ -307,10 +327,10 @@ class SpeculativeGenerator:
         (`check_batching`). With `speculate` False, plain decoding: `vanilla`'s loop and outputs (tau 1).
         """
         if not self.speculate:
-            return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
-                                nodes=1, kernels=self.plain_kernels)
+            return self._decode(partial(_plain, target=self.plain_target), input_ids, sampling, max_new_tokens,
+                                eos_token_id, generator, overrides, nodes=1, plain=True)
         return self._decode(_speculate, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
-                            nodes=self.tree.total_tokens + 1, kernels=self.tree_kernels)
+                            nodes=self.tree.total_tokens + 1)
 
     @_while_decoding
     @torch.inference_mode()
@@ -331,9 +351,9 @@ class SpeculativeGenerator:
         Decodes at `plain_kernels`, or with `tree_kernels` at the tree's: the plain decoding strict greedy
         reproduces bit for bit.
         """
-        kernels = self.tree_kernels if tree_kernels else self.plain_kernels
-        return self._decode(_plain, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides, nodes=1,
-                            kernels=kernels)
+        target = self.target if tree_kernels else self.plain_target
+        return self._decode(partial(_plain, target=target), input_ids, sampling, max_new_tokens, eos_token_id,
+                            generator, overrides, nodes=1, plain=not tree_kernels)
 
 
 # --- the loops: B >= 1 rows, each a prompt; one prompt is a forest of one ---------------------------
@@ -425,9 +445,10 @@ def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Samp
 
 
 def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
-           eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput]) -> None:
-    """The loop of `vanilla`: one token per row per forward (each a lone root); fills `outputs`."""
-    target = gen.target
+           eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput], *,
+           target: TargetModel) -> None:
+    """The loop of `vanilla` on `target` (the tree's adapter, or plain decoding's): one token per row per forward
+    (each a lone root); fills `outputs`."""
     rows = Rows(outputs, eos, max_new_tokens)
     clock = PhaseClock(outputs[0].phase_seconds, target.all_devices, gen.profile)
     device = target.devices.inputs

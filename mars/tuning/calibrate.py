@@ -615,6 +615,8 @@ class Timing:
         return {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
                 # False: none did; the fastest was taken anyway
                 "kernels_reproduce_plain": any(self.identical.values()),
+                # every precision's models fitted in memory at once (a second copy for plain decoding does)
+                "precisions_held_together": self.hold_all and len(self.dtypes) > 1,
                 "kernel_candidates": {k.label: {"kernels": asdict(k),
                                                 "plain": round(vanilla[k].speed, 2) if k in vanilla else None,
                                                 "trees": {a.tree.label: round(a.speed, 2) for a in everything
@@ -697,7 +699,7 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
 
 def decoding_kernels(record: dict, speculate: bool) -> tuple[Kernels, Kernels]:
     """(the kernels a run's trees verify with, those of its plain decoding) by strict's calibration `record`.
-    Where strict speculates: the best candidate's, and our fastest plain decoding of that precision. Where
+    Where strict speculates: the best candidate's, and our fastest plain decoding (`plain_kernels_of`). Where
     it does not: our fastest plain decoding's, and for the trees (the rules' own, a forced one) the candidate
     of that precision whose tree ran fastest (a tree at torch's own products would be slow)."""
     if speculate:
@@ -713,12 +715,16 @@ def decoding_kernels(record: dict, speculate: bool) -> tuple[Kernels, Kernels]:
 
 def plain_kernels_of(record: dict, kernels: Kernels) -> Kernels:
     """The kernels of plain decoding beside a tree at `kernels` (`SpeculativeGenerator(plain_kernels=)`): our
-    fastest vanilla in calibration among the candidates of that precision (the same model), `kernels` where
-    none was timed faster. Plain decoding at exact attention needs the tree's exact attention on."""
+    fastest vanilla in calibration, `kernels` where none was timed faster. In another precision only where
+    calibration held every precision's models at once (`precisions_held_together`: a second copy of the target
+    fits); in the same precision (the same model) at exact attention only if the tree's is on."""
     best, speed = kernels, record["kernel_candidates"].get(kernels.label, {}).get("plain") or 0.0
     for entry in record["kernel_candidates"].values():
         other = Kernels(**entry["kernels"]) if "kernels" in entry else None  # records before the field: none
-        if (other is not None and other.dtype == kernels.dtype and (entry["plain"] or 0.0) > speed
-                and (kernels.exact_attention or not other.exact_attention)):
+        if other is None or (entry["plain"] or 0.0) <= speed:
+            continue
+        same_model = other.dtype == kernels.dtype
+        if (same_model and (kernels.exact_attention or not other.exact_attention)) or (
+                not same_model and record.get("precisions_held_together")):
             best, speed = other, entry["plain"]
     return best

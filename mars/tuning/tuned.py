@@ -108,8 +108,10 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     kernels, shape = found.kernels, found.method_trees.get(rule, found.tree)
     records, speculation = found.records, found.speculation
     model, head = load(kernels.dtype)
+    plain = found.plain_kernels or kernels
+    copy = load(plain.dtype)[0] if plain.dtype != kernels.dtype else None  # plain decoding in another precision
     gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack,
-                               onednn=kernels.onednn, plain_kernels=found.plain_kernels)
+                               onednn=kernels.onednn, plain_kernels=plain, plain_model=copy)
     gen.calibration, gen.speculation = records, speculation
     verdict = speculation.get(rule) or speculation.get("strict")  # a fixed tree: strict's record timed it
     gen.speculate = verdict.speculate if verdict else True
