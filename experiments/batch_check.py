@@ -82,7 +82,8 @@ def main() -> None:
         key = (settings.dtype.value, settings.exact_attention.value, settings.prepack.value)
         if key not in references:
             with pair.generator(settings) as alone:
-                references[key] = [alone.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
+                references[key] = [alone.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
+                                   for p in prompts]
         return references[key]
 
     result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
@@ -95,7 +96,8 @@ def main() -> None:
                         max_new_tokens=args.tokens)
             record = gen.calibration
             verdicts = {name: v.record() for name, v in gen.speculation.items()}
-            alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens).tokens for p in prompts]
+            alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
+                                          for p in prompts]
         else:
             settings = pair.settings(f"batch_size={size}")
             print(f"B={size}: " + " | ".join(settings.describe()))

@@ -118,11 +118,14 @@ def tiny_pair_loader(head_seed: int = 1):
 def test_kernel_candidates_follow_the_device_the_explicit_settings_and_what_onednn_packs():
     found = kernel_candidates("cpu")
     assert {k.dtype for k in found} == {"float32", "bfloat16"}
-    assert all(k.exact_attention == (k.dtype == "bfloat16") for k in found)  # exact where the precision needs it
+    # exact where the precision needs it, but for plain decoding's candidate on torch's own bf16 products
+    assert all(k.exact_attention == (k.dtype == "bfloat16") for k in found if k.onednn)
+    assert [k for k in found if not k.onednn] == [Kernels("bfloat16", False, False, onednn=False)]
     assert {k.prepack for k in found if k.dtype == "float32"} == {True, False}  # torch here has oneDNN
-    assert ({k.prepack for k in found if k.dtype == "bfloat16"} == {True, False}) is packs(torch.bfloat16)
+    assert ({k.prepack for k in found if k.dtype == "bfloat16" and k.onednn} == {True, False}) is packs(torch.bfloat16)
     assert kernel_candidates("cpu", "float32", prepack=False) == [Kernels("float32", False, False)]
     assert {k.exact_attention for k in kernel_candidates("cpu", "bfloat16", exact_attention=False)} == {False}
+    assert all(k.onednn for k in kernel_candidates("cpu", "bfloat16", prepack=True))  # packing asked for
     assert {k.prepack for k in kernel_candidates("cpu", "float32", parameters=10**15)} == {False}  # would not fit
     assert kernel_candidates("cuda") == [Kernels("bfloat16", True, False)]  # not timed on a GPU
 
@@ -183,7 +186,7 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
     kernels = [Kernels("float32", False, True), Kernels("float32", False, False)]
     record = calibrate(load, kernels, prompts, SamplingConfig(), None, fixed_tree=TreeShape(8, 4, 2),
                        max_new_tokens=8, cache_dir=tmp_path, log=lambda _: None)
-    assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False}
+    assert record["kernels"] == {"dtype": "float32", "exact_attention": False, "prepack": False, "onednn": True}
     # no tree timed at them; their plain decoding is, as a candidate for the fastest plain decoding
     packed = record["kernel_candidates"]["float32+packed"]
     assert (packed["trees"], packed["identical"]) == ({}, False) and packed["plain"] > 0
