@@ -125,6 +125,7 @@ def test_theta_only_belongs_to_mars():
     (["sampling.top_p=0"], "top_p"),
     (["max_new_tokens=0"], "max_new_tokens"),
     (["num_prompts=0"], "num_prompts"),
+    (["exactness_checks=-1"], "exactness_checks is a count of questions"),
     (["shard=2/2"], "shard must be 'i/n'"),
     (["shard=a/b"], "shard must be 'i/n'"),
     (["baselines=[vanilla,fast]"], "unknown method 'fast'"),

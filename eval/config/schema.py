@@ -203,6 +203,9 @@ class RunConfig:
     seed: int = 0
     threads: int | None = None  # torch threads; null = $OMP_NUM_THREADS if set, else all cores
     warmup: bool = True  # one short untimed run of every method first
+    # Where vanilla decodes at other kernels than the trees (DecodeSettings.plain), strict greedy's answers to this
+    # many questions are checked, untimed, against plain decoding at the trees' kernels; null = every question.
+    exactness_checks: int | None = 4
     # Time the decoding loop's phases (phase_seconds in the summary). It synchronises the devices at
     # every phase boundary, which slows a GPU run: for diagnosis, not for speed figures.
     profile: bool = False
@@ -254,6 +257,9 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
     if not tree.calibration_budget >= 0:
         raise ValueError(f"tree.calibration_budget is seconds >= 0, got {tree.calibration_budget!r}")
     _positive("max_new_tokens", run.max_new_tokens)
+    if run.exactness_checks is not None and not (isinstance(run.exactness_checks, int) and run.exactness_checks >= 0):
+        raise ValueError(f"exactness_checks is a count of questions >= 0 or null (every question), got "
+                         f"{run.exactness_checks!r}")
     _positive("batch_size", run.batch_size)
     if run.batch_size > 1 and (run.model.static or not shape.batchable):
         raise ValueError("batch_size > 1 decodes fixed-size trees on the dynamic cache: drop model.static and "

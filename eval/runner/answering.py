@@ -51,12 +51,6 @@ def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingCo
                eos_token_id=eos, generator=rng)
 
 
-# Strict greedy's first answers checked against plain decoding at the tree's kernels, where the run's plain
-# decoding (vanilla) runs at other kernels: bf16 at other kernels sums in another order, so vanilla's tokens part
-# from strict's after a rounding tie and `identical_to_vanilla` no longer shows strict exact; this does.
-EXACTNESS_CHECKS = 4
-
-
 def exact_at_tree_kernels(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig,
                           batch: list[list[int]], outs: list[GenerationOutput], max_new_tokens: int,
                           eos: list[int]) -> list[bool] | None:
@@ -92,7 +86,10 @@ class Evaluator:
         self.figures = set(run.bench.quality)
         self._loglik: dict[tuple, tuple[float, int]] = {}  # for the current question only
         self._prompts: dict[tuple, quality.PromptLoglik] = {}  # its prompts, each computed once for every method
-        self.exactness_checks = EXACTNESS_CHECKS  # strict answers still to check (`exact_at_tree_kernels`)
+        # Strict greedy's answers still to check against plain decoding at the tree's kernels (`exact_at_tree_kernels`),
+        # where vanilla runs at other kernels: sums in another order, so vanilla's tokens part from strict's after
+        # a rounding tie and `identical_to_vanilla` no longer shows strict exact; this does. None: every question.
+        self.exactness_checks = run.exactness_checks
 
     def budget(self, ids: list[int]) -> int:
         """max_new_tokens, or what still fits the context after a long prompt."""
@@ -131,7 +128,7 @@ class Evaluator:
         shares: list[list[float]] = [[] for _ in questions]
         exact: list[list[bool]] = [[] for _ in questions]
         speculate = method.name not in self.plain_methods
-        check = self.exactness_checks > 0
+        check = self.exactness_checks is None or self.exactness_checks > 0
         for turn in range(max(len(q.turns) for q in questions)):
             rows = [i for i, q in enumerate(questions) if turn < len(q.turns)]
             ids = [encode(self.tokenizer, questions[i], texts[i], self.fmt) for i in rows]
@@ -150,7 +147,7 @@ class Evaluator:
                 turns[i].append((x, min(budgets), out))
                 texts[i].append(self.tokenizer.decode(out.tokens, skip_special_tokens=True))
                 shares[i].append(wall * len(out.tokens) / tokens if batched else out.seconds)
-        if any(exact):
+        if any(exact) and self.exactness_checks is not None:
             self.exactness_checks -= len(questions)
         return [self._record(method, q, texts[i], turns[i], shares[i], len(questions), exact[i])
                 for i, q in enumerate(questions)]
