@@ -71,6 +71,9 @@ def test_cycle_costs_times_each_phase_of_a_cycle(tmp_path, monkeypatch):
     tree = report["trees"]["4/2/2"]
     assert report["generate_ms_per_token"] > 0 and tree["cycles"] >= 1 and tree["ms_per_cycle"] > 0
     assert {"draft", "tree_forward", "accept"} <= set(tree["phases_ms"])
+    plains = report["plain_ms_per_token"]  # beside generate: our vanilla at float32's fastest plain kernels
+    assert "generate" in plains and any(label.startswith("vanilla float32") for label in plains)
+    assert tree["tau_to_match_fastest"] == pytest.approx(tree["ms_per_cycle"] / min(plains.values()), rel=0.02)
 
 
 def test_real_model_checks_find_strict_greedy_identical_and_test_sampling(tmp_path, monkeypatch):
