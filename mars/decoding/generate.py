@@ -322,9 +322,10 @@ class SpeculativeGenerator:
         Several prompts: one tree per prompt per cycle, all verified in one target forward, each prompt
         accepting its own number of tokens; finished prompts leave the batch (their slots are not
         refilled); each output's `seconds` is the time from the batch's start to its last token. Strict
-        greedy output of every prompt equals its plain greedy decoding alone (float32; tested), strict
-        sampling is lossless per prompt. Batches need a fixed-size tree on the dynamic cache
-        (`check_batching`). With `speculate` False, plain decoding: `vanilla`'s loop and outputs (tau 1).
+        greedy output of every prompt equals its plain greedy decoding alone at the tree's kernels
+        (`vanilla(..., tree_kernels=True)`; tested), strict sampling is lossless per prompt. Batches need a
+        fixed-size tree on the dynamic cache (`check_batching`). With `speculate` False, plain decoding:
+        `vanilla`'s loop and outputs at `plain_kernels` (tau 1).
         """
         if not self.speculate:
             return self._decode(partial(_plain, target=self.plain_target), input_ids, sampling, max_new_tokens,
