@@ -21,10 +21,11 @@ products (plain decoding) then multiply the row twice and keep one, the kernel a
 
 Packed is not fastest everywhere: on the AVX-512 BF16 EPYC, in a real decoding step (weights streamed from
 memory, not cache), a packed one-row bf16 product of SmolLM2 took ~76 us per call against ~57 us for torch's
-own kernel with oneDNN off, so plain bf16 decoding with oneDNN off (`onednn_off`) ran 1.3x faster than packed;
-those products are row-invariant too, but several rows cost nearly that many times one, so a tree's rows stay
-packed (docs/measurements/2026-11-27-epyc-avx512-head2/plain_decoding_kernels_smollm2.json). Which wins is
-measured per machine (`mars.tuning.calibrate` times plain decoding at each).
+own kernel with oneDNN off, so plain bf16 decoding with oneDNN off (`onednn(False)`) ran 1.3x faster than
+packed; those products are row-invariant too, but several rows cost nearly that many times one (a 40-token
+prompt's forward took ~300 ms against ~55 ms packed), so a tree's rows and every prompt's forward stay packed
+(docs/measurements/2026-11-27-epyc-avx512-head2/plain_decoding_kernels_smollm2.json). Which wins is measured per
+machine (`mars.tuning.calibrate` times plain decoding at each).
 
 `PackedLinears` packs a model's CPU `nn.Linear` weights once and swaps them in only inside
 `active()`: between calls the model is exactly the user's (its own `generate` keeps torch's kernels,
@@ -82,14 +83,11 @@ def one_row_differs(fan_in: int, fan_out: int, dtype: torch.dtype) -> bool:
 
 
 @contextmanager
-def onednn_off(off: bool = True):
-    """Inside (when `off`): torch multiplies with its own CPU kernels, never handing a product to oneDNN
+def onednn(enabled: bool):
+    """Inside: torch hands CPU products to oneDNN where it can (`enabled`), or multiplies with its own kernels
     (`torch.backends.mkldnn.enabled`, process-wide; restored after)."""
-    if not off:
-        yield
-        return
     before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
+    torch.backends.mkldnn.enabled = enabled
     try:
         yield
     finally:

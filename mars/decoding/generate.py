@@ -51,7 +51,7 @@ from eagle.tree import DraftTree
 from mars.accounting.deferred import CostLedger
 from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
-from mars.adapter.kernels import PackedLinears, choose_packing, onednn_off
+from mars.adapter.kernels import PackedLinears, choose_packing, onednn
 from mars.decoding.adaptive import AdaptiveTree, measure_costs
 from mars.decoding.drafting import Drafter
 from mars.decoding.output import GenerationOutput
@@ -95,7 +95,7 @@ class SpeculativeGenerator:
     `generate`/`vanilla` (`mars.adapter.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
-    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`mars.adapter.kernels.onednn_off`);
+    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`mars.adapter.kernels.onednn`);
     needs prepack off.
     plain_kernels: the kernels of plain decoding (`vanilla`, and `generate` while `speculate` is False) where
     they differ from the tree's (a `mars.decoding.settings.Kernels`; None: the tree's). The fastest one-row
@@ -153,6 +153,11 @@ class SpeculativeGenerator:
         self.packed = PackedLinears(target_model, head) if packing else None
         self.plain_packed = PackedLinears(plain_model) if plain_model is not None and self.plain_kernels.prepack \
             else self.packed
+        # A prompt's forward multiplies many rows: in plain decoding on torch's own products (`onednn` off) it
+        # runs with oneDNN, packed where packable (`_prompt_forward`). The copy's packed weights, for that.
+        self.prompt_packed = self.plain_packed if plain_model is None or self.plain_packed is not None else (
+            PackedLinears(plain_model) if choose_packing([plain_model], "auto")[0] else None)
+        self._active = self.tree_kernels  # the kernels of the loop running (`_computing`)
         self.policy: AdaptiveTree | None = None  # measured on first use
         # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
         # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
@@ -195,9 +200,23 @@ class SpeculativeGenerator:
         (packed or not, oneDNN on or off) and its forwards making exact attention's plans or not."""
         target, kernels = (self.plain_target, self.plain_kernels) if plain else (self.target, self.tree_kernels)
         packed = self.plain_packed if plain else self.packed
-        with packed.active() if kernels.prepack else nullcontext(), onednn_off(not kernels.onednn), \
+        with packed.active() if kernels.prepack else nullcontext(), onednn(kernels.onednn), \
                 target.exact_plans(kernels.exact_attention), \
                 target.tapped() if target is not self.target else nullcontext():
+            self._active = kernels
+            yield
+
+    @contextmanager
+    def _prompt_forward(self, target: TargetModel):
+        """Inside: the prompts' forward of plain decoding on `target`. At kernels with oneDNN off it multiplies with
+        oneDNN, on packed weights where the generator has them: torch's own bf16 products cost nearly per row (a
+        40-token SmolLM2 prompt ~300 ms against ~55 ms packed, on the AVX-512 EPYC), the one-row steps after it are
+        where they are fastest. Elsewhere the loop's kernels, unchanged."""
+        if self._active.onednn:
+            yield
+            return
+        packed = self.packed if target is self.target else self.prompt_packed
+        with packed.active() if packed is not None else nullcontext(), onednn(True):
             yield
 
     def adaptive_policy(self) -> AdaptiveTree | None:
@@ -453,7 +472,8 @@ def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Sampling
     rows = Rows(outputs, eos, max_new_tokens)
     clock = PhaseClock(outputs[0].phase_seconds, target.all_devices, gen.profile)
     device = target.devices.inputs
-    logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
+    with gen._prompt_forward(target):
+        logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
     tokens = next_tokens(process_logits(logits, cfg), cfg, generator).to(device)
     rows.emit_first(tokens)
     clock.lap("prefill")
