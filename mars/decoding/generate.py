@@ -157,7 +157,6 @@ class SpeculativeGenerator:
         # runs with oneDNN, packed where packable (`_prompt_forward`). The copy's packed weights, for that.
         self.prompt_packed = self.plain_packed if plain_model is None or self.plain_packed is not None else (
             PackedLinears(plain_model) if choose_packing([plain_model], "auto")[0] else None)
-        self._active = self.tree_kernels  # the kernels of the loop running (`_computing`)
         self.policy: AdaptiveTree | None = None  # measured on first use
         # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
         # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
@@ -203,7 +202,6 @@ class SpeculativeGenerator:
         with packed.active() if kernels.prepack else nullcontext(), onednn(kernels.onednn), \
                 target.exact_plans(kernels.exact_attention), \
                 target.tapped() if target is not self.target else nullcontext():
-            self._active = kernels
             yield
 
     @contextmanager
@@ -211,8 +209,8 @@ class SpeculativeGenerator:
         """Inside: the prompts' forward of plain decoding on `target`. At kernels with oneDNN off it multiplies with
         oneDNN, on packed weights where the generator has them: torch's own bf16 products cost nearly per row (a
         40-token SmolLM2 prompt ~300 ms against ~55 ms packed, on the AVX-512 EPYC), the one-row steps after it are
-        where they are fastest. Elsewhere the loop's kernels, unchanged."""
-        if self._active.onednn:
+        where they are fastest. Elsewhere (oneDNN on: `_computing` set it from the loop's kernels) unchanged."""
+        if torch.backends.mkldnn.enabled:
             yield
             return
         packed = self.packed if target is self.target else self.prompt_packed
