@@ -190,6 +190,54 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
     assert other.calibration["strict"]["cache"] != settings.calibration["cache"]  # other prompts miss
 
 
+def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, tmp_path, monkeypatch):
+    """A calibration question with a second turn is timed on both turns, the second after the target's plain
+    greedy answer to the first (a run's second turns carry that context); the answers are kept, so a
+    second resolution finds them without loading the target again."""
+    from eval.benchmarks.prompting import PromptFormat, encode
+    from eval.config.schema import validate
+    from eval.runner import settings as S
+
+    monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = tmp_path / "calibration.jsonl"
+    records = [{"question_id": 0, "turns": ["def f(x):\n    ", "def g(y):\n    "]},
+               {"question_id": 1, "prompt": "def h(z):\n    "}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = validate(config(standin, tmp_path / "out", f"tree.calibration_prompts={prompts}", "max_new_tokens=6"))
+    fmt = PromptFormat.of(run.model.prompt)
+    turns = S.calibration_prompts(run, fmt)
+    questions = S.calibration_questions(run)
+    tokenizer = S.load_tokenizer(run)
+    target = S.load_target(run, torch.float32)
+    first = encode(tokenizer, questions[0], [], fmt)
+    answer = target.generate(torch.tensor([first]), max_new_tokens=6, do_sample=False)[0, len(first):]
+    expected = [first, encode(tokenizer, questions[0], [tokenizer.decode(answer, skip_special_tokens=True)], fmt),
+                encode(tokenizer, questions[1], [], fmt)]
+    assert [t[0].tolist() for t in turns] == expected
+    assert len(expected[1]) > len(first) + len(answer) - 2  # the first exchange is the second turn's context
+    monkeypatch.setattr(S, "load_target", lambda *a, **k: pytest.fail("the answers were not kept"))
+    assert [t[0].tolist() for t in S.calibration_prompts(run, fmt)] == expected
+
+
+def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standin, tmp_path):
+    """tree.calibration_prompts=bench: never a question the run answers, and first the spare questions of a
+    category the run answers (MT-bench orders its questions by category)."""
+    from eval.config.schema import validate
+    from eval.runner import settings as S
+
+    bench = tmp_path / "bench.jsonl"
+    kinds = ["writing"] * 3 + ["math"] * 12 + ["writing"] * 2 + ["coding"] * 3
+    bench.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
+                             for i, c in enumerate(kinds)))
+    run = validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench", f"bench.questions={bench}",
+                          "num_prompts=3"))
+    chosen = [q.question_id for q in S.calibration_questions(run)]
+    assert chosen == [15, 16, 3, 4, 5, 6, 7, 8]  # the run's category (writing) first, then the benchmark's order
+    with pytest.raises(ValueError, match="lower num_prompts"):
+        S.calibration_questions(validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench",
+                                                f"bench.questions={bench}", "num_prompts=19")))
+
+
 def test_rules_compared_at_one_tree_all_draft_stricts_tree_and_speculate(standin, tmp_path, monkeypatch):
     """tree.per_method=false (the zoo, the theta sweep, the paper scripts): no rule gets a tree of its own,
     every method drafts strict's calibrated tree and speculates even where calibration found it slower."""

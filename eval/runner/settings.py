@@ -16,19 +16,23 @@ AVX2 limits in a worker process): a method whose best tree is slower does not sp
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from eagle.precision import needs_exact_attention, resolve_dtype
-from eval.benchmarks import load_questions
+from eval.benchmarks import Question, load_questions
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.config.methods import STRICT, RuleMethod, method_spec
 from eval.config.schema import RunConfig, TreeConfig, sampling_of
 from eval.runner import locks
 from eval.runner.models import load_head, load_target, load_tokenizer, target_source
 from eval.runner.placement import parameter_count
+from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning.calibrate import kernel_candidates, tree_candidates, untimed
@@ -186,25 +190,67 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     return f"auto: the only candidate here ({kernels.label})"
 
 
-# tree.calibration_prompts=bench: this many of the benchmark's questions after the run's
+# tree.calibration_prompts=bench: this many of the benchmark's questions the run does not answer
 BENCH_CALIBRATION_PROMPTS = 8
 
 
-def calibration_prompts(run: RunConfig, fmt: PromptFormat) -> list[torch.Tensor]:
-    """The first turns calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
-    questions after the run's first `num_prompts` (never one the run answers)."""
-    tokenizer = load_tokenizer(run)
+def calibration_questions(run: RunConfig) -> list[Question]:
+    """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
+    questions after the run's first `num_prompts` (never one the run answers), those of a category the run
+    answers first (MT-bench orders its 80 by category: the next ones may be another kind of question)."""
     if run.tree.calibration_prompts != "bench":
-        questions = load_questions(run.tree.calibration_prompts)
-    else:
-        every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
-        questions = every[run.num_prompts:][:BENCH_CALIBRATION_PROMPTS] if run.num_prompts else []
-        if len(questions) < 2:
-            raise ValueError(f"tree.calibration_prompts=bench times the benchmark's questions the run does not answer, "
-                             f"but {run.bench.name} has {len(every)} and the run answers "
-                             f"{run.num_prompts or 'all'}: lower num_prompts, or give tree.calibration_prompts a "
-                             "prompt file (e.g. data/prompts/smollm2_calibration.jsonl)")
-    return [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in questions]
+        return load_questions(run.tree.calibration_prompts)
+    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    spare = every[run.num_prompts:] if run.num_prompts else []
+    asked = {q.category for q in every[:run.num_prompts]}
+    questions = sorted(spare, key=lambda q: q.category not in asked)[:BENCH_CALIBRATION_PROMPTS]  # stable
+    if len(questions) < 2:
+        raise ValueError(f"tree.calibration_prompts=bench times the benchmark's questions the run does not answer, "
+                         f"but {run.bench.name} has {len(every)} and the run answers "
+                         f"{run.num_prompts or 'all'}: lower num_prompts, or give tree.calibration_prompts a "
+                         "prompt file (e.g. data/prompts/smollm2_calibration.jsonl)")
+    return questions
+
+
+def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32") -> list[torch.Tensor]:
+    """The turns calibration times, like the run's: each calibration question's first turn and, where it has
+    a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`),
+    interleaved so that halving's first rounds see both. A second turn carries the first exchange as context
+    (MT-bench's: about 4x a first turn's tokens), which changes both plain decoding's cost (its prompt
+    forward) and a tree's: timed on first turns alone, strict's verdict on MT-bench followed the wrong one."""
+    tokenizer = load_tokenizer(run)
+    questions = calibration_questions(run)
+    firsts = [encode(tokenizer, q, [], fmt) for q in questions]
+    follow = [i for i, q in enumerate(questions) if len(q.turns) > 1]
+    answers = first_answers(run, [firsts[i] for i in follow], tokenizer, dtype) if follow else []
+    seconds = {i: encode(tokenizer, questions[i], [a], fmt) for i, a in zip(follow, answers, strict=True)}
+    turns = [ids for i, first in enumerate(firsts) for ids in (first, seconds.get(i)) if ids is not None]
+    return [torch.tensor([ids]) for ids in turns]
+
+
+def first_answers(run: RunConfig, prompts: list[list[int]], tokenizer, dtype: str) -> list[str]:
+    """The target's plain greedy answers (`run.max_new_tokens` tokens at most) to `prompts`, as text; kept in
+    $MARS_CACHE_DIR/answers by target, prompts, length and precision, so that a cached calibration is found
+    without decoding them again (the calibration's cache key hashes the turns they make)."""
+    key = json.dumps({"target": target_source(run), "prompts": prompts, "max_new_tokens": run.max_new_tokens,
+                      "dtype": dtype}, sort_keys=True)
+    path = cache_root() / "answers" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return json.loads(path.read_text())["answers"]
+    model = load_target(run, getattr(torch, dtype))
+    answers = []
+    with torch.inference_mode():
+        for ids in prompts:
+            row = torch.tensor([ids], device=model.device)
+            out = model.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=run.max_new_tokens,
+                                 do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            answers.append(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))
+    del model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"target": target_source(run), "answers": answers}, indent=1))
+    tmp.replace(path)
+    return answers
 
 
 def head_setting(run: RunConfig, sampled: bool) -> Setting:
@@ -265,7 +311,8 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         for reference in references:  # a worker process, started at its first timing: ended here
             stack.callback(reference.close)
         # the one door `mars.tuned` goes through too; calibrations time with no other job of ours timing
-        found = measure(partial(load_pair, run, head), options, calibration_prompts(run, fmt) if timed else [],
+        prompts = calibration_prompts(run, fmt, options[0].dtype) if timed else []
+        found = measure(partial(load_pair, run, head), options, prompts,
                         sampling, {m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
                         fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
                         budget=run.tree.calibration_budget, references=references, log=log,
