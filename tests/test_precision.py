@@ -251,3 +251,23 @@ def test_sampled_calibration_times_both_drafting_modes_and_keeps_the_faster(tmp_
     assert tree_candidates(False, "sample") == CALIBRATED and tree_candidates(True, "topk") == CALIBRATED
     with pytest.raises(ValueError, match="a sampled tree's shape must not depend on its draws"):
         TreeShape(20, 6, 5, adaptive=True, drafting="sample")
+
+
+def test_halving_takes_the_cheapest_of_the_candidates_tied_for_fastest():
+    """The one-standard-error rule: arms left within the tie band of the fastest are a tie, and the cheapest
+    cycle (fewest rows verified, then fewest draft steps) wins it; one clearly faster wins outright."""
+    from mars.tuning.calibrate import SLACK, TIE, Arm, Halving
+
+    def left(speeds: dict[TreeShape, float], seen: int) -> Halving:
+        arms = [Arm(kernels=Kernels("float32", False, False), tree=t, tokens=round(100 * v), seconds=100.0,
+                    units=seen) for t, v in speeds.items()]
+        return Halving({}, arms, [], [], SamplingConfig(), 8, 0.0, seen, print, False)
+
+    chain, deep, wide = TreeShape(4, 4, 1), TreeShape(6, 6, 1), TreeShape(12, 4, 3)
+    band = TIE * SLACK / 2  # after 4 units
+    halving = left({deep: 60.0, chain: 60.0 * (1 - band / 2), wide: 60.0 * (1 - 2 * band)}, 4)
+    assert halving.chosen(4).tree == chain  # within the band of the fastest: the cheaper chain
+    assert halving.tied["candidates"] == ["float32 6/6/1", "float32 4/4/1"] and halving.tied["within"] == band
+    clear = left({deep: 60.0, chain: 60.0 * (1 - 2 * band)}, 4)
+    assert clear.chosen(4).tree == deep and clear.tied is None  # clearly faster: the fastest
+    assert left({deep: 60.0, chain: 60.0 * (1 - 2 * band)}, 1).chosen(1).tree == chain  # wider band on 1 unit

@@ -307,3 +307,22 @@ def test_plain_decoding_runs_at_the_fastest_plain_kernels_of_the_trees_precision
         assert exact_at_tree_kernels(gen, strict, greedy, batch, wrong, 16, []) == [False]
     with SpeculativeGenerator(model, head, TreeShape(6, 3, 2)) as same:  # vanilla is the check already
         assert exact_at_tree_kernels(same, strict, greedy, batch, outs, 16, []) is None
+
+
+def test_a_rules_calibration_is_judged_against_stricts_reference_without_timing_it_again(tmp_path):
+    """`measure`: a rule's tree is timed at the run's kernels beside our vanilla there, not beside the
+    references (a worker under the AVX2 limits), and judged against strict's reference carried over."""
+    from mars.rules import make_rule
+    from mars.tuning.measure import measure
+
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(2)]
+    kernels = C.kernel_candidates("cpu", "float32")[:1]
+    found = measure(load, kernels, prompts, SamplingConfig(),
+                    {"mars": SamplingConfig(rule=make_rule("mars", theta=0.9))}, trees=CANDIDATES[:2],
+                    references=[Instant()], budget=5.0, cache_dir=tmp_path, max_new_tokens=8, log=lambda _: None)
+    assert Instant.label in found.records["strict"]["plains"]
+    assert Instant.label not in found.records["mars"]["plains"]  # not timed again
+    assert f"vanilla {kernels[0].label}" in found.records["mars"]["plains"]  # what carries strict's reference over
+    verdict = found.speculation["mars"]
+    assert verdict.reference["label"] == Instant.label and "carried" in verdict.reference and not verdict.speculate

@@ -35,7 +35,7 @@ from eval.runner.placement import parameter_count
 from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import kernel_candidates, tree_candidates, untimed
+from mars.tuning.calibrate import kernel_candidates, reference_of, tree_candidates, untimed
 from mars.tuning.measure import measure
 
 
@@ -143,12 +143,15 @@ def untimed_why(record: dict, kernels_label: str) -> str:
 
 
 def measured_of(record: dict, offered: int) -> str:
-    """"the fastest of N candidates", saying so when the budget left some untimed (their count in kernel x tree
-    runs, of all the record's)."""
+    """"the fastest of N candidates" (or the smallest of those tied for it, `Halving.chosen`), saying so when the
+    budget left some untimed (their count in kernel x tree runs, of all the record's)."""
     left = untimed(record)
+    tied = record.get("tied")
+    chosen = (f"the smallest tree of {len(tied['candidates'])} candidates tied for fastest (within "
+              f"{100 * tied['within']:.1f}%)") if tied else "the fastest"
     if not left:
-        return f"the fastest of {offered} candidates"
-    return (f"the fastest timed of {offered} candidates ({left} of {len(record['timed_prompts'])} candidate runs "
+        return f"{chosen} of {offered} candidates"
+    return (f"{chosen} timed of {offered} candidates ({left} of {len(record['timed_prompts'])} candidate runs "
             f"not timed within the {record['budget_s']:.0f} s budget)")
 
 
@@ -280,12 +283,15 @@ def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
     return target, load_head(head, target)
 
 
-def calibrated_reason(record: dict, offered: int) -> str:
-    """How a calibrated tree was chosen: of how many candidates, and how fast against plain decoding."""
-    reference = record["reference"]
+def calibrated_reason(record: dict, offered: int, strict: dict | None = None) -> str:
+    """How a calibrated tree was chosen: of how many candidates, and how fast against plain decoding (for a
+    rule's tree, against the reference its verdict uses: `reference_of` with strict's record)."""
+    reference = reference_of(record, strict)
+    speed = record["tokens_per_s"][TreeShape(**record["tree"]).label]
+    carried = " carried from strict's calibration" if "carried" in reference else ""
     return (f"{measured_of(record, offered)}, {record['speedup_over_plain']:.2f}x our plain decoding at the same "
-            f"kernels and {record['speedup_over_reference']:.2f}x the fastest plain decoding ({reference['label']} "
-            f"{reference['tokens_per_s']:.1f} tok/s) in calibration "
+            f"kernels and {speed / reference['tokens_per_s']:.2f}x the fastest plain decoding ({reference['label']} "
+            f"{reference['tokens_per_s']:.1f} tok/s{carried}) in calibration "
             f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
 
 
@@ -321,7 +327,8 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
                         exclusive=partial(locks.exclusive, timing_device(run, None), run.exclusive_timing))
     kernels, tree, record = found.kernels, found.tree, found.records.get(STRICT)
     method_trees = {name: Setting(shape, f"measured for {name} with {kernels.label}: "
-                                         f"{calibrated_reason(found.records[name], len(trees))}", found.records[name])
+                                         f"{calibrated_reason(found.records[name], len(trees), record)}",
+                                         found.records[name])
                     for name, shape in found.method_trees.items()}
     if run.tree.calibrate:
         shared = "" if run.tree.per_method else \

@@ -40,6 +40,7 @@ from mars.tuning.calibrate import (
 from mars.verification.sampling import SamplingConfig
 
 STRICT = Strict.name
+RULE_WEIGHT = 2  # a rule's calibration's budget share per candidate tree, against strict's one
 
 
 @dataclass
@@ -76,7 +77,9 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
     sampled = not strict.greedy
     if trees is None and fixed_tree is None:
         raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
-    per_rule = len(trees) if trees else 0
+    # Shares by candidates timed, a rule's doubled: its halving starts from fewer candidates than strict's
+    # joint search, but its last rounds, where its tree and verdict are decided, time as many prompts.
+    per_rule = RULE_WEIGHT * len(trees) if trees else 0
     shares = Budget(budget, [len(options) * len(trees or fixed_candidates(fixed_tree, sampled, drafting))]
                     + [per_rule] * len(rules))
     common = {"prompts": prompts, "drafting": drafting, "batch": batch, "references": references,
@@ -91,8 +94,13 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
         STRICT, record, forced=trees is None or shared,
         **({"why_forced": "every method drafts strict's tree, rules compared at one tree"} if trees and shared else {}))
     found.kernels, found.plain_kernels = decoding_kernels(record, found.strict_speculates)
+    # A rule is judged against strict's reference carried over through our vanilla at the run's kernels
+    # (`reference_of`): where strict's calibration timed that vanilla, the references (a worker under the AVX2
+    # limits) are not timed again.
+    retime = not record["kernel_candidates"].get(found.kernels.label, {}).get("plain")
     for name, sampling in rules.items() if trees else ():
-        own = calibrate(load, [found.kernels], sampling=sampling, trees=trees, budget=shares.next(), **common)
+        own = calibrate(load, [found.kernels], sampling=sampling, trees=trees, budget=shares.next(),
+                        **{**common, "references": references if retime else ()})
         found.records[name] = own
         found.method_trees[name] = TreeShape(**own["tree"])
         found.speculation[name] = speculation_of(name, own, strict=record)
