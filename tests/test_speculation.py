@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -232,7 +233,8 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     run = validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench", f"bench.questions={bench}",
                           "num_prompts=3"))
     chosen = [q.question_id for q in S.calibration_questions(run)]
-    assert chosen == [15, 16, 3, 4, 5, 6, 7, 8]  # the run's category (writing) first, then the benchmark's order
+    # the run's category (writing) first, then the benchmark's order, until 16 turns
+    assert chosen == [15, 16, *range(3, 15), 17, 18]
     with pytest.raises(ValueError, match="lower num_prompts"):
         S.calibration_questions(validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench",
                                                 f"bench.questions={bench}", "num_prompts=19")))
@@ -326,3 +328,39 @@ def test_a_rules_calibration_is_judged_against_stricts_reference_without_timing_
     assert f"vanilla {kernels[0].label}" in found.records["mars"]["plains"]  # what carries strict's reference over
     verdict = found.speculation["mars"]
     assert verdict.reference["label"] == Instant.label and "carried" in verdict.reference and not verdict.speculate
+
+
+def test_speculation_is_on_only_where_the_tree_is_faster_beyond_its_prompt_to_prompt_spread():
+    """A tree 3% faster than plain decoding in calibration whose speedup varies by ±5% from prompt to prompt
+    does not speculate (the run decodes other prompts); one clearly faster does; and a calibration records
+    that spread from the units the tree and the reference both decoded."""
+    plain = Kernels("bfloat16", False, False, onednn=False)
+    record = {"tree": vars(TreeShape(8, 4, 2)), "tokens_per_s": {"8/4/2": 41.2},
+              "reference": {"label": f"vanilla {plain.label}", "tokens_per_s": 40.0}, "plain_kernels": vars(plain),
+              "kernel_candidates": {plain.label: {"plain": 40.0}}}
+    spread = {"log_se": 0.05, "prompts": 8}
+    unsure = C.speculation_of("strict", {**record, "spread": spread})
+    assert not unsure.speculate and "1.03x the fastest" in unsure.reason and "(± 5% over 8 prompts)" in unsure.reason
+    assert "not clearly faster" in unsure.reason
+    assert unsure.predicted == 1.0  # plain decoding's own speed is what the run gets
+    assert C.speculation_of("strict", {**record, "spread": {"log_se": 0.01, "prompts": 16}}).speculate
+    clear = {**record, "tokens_per_s": {"8/4/2": 48.0}, "spread": spread}
+    assert C.speculation_of("strict", clear).speculate  # 1.20x, beyond the spread
+    assert C.speculation_of("strict", {**record, "spread": spread}, forced=True).speculate
+
+
+def test_the_spread_pairs_the_units_the_tree_and_the_reference_both_decoded():
+    """`paired_spread`: the standard error of the mean log speedup over the units both decoded (the same prompt
+    at the same length); the units only one decoded do not count, and fewer than two pairs give none."""
+    arm, plain = C.Timed(), C.Timed()
+    for index, (fast, slow) in enumerate([(60, 40), (45, 40), (50, 40)]):
+        arm.add(fast, 1.0, index)
+        plain.add(slow, 1.0, index)
+    arm.add(99, 1.0, 7)  # a unit the reference did not decode
+    logs = [math.log(r) for r in (1.5, 1.125, 1.25)]
+    mean = sum(logs) / 3
+    se = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2 / 3)
+    assert C.paired_spread(arm, plain) == {"log_se": round(se, 4), "prompts": 3}
+    lone = C.Timed()
+    lone.add(50, 1.0, 0)
+    assert C.paired_spread(lone, plain) is None

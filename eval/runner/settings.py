@@ -193,20 +193,27 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     return f"auto: the only candidate here ({kernels.label})"
 
 
-# tree.calibration_prompts=bench: this many of the benchmark's questions the run does not answer
-BENCH_CALIBRATION_PROMPTS = 8
+# tree.calibration_prompts=bench: the benchmark's questions the run does not answer, until their turns timed
+# (first and second) make this many: 8 MT-bench questions, 16 of a single-turn set
+BENCH_CALIBRATION_TURNS = 16
 
 
 def calibration_questions(run: RunConfig) -> list[Question]:
     """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
     questions after the run's first `num_prompts` (never one the run answers), those of a category the run
-    answers first (MT-bench orders its 80 by category: the next ones may be another kind of question)."""
+    answers first (MT-bench orders its 80 by category: the next ones may be another kind of question), until
+    their turns make BENCH_CALIBRATION_TURNS."""
     if run.tree.calibration_prompts != "bench":
         return load_questions(run.tree.calibration_prompts)
     every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
     spare = every[run.num_prompts:] if run.num_prompts else []
     asked = {q.category for q in every[:run.num_prompts]}
-    questions = sorted(spare, key=lambda q: q.category not in asked)[:BENCH_CALIBRATION_PROMPTS]  # stable
+    questions, turns = [], 0
+    for q in sorted(spare, key=lambda q: q.category not in asked):  # stable: the benchmark's order within
+        if turns >= BENCH_CALIBRATION_TURNS:
+            break
+        questions.append(q)
+        turns += min(len(q.turns), 2)
     if len(questions) < 2:
         raise ValueError(f"tree.calibration_prompts=bench times the benchmark's questions the run does not answer, "
                          f"but {run.bench.name} has {len(every)} and the run answers "

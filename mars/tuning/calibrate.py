@@ -220,15 +220,30 @@ class Timed:
     seconds: float = field(default=0.0, kw_only=True)
     units: int = field(default=0, kw_only=True)  # prompts (or batches of prompts) timed
     dropped: dict | None = field(default=None, kw_only=True)
+    by_unit: dict[int, float] = field(default_factory=dict, kw_only=True)  # the halving's unit index -> tok/s
 
     @property
     def speed(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
-    def add(self, tokens: int, seconds: float) -> None:
+    def add(self, tokens: int, seconds: float, index: int | None = None) -> None:
         self.tokens += tokens
         self.seconds += seconds
         self.units += 1
+        if index is not None and seconds > 0:
+            self.by_unit[index] = tokens / seconds
+
+
+def paired_spread(arm: Timed, plain: Timed) -> dict | None:
+    """How much `arm`'s speedup over `plain` varies from prompt to prompt: the standard error of the mean
+    log ratio over the units both decoded (the same prompt at the same length), {"log_se", "prompts"}; None
+    on fewer than two. Speculation's gain follows each prompt's acceptance, plain decoding's speed hardly."""
+    logs = [math.log(arm.by_unit[i] / plain.by_unit[i]) for i in arm.by_unit.keys() & plain.by_unit.keys()]
+    if len(logs) < 2:
+        return None
+    mean = sum(logs) / len(logs)
+    variance = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)
+    return {"log_se": round(math.sqrt(variance / len(logs)), 4), "prompts": len(logs)}
 
 
 @dataclass
@@ -351,7 +366,7 @@ class Halving:
                 order = sorted(alive, key=lambda a: (self.prior[a.tree], turn.index(a.kernels)))
                 for plain in plains[index % len(plains):] + plains[:index % len(plains)]:
                     bar.set_postfix_str(plain.label)
-                    plain.add(*plain.time(unit, self.sampling, tokens, index))
+                    plain.add(*plain.time(unit, self.sampling, tokens, index), index)
                     bar.update(1)
                 for arm in order:
                     if time.perf_counter() > self.deadline and arm.units == 0 and any(a.units for a in alive):
@@ -363,7 +378,7 @@ class Halving:
                         self.log(f"calibration budget spent in round {r + 1}: {len(untimed)} candidates not timed")
                         return False
                     bar.set_postfix_str(arm.label)
-                    arm.add(*self._speculate(arm, unit, index, tokens))
+                    arm.add(*self._speculate(arm, unit, index, tokens), index)
                     bar.update(1)
         return True
 
@@ -649,6 +664,9 @@ class Timing:
                            for p in self.plains if p.units},
                 "reference": {"label": reference.label, "tokens_per_s": round(reference.speed, 2)},
                 "speedup_over_reference": round(best.speed / reference.speed, 3),
+                # prompt-to-prompt spread of that speedup (against our vanilla at the tree's kernels where the
+                # reference is another configuration: timed on every unit the tree was), for the verdict
+                "spread": paired_spread(best, reference) or paired_spread(best, vanilla[best.kernels]),
                 "fastest_plain": {"kernels": ours.kernels.label, "tokens_per_s": round(ours.speed, 2)},
                 "plain_kernels": asdict(ours.kernels),
                 "dropped": {a.label: a.dropped for a in everything if a.dropped},
@@ -683,12 +701,20 @@ def reference_of(record: dict, strict: dict | None = None) -> dict:
             "carried": f"strict's calibration, scaled by vanilla {label} ({here:.1f} tok/s here, {there:.1f} there)"}
 
 
+# Speculation is on only where the best tree's speedup over the fastest plain decoding exceeds 1 by SURE
+# standard errors of its prompt-to-prompt spread (`paired_spread`): the run decodes other prompts, and a
+# tree that only ties plain decoding in calibration ran at 0.83x on SmolLM2's Alpaca questions (1.03x in
+# calibration, 8 prompts), where plain decoding would have run at 1.0x.
+SURE = 1.0
+
+
 def speculation_of(method: str, record: dict, *, forced: bool = False, strict: dict | None = None,
                    why_forced: str = "a tree set explicitly always speculates") -> Speculation:
-    """Whether `method` speculates, by its calibration `record` (`calibrate`'s): on where its best tree ran at
-    least as fast as the fastest plain decoding timed (`reference_of`; `strict`: strict's record, for a rule's),
-    off otherwise, when the method decodes plainly with our vanilla (at `decoding_kernels`). `forced`: the tree
-    was set explicitly, which always speculates; the reason then says whether calibration found it slower.
+    """Whether `method` speculates, by its calibration `record` (`calibrate`'s): on where its best tree ran
+    faster than the fastest plain decoding timed (`reference_of`; `strict`: strict's record, for a rule's) by
+    more than its prompt-to-prompt spread (SURE), off otherwise, when the method decodes plainly with our
+    vanilla (at `decoding_kernels`). `forced`: the tree was set explicitly, which always speculates; the reason
+    then says whether calibration found it slower.
 
     Why not the adaptive tree (`mars.decoding.adaptive`, the `20/6/5 adaptive` candidate) as the way to stop
     speculating: it sizes each cycle's tree from measured costs and can choose depth 0, a plain step, but it
@@ -701,18 +727,22 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
     reference = reference_of(record, strict)
     tree = TreeShape(**record["tree"])
     ratio = record["tokens_per_s"][tree.label] / reference["tokens_per_s"]
-    against = (f"{ratio:.2f}x the fastest plain decoding ({reference['label']}, {reference['tokens_per_s']:.1f} "
-               f"tok/s) in calibration")
+    spread = record.get("spread")  # None: fewer than two prompts paired (or a record from before the field)
+    se = spread["log_se"] if spread else 0.0
+    within = f" (± {100 * math.expm1(se):.0f}% over {spread['prompts']} prompts)" if spread else ""
+    against = (f"{ratio:.2f}x the fastest plain decoding ({reference['label']}, "
+               f"{reference['tokens_per_s']:.1f} tok/s) in calibration{within}")
     if forced:
         slower = ", slower than plain decoding" if ratio < 1 else ""
         return Speculation(True, f"speculation forced for {method} ({why_forced}): "
                                  f"tree {tree.label} ran at {against}{slower}", round(ratio, 3), True, reference)
-    if ratio >= 1:
+    if math.log(ratio) >= SURE * se:
         return Speculation(True, f"speculation on for {method}: the best tree ({tree.label}) ran at {against}",
                            round(ratio, 3), False, reference)
     plain = Kernels(**record["plain_kernels"])
     speed = record["kernel_candidates"][plain.label]["plain"]
-    return Speculation(False, f"speculation off for {method}: the best tree ({tree.label}) ran at {against}; "
+    short = "" if ratio < 1 else ", not clearly faster"
+    return Speculation(False, f"speculation off for {method}: the best tree ({tree.label}) ran at {against}{short}; "
                               f"{method} decodes plainly (vanilla {plain.label}, {speed:.1f} tok/s)",
                        round(speed / reference["tokens_per_s"], 3), False, reference)
 
