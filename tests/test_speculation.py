@@ -347,6 +347,16 @@ def test_speculation_is_on_only_where_the_tree_is_faster_beyond_its_prompt_to_pr
     clear = {**record, "tokens_per_s": {"8/4/2": 48.0}, "spread": spread}
     assert C.speculation_of("strict", clear).speculate  # 1.20x, beyond the spread
     assert C.speculation_of("strict", {**record, "spread": spread}, forced=True).speculate
+    # a rule's record (timed at the run's tree kernels only) that is off decodes with the run's plain decoding:
+    # strict's fastest vanilla, which its message and prediction name
+    packed = Kernels("bfloat16", True, True)
+    strict = {**record, "kernel_candidates": {plain.label: {"plain": 40.0}, packed.label: {"plain": 27.0}}}
+    rule = {"tree": vars(TreeShape(4, 4, 1)), "tokens_per_s": {"4/4/1": 41.2}, "kernels": vars(packed),
+            "reference": {"label": f"vanilla {packed.label}", "tokens_per_s": 27.0}, "plain_kernels": vars(packed),
+            "kernel_candidates": {packed.label: {"plain": 27.0}}, "spread": spread}
+    off = C.speculation_of("mars", rule, strict=strict)
+    assert not off.speculate and off.predicted == 1.0
+    assert off.reason.endswith(f"mars decodes plainly (vanilla {plain.label}, 40.0 tok/s in strict's calibration)")
 
 
 def test_the_spread_pairs_the_units_the_tree_and_the_reference_both_decoded():
