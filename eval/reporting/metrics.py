@@ -15,7 +15,7 @@ Definitions (all pooled over the questions every method answered):
                            plain decoding where its speculation is off) over the fastest plain decoding
                            timed in calibration, set by `eval.runner.job` beside the measured speedup_vs_fastest;
                            `speculation` says "on", "off" (decoded plainly by vanilla's loop, tau 1) or
-                           "forced" (a tree set explicitly)
+                           "forced" (a tree set explicitly, or strict's with tree.per_method=false)
   speedup_per_question     mean per-question tokens/s / vanilla's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools
   tau                      tokens emitted by draft-verify cycles / cycles: every turn's first token

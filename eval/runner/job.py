@@ -221,10 +221,14 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
 def speculation_figures(resolved: DecodeSettings, method: str) -> dict:
     """A rule method's summary entry on speculation: "speculation" ("on", "off": decoded plainly, "forced": a
     tree set explicitly) and, where calibration predicted it, "predicted_speedup_vs_fastest" (the calibration's
-    tokens/s over the fastest plain decoding's) beside the measured `speedup_vs_fastest`."""
+    tokens/s over the fastest plain decoding's) beside the measured `speedup_vs_fastest`. A method with no verdict
+    of its own drafts a tree it did not choose (set explicitly with nothing timed, or strict's when rules are
+    compared at one tree, `tree.per_method=false`), which always speculates: "forced"."""
     spec = resolved.speculation.get(method)
     if spec is None:
-        return {"speculation": "on"}
+        return {"speculation": "forced",
+                "speculation_reason": f"speculation forced for {method}: it drafts {resolved.tree_for(method).label}, "
+                                      "set explicitly or strict's (rules compared at one tree), not timed for it"}
     return {"speculation": spec.state, "predicted_speedup_vs_fastest": spec.predicted,
             "speculation_reason": spec.reason}
 
