@@ -143,8 +143,9 @@ class TreeConfig:
     # Greedy runs always draft top-k.
     drafting: str = "auto"
     # Time mars.tuning.calibrate's candidate trees (jointly with the precision when model.dtype=auto) on these
-    # prompts (never the benchmark's) and use the fastest; cached per machine, model, kind of decoding and
-    # method, so it runs once per method. Each method of a run (strict, each rule) gets the tree measured for it.
+    # prompts (never one the run answers; "bench": the benchmark's spare questions) and use the fastest; cached
+    # per machine, model, kind of decoding and method, so it runs once per method. Each method of a run (strict,
+    # each rule) gets the tree measured for it.
     calibrate: bool = False
     # With calibrate: true, each rule method gets its own measured tree and may decode plainly where none pays
     # ("the speed you get"). false: every method drafts strict's calibrated tree and speculates (rules compared

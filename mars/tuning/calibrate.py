@@ -13,7 +13,7 @@ can say:
 - the draft tree: a 21-node verification costs ~1.3 decodes with bf16 matrix instructions, ~1.7 in
   float32 without them, about one on a GPU; sampled decoding accepts less than greedy.
 
-`calibrate` answers both at once, on a few calibration prompts (never the benchmark's): every pair of
+`calibrate` answers both at once, on a few calibration prompts (never one the run answers): every pair of
 kernels and tree is a candidate, since which precision wins depends on how many rows a verification
 multiplies (with AMX, 64 bf16 rows cost 1.8 single rows, 64 float32 rows 11). Kernels whose strict
 greedy output differs from their own plain greedy decoding on the first prompts are not timed (the
