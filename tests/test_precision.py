@@ -273,9 +273,9 @@ def test_halving_takes_the_cheapest_of_the_candidates_tied_for_fastest():
 
     chain, deep, wide = TreeShape(4, 4, 1), TreeShape(6, 6, 1), TreeShape(12, 4, 3)
     band = TIE * SLACK / 2  # after 4 units
-    halving = left({deep: 60.0, chain: 60.0 * (1 - band / 2), wide: 60.0 * (1 - 2 * band)}, 4)
-    assert halving.chosen(4).tree == chain  # within the band of the fastest: the cheaper chain
-    assert halving.tied["candidates"] == ["float32 6/6/1", "float32 4/4/1"] and halving.tied["within"] == band
-    clear = left({deep: 60.0, chain: 60.0 * (1 - 2 * band)}, 4)
-    assert clear.chosen(4).tree == deep and clear.tied is None  # clearly faster: the fastest
+    winner = left({deep: 60.0, chain: 60.0 * (1 - band / 2), wide: 60.0 * (1 - 2 * band)}, 4).chosen(4)
+    assert winner.tree == chain  # within the band of the fastest: the cheaper chain
+    assert winner.tied["candidates"] == ["float32 6/6/1", "float32 4/4/1"] and winner.tied["within"] == band
+    clear = left({deep: 60.0, chain: 60.0 * (1 - 2 * band)}, 4).chosen(4)
+    assert clear.tree == deep and clear.tied is None  # clearly faster: the fastest
     assert left({deep: 60.0, chain: 60.0 * (1 - 2 * band)}, 1).chosen(1).tree == chain  # wider band on 1 unit

@@ -16,7 +16,6 @@ AVX2 limits in a worker process): a method whose best tree is slower does not sp
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from eval.runner.placement import parameter_count
 from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import kernel_candidates, reference_of, tree_candidates, untimed
+from mars.tuning.calibrate import cache_path, kernel_candidates, reference_of, tree_candidates, untimed
 from mars.tuning.measure import measure
 
 
@@ -242,9 +241,8 @@ def first_answers(run: RunConfig, prompts: list[list[int]], tokenizer, dtype: st
     """The target's plain greedy answers (`run.max_new_tokens` tokens at most) to `prompts`, as text; kept in
     $MARS_CACHE_DIR/answers by target, prompts, length and precision, so that a cached calibration is found
     without decoding them again (the calibration's cache key hashes the turns they make)."""
-    key = json.dumps({"target": target_source(run), "prompts": prompts, "max_new_tokens": run.max_new_tokens,
-                      "dtype": dtype}, sort_keys=True)
-    path = cache_root() / "answers" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    path = cache_path({"target": target_source(run), "prompts": prompts, "max_new_tokens": run.max_new_tokens,
+                       "dtype": dtype}, cache_root() / "answers")
     if path.exists():
         return json.loads(path.read_text())["answers"]
     model = load_target(run, getattr(torch, dtype))

@@ -252,6 +252,7 @@ class Arm(Timed):
 
     kernels: Kernels
     tree: TreeShape
+    tied: dict | None = None  # as a halving's winner: the arms tied with it for fastest, where more than one
 
     @property
     def label(self) -> str:
@@ -333,7 +334,6 @@ class Halving:
         self.max_new_tokens, self.deadline, self.max_units = max_new_tokens, deadline, max_units
         self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
         self.log, self.progress, self.rounds = log, progress, []
-        self.tied: dict | None = None  # the arms tied for fastest at the end, where more than one (`chosen`)
 
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
@@ -440,8 +440,9 @@ class Halving:
         best = max(alive, key=lambda a: a.speed)
         tie = TIE * SLACK / math.sqrt(max(seen, 1))
         ties = [a for a in alive if a.speed >= (1 - tie) * best.speed]
-        self.tied = {"candidates": [a.label for a in ties], "within": round(tie, 4)} if len(ties) > 1 else None
-        return min(ties, key=lambda a: (a.tree.adaptive, a.tree.total_tokens, a.tree.depth, -a.speed))
+        winner = min(ties, key=lambda a: (a.tree.adaptive, a.tree.total_tokens, a.tree.depth, -a.speed))
+        winner.tied = {"candidates": [a.label for a in ties], "within": round(tie, 4)} if len(ties) > 1 else None
+        return winner
 
 
 NOT_TIMED = "not timed within the budget"  # a dropped candidate's reason when the budget ran out before it
@@ -587,7 +588,6 @@ class Timing:
         self.hold_all = packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in self.dtypes))
         self.identical: dict[Kernels, bool] = {}
         self.winners: list[Arm] = []
-        self.tied: list[dict | None] = []  # each group's tie for fastest (`Halving.tied`)
         self.arms: list[Arm] = []
         self.plains: list[PlainArm] = []
         self.rounds_record: list[dict] = []
@@ -631,7 +631,6 @@ class Timing:
         halving = Halving(exact, arms, plains, self.units, self.sampling, self.max_new_tokens, deadline,
                           len(self.units) * self.rounds, self.log, self.progress)
         self.winners.append(halving.run(self.started))
-        self.tied.append(halving.tied)
         self.arms += arms
         self.plains += [p for p in plains if all(p is not q for q in self.plains)]  # a reference once
         for p in plains:  # this group's models may be let go (one precision at a time): no arm holds them
@@ -671,7 +670,7 @@ class Timing:
                 "plain_kernels": asdict(ours.kernels),
                 "dropped": {a.label: a.dropped for a in everything if a.dropped},
                 # the candidates tied for fastest where the cheapest cycle was chosen (`Halving.chosen`)
-                "tied": self.tied[self.winners.index(best)],
+                "tied": best.tied,
                 "timed_prompts": {a.label: a.units for a in everything},
                 "rounds": self.rounds_record, "seconds": round(time.perf_counter() - self.started, 1),
                 "budget_s": budget, "prompts": prompts, "max_new_tokens": max_new_tokens, "sampled": key["sampled"],
