@@ -56,11 +56,31 @@ def cpu_flags() -> set[str]:
     return set((_cpuinfo("flags", "Features") or "").split())
 
 
+def _amd_core(family: int, model: int) -> str | None:
+    """AMD's core generation for a cpuinfo family and model (None where not one of these)."""
+    if family == 0x17:
+        return "Zen 2" if model >= 0x30 else "Zen"
+    if family == 0x19:
+        return "Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF else "Zen 3"
+    if family == 0x1A:
+        return "Zen 5"
+    return None
+
+
 def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    """The CPU's model name (/proc/cpuinfo) with its family and model numbers, else what `platform` knows.
+
+    The numbers are kept because a virtual machine's name can be bare ("AMD EPYC") while CPUs behind it
+    differ in what counts: a Zen 4 EPYC runs AVX-512 (bf16 included) on half-width units, a Zen 5 on
+    full-width ones, so the same capability string hides different speeds and different winning kernels."""
     import platform
 
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
+    name = _cpuinfo("model name") or platform.processor() or platform.machine()
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model\t", "model ")
+    if not (family and model and family.isdigit() and model.isdigit()):
+        return name
+    core = _amd_core(int(family), int(model)) if "AMD" in name else None
+    return f"{name} ({core + ', ' if core else ''}family {family}, model {model})"
 
 
 def cpu_bf16_matmul() -> tuple[bool, str]:

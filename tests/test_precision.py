@@ -47,6 +47,18 @@ def test_auto_is_bf16_only_where_the_cpu_has_native_bf16_matmuls(monkeypatch):
     assert P.resolve_dtype("auto").dtype == torch.bfloat16
 
 
+def test_cpu_name_keeps_the_family_and_model_a_bare_vm_name_hides(monkeypatch):
+    info = {"model name": "AMD EPYC", "cpu family": "25", "model\t": "17"}
+    monkeypatch.setattr(P, "_cpuinfo", lambda *keys: next((info[k] for k in keys if k in info), None))
+    assert P.cpu_name() == "AMD EPYC (Zen 4, family 25, model 17)"
+    info["cpu family"], info["model\t"] = "26", "2"
+    assert P.cpu_name() == "AMD EPYC (Zen 5, family 26, model 2)"
+    info.update({"model name": "Intel(R) Xeon(R) Platinum 8481C", "cpu family": "6", "model\t": "143"})
+    assert P.cpu_name() == "Intel(R) Xeon(R) Platinum 8481C (family 6, model 143)"
+    del info["cpu family"]  # no numbers to read (not x86 Linux): the name alone
+    assert P.cpu_name() == "Intel(R) Xeon(R) Platinum 8481C"
+
+
 def test_auto_honours_limits_set_on_torch_and_onednn(monkeypatch):
     as_cpu(monkeypatch, "AVX512", {"avx512_bf16"})
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
