@@ -20,6 +20,7 @@ from helpers import random_prompt, save_standin_pair
 from test_precision import CANDIDATES, tiny_pair_loader
 from test_runs import config
 
+from eval.runner.settings import measured_against, standing
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning import calibrate as C
@@ -375,3 +376,51 @@ def test_the_spread_pairs_the_units_the_tree_and_the_reference_both_decoded():
     lone = C.Timed()
     lone.add(50, 1.0, 0)
     assert C.paired_spread(lone, plain) is None
+
+
+def test_the_precision_reason_compares_kernels_on_the_prompts_both_decoded_not_raw_speeds():
+    """Halving times most arms on one prompt: a bf16 tree dropped after a fast first prompt has a higher raw
+    tok/s than the float32 winner's mean over 13 prompts. The reason quotes each kernel set's best tree paired
+    against the fastest candidate on the same prompts (below 1 where it lost), never the raw speeds."""
+    record = {
+        "kernel_candidates": {label: {"trees": trees, "plain": 60.0, "identical": True} for label, trees in {
+            "float32+packed": {"8/8/1": 145.7, "12/4/3": 171.9},
+            "bfloat16+exact+packed": {"6/6/1": 143.8, "32/6/6": 184.1},
+            "bfloat16+exact": {"6/6/1": 185.1}}.items()},
+        "timed_prompts": {"float32+packed 8/8/1": 13, "float32+packed 12/4/3": 1, "bfloat16+exact+packed 6/6/1": 13,
+                          "bfloat16+exact+packed 32/6/6": 1, "bfloat16+exact 6/6/1": 1},
+        "dropped": {
+            "float32+packed 12/4/3": {"round": 1, "prompts": 1, "tokens_per_s": 171.9, "best_tokens_per_s": 234.9},
+            "bfloat16+exact+packed 32/6/6": {"round": 1, "prompts": 1, "tokens_per_s": 184.1,
+                                             "best_tokens_per_s": 234.9},
+            "bfloat16+exact+packed 6/6/1": {"round": 4, "prompts": 13, "tokens_per_s": 143.8,
+                                            "best_tokens_per_s": 145.7},
+            "bfloat16+exact 6/6/1": {"round": 1, "prompts": 1, "tokens_per_s": 185.1, "best_tokens_per_s": 234.9}},
+    }
+    assert standing(record, "float32+packed") == (1.0, 13, "8/8/1")
+    assert standing(record, "bfloat16+exact+packed") == (143.8 / 145.7, 13, "6/6/1")  # lasted longest, not fastest raw
+    assert standing(record, "bfloat16+exact") == (185.1 / 234.9, 1, "6/6/1")  # not a prefix of "+packed"'s arms
+    assert standing(record, "float32") is None
+    text = measured_against(record, Kernels("float32", False, True), ["bfloat16+exact+packed", "bfloat16+exact"])
+    assert text.startswith("measured: strict at float32+packed 8/8/1 145.7 tok/s over 13 prompts")
+    assert "bfloat16+exact+packed 0.99x (6/6/1, 13 prompts)" in text
+    assert "bfloat16+exact 0.79x (6/6/1, 1 prompt)" in text
+    assert "184.1" not in text and "185.1" not in text
+
+
+def test_the_default_calibration_budget_grows_with_the_turns_it_times(tmp_path):
+    """With no budget given, `measure` hands strict's calibration the default for the run's turn length: at 128
+    tokens twice the 64-token budget, so longer turns buy as many halving rounds; a budget given is kept."""
+    from mars.tuning.measure import measure
+
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(2)]
+    kernels = C.kernel_candidates("cpu", "float32")[:1]
+    budgets = {}
+    for tokens, budget in ((8, None), (128, None), (128, 0.5)):
+        found = measure(load, kernels, prompts, SamplingConfig(), trees=CANDIDATES[:1], budget=budget,
+                        cache_dir=tmp_path / f"{tokens}-{budget}", max_new_tokens=tokens, log=lambda _: None)
+        budgets[tokens, budget] = found.records["strict"]["budget_s"]
+    assert budgets[8, None] == pytest.approx(C.DEFAULT_BUDGET, abs=0.05)  # the share left after setting up
+    assert budgets[128, None] == pytest.approx(2 * C.DEFAULT_BUDGET, abs=0.05)
+    assert budgets[128, 0.5] == pytest.approx(0.5, abs=0.05)

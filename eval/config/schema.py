@@ -155,7 +155,9 @@ class TreeConfig:
     # the run does not answer (the 8 after its first num_prompts), so that calibration times prompts like the
     # run's (a chat head accepts more on its own kind of prompt than on another: its prediction follows).
     calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"
-    calibration_budget: float = 120.0  # seconds per calibration: successive halving stops when they are spent
+    # Seconds for a run's calibrations together (successive halving stops when they are spent); null: 120 s for
+    # turns of up to 64 tokens, grown in step with longer ones (mars.tuning.calibrate.budget_for)
+    calibration_budget: float | None = None
 
 
 @dataclass
@@ -255,7 +257,7 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
         raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
     tree = run.tree
     shape = TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, tree.drafting)  # checks the tree
-    if not tree.calibration_budget >= 0:
+    if tree.calibration_budget is not None and not tree.calibration_budget >= 0:
         raise ValueError(f"tree.calibration_budget is seconds >= 0, got {tree.calibration_budget!r}")
     _positive("max_new_tokens", run.max_new_tokens)
     if run.exactness_checks is not None and not (isinstance(run.exactness_checks, int) and run.exactness_checks >= 0):

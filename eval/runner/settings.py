@@ -123,15 +123,50 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
     if len(same) > 1 and record and plain:
         return plain_reason(record, kernels)
     if len(same) > 1 and record and record.get("kernel_candidates"):
-        speed = {k.label: max(record["kernel_candidates"][k.label]["trees"].values(), default=None) for k in same}
-        return "measured: " + ", ".join(f"{label} {v:.1f} tok/s" if v else
-                                        f"{label} not timed ({untimed_why(record, label)})"
-                                        for label, v in speed.items())
+        return measured_against(record, kernels, [k.label for k in same if k != kernels])
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
         return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (mars/adapter/kernels.py)"
     return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
+
+
+def standing(record: dict, kernels_label: str) -> tuple[float, int, str] | None:
+    """How far a kernel set's best tree got in calibration: (its speed over the leader's on the prompts both
+    decoded, those prompts, its tree) for its arm that lasted longest; 1.0 for the chosen arm. None where none of
+    its arms was timed. Halving times most arms on a prompt or two, so their raw speeds (the record's
+    `kernel_candidates`) compare prompts, not kernels; this ratio is paired."""
+    prefix = kernels_label + " "
+    arms = {arm: n for arm, n in record.get("timed_prompts", {}).items() if arm.startswith(prefix) and n}
+    dropped = record.get("dropped", {})
+    for arm, prompts in arms.items():
+        if arm not in dropped:
+            return 1.0, prompts, arm.removeprefix(prefix)
+    lasted = [(d["round"], d["tokens_per_s"] / d["best_tokens_per_s"], d["prompts"], arm)
+              for arm, d in dropped.items() if arm in arms and d.get("best_tokens_per_s")]
+    if not lasted:
+        return None
+    _, ratio, prompts, arm = max(lasted)
+    return ratio, prompts, arm.removeprefix(prefix)
+
+
+def measured_against(record: dict, kernels: Kernels, others: list[str]) -> str:
+    """The chosen kernels' tree and speed in calibration, then each of `others` (kernel labels) as its best tree's
+    speed relative to the leader on the same prompts (`standing`), or why it was not timed."""
+    chosen = standing(record, kernels.label)
+    if chosen is None:
+        shown = kernels.label
+    else:
+        speed = record["kernel_candidates"][kernels.label]["trees"][chosen[2]]
+        shown = f"{kernels.label} {chosen[2]} {speed:.1f} tok/s over {chosen[1]} prompts"
+    parts = []
+    for label in others:
+        got = standing(record, label)
+        plural = "" if got and got[1] == 1 else "s"
+        parts.append(f"{label} {got[0]:.2f}x ({got[2]}, {got[1]} prompt{plural})" if got else
+                     f"{label} not timed ({untimed_why(record, label)})")
+    return (f"measured: strict at {shown} in calibration; the others' best trees against the fastest candidate "
+            "on the prompts both decoded: " + (", ".join(parts) or "none"))
 
 
 def untimed_why(record: dict, kernels_label: str) -> str:
@@ -180,15 +215,10 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
     if record and plain:
         return plain_reason(record, kernels)
     if record and record.get("kernel_candidates"):
-        figures = record["kernel_candidates"]
-        best = max(figures[kernels.label]["trees"].values())
-        others = [f"{label} {max(f['trees'].values()):.1f}" if f["trees"] else
-                  f"{label} not timed ({untimed_why(record, label)})"
-                  for label, f in figures.items() if not label.startswith(kernels.dtype)]
         verdict = "" if record.get("kernels_reproduce_plain", True) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
-        return (f"measured: strict {best:.1f} tok/s in calibration against "
-                + (", ".join(others) or "no other precision") + verdict)
+        others = [label for label in record["kernel_candidates"] if not label.startswith(kernels.dtype)]
+        return measured_against(record, kernels, others) + verdict
     return f"auto: the only candidate here ({kernels.label})"
 
 

@@ -311,7 +311,16 @@ def retired(*args) -> tuple[int, float]:
 # few percent on an idle machine; a candidate 20% slower after one prompt, 10% after four, loses clearly.
 SLACK = 0.2
 TIE = 0.5  # arms left within TIE * SLACK / sqrt(prompts timed) of the fastest are a tie (`Halving.chosen`)
-DEFAULT_BUDGET = 120.0  # seconds for the calibrations of a run on 2 cores, loading the models included
+DEFAULT_BUDGET = 120.0  # seconds for the calibrations of a run on 2 cores, loading the models included,
+BUDGET_TOKENS = 64  # at turns of up to this many tokens (`budget_for`)
+
+
+def budget_for(max_new_tokens: int) -> float:
+    """The default calibration budget for turns of `max_new_tokens`: DEFAULT_BUDGET, grown in step with longer
+    turns. Candidates are timed at the run's length, so a fixed budget buys fewer rounds the longer the turns:
+    at 128 tokens 120 s left strict's joint search (65 candidates on the embedded pair) two rounds of one prompt
+    each, a verdict of +/- 24% that ran 30% below its prediction (AVX-512 EPYC, 2026-11-27)."""
+    return DEFAULT_BUDGET * max(1.0, max_new_tokens / BUDGET_TOKENS)
 
 
 class Halving:

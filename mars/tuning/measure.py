@@ -28,10 +28,10 @@ import torch
 from mars.decoding.settings import Kernels, Speculation, TreeShape
 from mars.rules.strict import Strict
 from mars.tuning.calibrate import (
-    DEFAULT_BUDGET,
     Budget,
     Load,
     Reference,
+    budget_for,
     calibrate,
     decoding_kernels,
     fixed_candidates,
@@ -65,14 +65,15 @@ class Measured:
 def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], strict: SamplingConfig,
             rules: dict[str, SamplingConfig] | None = None, *, trees: tuple[TreeShape, ...] | None,
             fixed_tree: TreeShape | None = None, drafting: str = "auto", batch: int = 1,
-            budget: float = DEFAULT_BUDGET, references: Sequence[Reference] = (),
+            budget: float | None = None, references: Sequence[Reference] = (),
             exclusive: Callable[[], AbstractContextManager] = nullcontext, cache_dir: Path | None = None,
             shared: bool = False, max_new_tokens: int = 64, log=print) -> Measured:
     """Strict's kernels and tree, then each of `rules`' ({method name: its sampling, rule included}) trees at
     those kernels, each with its speculation verdict (see the module docstring). `trees` None: the tree is
     `fixed_tree`, which speculates whatever it costs. `budget`: seconds for all the calibrations together,
-    shared by the candidates each times (`Budget`). `max_new_tokens`: the length the run decodes, which the
-    candidates are timed at (a tree's advantage and plain decoding's speed both change with the context)."""
+    shared by the candidates each times (`Budget`; None: `budget_for(max_new_tokens)`). `max_new_tokens`: the
+    length the run decodes, which the candidates are timed at (a tree's advantage and plain decoding's speed
+    both change with the context)."""
     rules = {} if shared else rules or {}
     sampled = not strict.greedy
     if trees is None and fixed_tree is None:
@@ -80,6 +81,7 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
     # Shares by candidates timed, a rule's doubled: its halving starts from fewer candidates than strict's
     # joint search, but its last rounds, where its tree and verdict are decided, time as many prompts.
     per_rule = RULE_WEIGHT * len(trees) if trees else 0
+    budget = budget_for(max_new_tokens) if budget is None else budget
     shares = Budget(budget, [len(options) * len(trees or fixed_candidates(fixed_tree, sampled, drafting))]
                     + [per_rule] * len(rules))
     common = {"prompts": prompts, "drafting": drafting, "batch": batch, "references": references,

@@ -38,7 +38,7 @@ from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import NAMED_TREES, TreeShape
 from mars.rules import make_rule
-from mars.tuning.calibrate import DEFAULT_BUDGET, kernel_candidates, tree_candidates
+from mars.tuning.calibrate import kernel_candidates, tree_candidates
 from mars.tuning.measure import measure
 from mars.verification.sampling import SamplingConfig
 
@@ -66,13 +66,14 @@ def _parameters(target: str) -> int:
 
 def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, rule: str = "strict",
           batch_size: int = 1, device: str | None = None, dtype: str = "auto", tree: str | TreeShape = "auto",
-          drafting: str = "auto", prompts: list[torch.Tensor] | None = None, budget: float = DEFAULT_BUDGET,
+          drafting: str = "auto", prompts: list[torch.Tensor] | None = None, budget: float | None = None,
           max_new_tokens: int = 64, cache_dir: Path | None = None, log=print, **rule_params) -> SpeculativeGenerator:
     """A `SpeculativeGenerator` for `target` (a local directory or hub id) and its EAGLE `draft`, with
     the settings measured on this machine for decoding at `temperature` with `rule` (and `rule_params`,
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
     prompts: token tensors [1, n] to time on (default: the repository's calibration prompts, encoded
-    with the target's tokenizer). budget: seconds for all the timing together (first use only).
+    with the target's tokenizer). budget: seconds for all the timing together (first use only; None: 120 s,
+    more for turns longer than 64 tokens, `mars.tuning.calibrate.budget_for`).
     max_new_tokens: the length your calls decode, which candidates are timed at."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
