@@ -61,7 +61,9 @@ def _amd_core(family: int, model: int) -> str | None:
     if family == 0x17:
         return "Zen 2" if model >= 0x30 else "Zen"
     if family == 0x19:
-        return "Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF else "Zen 3"
+        if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF:
+            return "Zen 4"
+        return "Zen 3" if model <= 0x0F or 0x20 <= model <= 0x2F or 0x40 <= model <= 0x5F else None
     if family == 0x1A:
         return "Zen 5"
     return None

@@ -383,6 +383,7 @@ def test_the_precision_reason_compares_kernels_on_the_prompts_both_decoded_not_r
     tok/s than the float32 winner's mean over 13 prompts. The reason quotes each kernel set's best tree paired
     against the fastest candidate on the same prompts (below 1 where it lost), never the raw speeds."""
     record = {
+        "tree": vars(TreeShape(8, 8, 1)),
         "kernel_candidates": {label: {"trees": trees, "plain": 60.0, "identical": True} for label, trees in {
             "float32+packed": {"8/8/1": 145.7, "12/4/3": 171.9},
             "bfloat16+exact+packed": {"6/6/1": 143.8, "32/6/6": 184.1},
@@ -406,6 +407,14 @@ def test_the_precision_reason_compares_kernels_on_the_prompts_both_decoded_not_r
     assert "bfloat16+exact+packed 0.99x (6/6/1, 13 prompts)" in text
     assert "bfloat16+exact 0.79x (6/6/1, 1 prompt)" in text
     assert "184.1" not in text and "185.1" not in text
+    # a tie left two arms at the end and the cheaper won: the faster one left reads above it, the run's tree is named
+    record["kernel_candidates"]["bfloat16+aten"] = {"trees": {"4/4/1": 150.0}, "plain": 80.0, "identical": True}
+    record["timed_prompts"]["bfloat16+aten 4/4/1"] = 13
+    assert standing(record, "float32+packed") == (145.7 / 150.0, 13, "8/8/1")
+    assert standing(record, "bfloat16+aten") == (1.0, 13, "4/4/1")
+    text = measured_against(record, Kernels("float32", False, True), ["bfloat16+aten"])
+    assert text.startswith("measured: strict at float32+packed 8/8/1 145.7 tok/s over 13 prompts")
+    assert text.endswith("bfloat16+aten 1.00x (4/4/1, 13 prompts)")
 
 
 def test_the_default_calibration_budget_grows_with_the_turns_it_times(tmp_path):

@@ -132,33 +132,32 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
 
 
 def standing(record: dict, kernels_label: str) -> tuple[float, int, str] | None:
-    """How far a kernel set's best tree got in calibration: (its speed over the leader's on the prompts both
-    decoded, those prompts, its tree) for its arm that lasted longest; 1.0 for the chosen arm. None where none of
-    its arms was timed. Halving times most arms on a prompt or two, so their raw speeds (the record's
+    """How far a kernel set's best tree got in calibration: (its speed over the fastest on the prompts both
+    decoded, those prompts, its tree), None where none of its arms was timed. An arm left at the end is judged
+    against the fastest of those left (all timed on the last round's prompts), one dropped against the round's
+    fastest that dropped it. Halving times most arms on a prompt or two, so their raw speeds (the record's
     `kernel_candidates`) compare prompts, not kernels; this ratio is paired."""
-    prefix = kernels_label + " "
-    arms = {arm: n for arm, n in record.get("timed_prompts", {}).items() if arm.startswith(prefix) and n}
+    timed = {arm: n for arm, n in record.get("timed_prompts", {}).items() if n}
     dropped = record.get("dropped", {})
-    for arm, prompts in arms.items():
-        if arm not in dropped:
-            return 1.0, prompts, arm.removeprefix(prefix)
-    lasted = [(d["round"], d["tokens_per_s"] / d["best_tokens_per_s"], d["prompts"], arm)
-              for arm, d in dropped.items() if arm in arms and d.get("best_tokens_per_s")]
-    if not lasted:
-        return None
-    _, ratio, prompts, arm = max(lasted)
-    return ratio, prompts, arm.removeprefix(prefix)
+    left = {arm: record["kernel_candidates"][arm.split(" ", 1)[0]]["trees"][arm.split(" ", 1)[1]]
+            for arm in timed if arm not in dropped}
+    mine = [arm for arm in left if arm.split(" ", 1)[0] == kernels_label]
+    if mine:
+        arm = max(mine, key=left.__getitem__)
+        return left[arm] / max(left.values()), timed[arm], arm.split(" ", 1)[1]
+    lasted = [(d["round"], d["tokens_per_s"] / d["best_tokens_per_s"], d["prompts"], arm.split(" ", 1)[1])
+              for arm, d in dropped.items()
+              if arm in timed and arm.split(" ", 1)[0] == kernels_label and d.get("best_tokens_per_s")]
+    return max(lasted)[1:] if lasted else None
 
 
 def measured_against(record: dict, kernels: Kernels, others: list[str]) -> str:
-    """The chosen kernels' tree and speed in calibration, then each of `others` (kernel labels) as its best tree's
-    speed relative to the leader on the same prompts (`standing`), or why it was not timed."""
-    chosen = standing(record, kernels.label)
-    if chosen is None:
-        shown = kernels.label
-    else:
-        speed = record["kernel_candidates"][kernels.label]["trees"][chosen[2]]
-        shown = f"{kernels.label} {chosen[2]} {speed:.1f} tok/s over {chosen[1]} prompts"
+    """The run's tree at its kernels and its speed in calibration, then each of `others` (kernel labels) as its
+    best tree's speed relative to the fastest on the same prompts (`standing`), or why it was not timed."""
+    tree = TreeShape(**record["tree"]).label
+    prompts = record.get("timed_prompts", {}).get(f"{kernels.label} {tree}", 0)
+    speed = record["kernel_candidates"][kernels.label]["trees"].get(tree)
+    shown = f"{kernels.label} {tree} {speed:.1f} tok/s over {prompts} prompts" if speed else kernels.label
     parts = []
     for label in others:
         got = standing(record, label)

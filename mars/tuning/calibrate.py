@@ -311,8 +311,8 @@ def retired(*args) -> tuple[int, float]:
 # few percent on an idle machine; a candidate 20% slower after one prompt, 10% after four, loses clearly.
 SLACK = 0.2
 TIE = 0.5  # arms left within TIE * SLACK / sqrt(prompts timed) of the fastest are a tie (`Halving.chosen`)
-DEFAULT_BUDGET = 120.0  # seconds for the calibrations of a run on 2 cores, loading the models included,
-BUDGET_TOKENS = 64  # at turns of up to this many tokens (`budget_for`)
+DEFAULT_BUDGET = 120.0  # seconds for a run's calibrations on 2 cores (loading the models included) ...
+BUDGET_TOKENS = 64  # ... at turns of up to this many tokens; longer turns get more (`budget_for`)
 
 
 def budget_for(max_new_tokens: int) -> float:
