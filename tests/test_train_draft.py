@@ -493,6 +493,13 @@ def test_cli_trains_saves_a_loadable_head_and_stores_features(target_dir, tmp_pa
     fresh = collect_features(target, seqs.select(rows), head.config.feature_layers, top_k=32)
     assert torch.equal(stored.features, fresh.features)
     assert torch.equal(stored.topk_ids, fresh.topk_ids)
+    held = FeatureStore(out / "data", seqs)  # every shard read into memory once (what a GPU run does)
+    held.preload("cpu")
+    windows = [[3, 0], [1]]
+    for a, b in ((stored, held.batch(rows)), (store.packed(windows, 64), held.packed(windows, 64))):
+        for name in ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs", "doc_ids"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) if x is None else torch.equal(x, y), name
     # The same forward (the features are equal), the stored probabilities rounded once to float16: within
     # u of each (half a subnormal step below float16's normal range), twice that for float32's last bits.
     half = torch.float16

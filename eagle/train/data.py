@@ -449,6 +449,18 @@ class FeatureStore:
             done_tokens += int(self.sequences.lengths[rows].sum())
             log(f"features: shard {n + 1}/{len(todo)}  {done_tokens / (time.time() - t0):.0f} target tokens/s")
 
+    def nbytes(self) -> int:
+        """The stored shards' size on disk (about what `preload` puts in memory)."""
+        return sum(self.shard_path(i).stat().st_size for i in range(self.num_shards))
+
+    def preload(self, device: torch.device | str) -> None:
+        """Read every shard into memory on `device` once. On a GPU, batches are then gathered there: copied window
+        by window from memory-mapped files on the host, a batch of 32 packed windows cost a GPU step more than the
+        step itself (an H200 trained no faster per position at 32 windows a step than an H100 at 16)."""
+        for i in range(self.num_shards):
+            shard = torch.load(self.shard_path(i), weights_only=True)
+            self._open[i] = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in shard.items()}
+
     def _shard(self, i: int) -> dict[str, torch.Tensor]:
         if i not in self._open:
             self._open[i] = torch.load(self.shard_path(i), mmap=True, weights_only=True)

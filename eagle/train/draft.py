@@ -539,6 +539,13 @@ def train(argv: list[str] | None = None) -> DraftHead:
         store.build(target, head.config.feature_layers, args.top_k, args.collect_batch,
                     accelerator.process_index, accelerator.num_processes, log, args.target_dist)
     accelerator.wait_for_everyone()
+    if accelerator.device.type == "cuda" and not args.online:
+        need, free = store.nbytes(), torch.cuda.mem_get_info(accelerator.device)[0]
+        if need < free // 2:  # half the free memory at most: training's activations need the rest
+            store.preload(accelerator.device)
+            log(f"features: {need / 1e9:.2f} GB held on {accelerator.device}")
+        else:
+            log(f"features stay on the host ({need / 1e9:.2f} GB, {free / 1e9:.2f} GB free on {accelerator.device})")
 
     global_batch = args.batch * accelerator.num_processes
     packed = PackedEpochs(seqs.lengths, seqs.seq_len, global_batch, args.seed) if args.pack else None
