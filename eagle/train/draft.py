@@ -617,11 +617,11 @@ def train(argv: list[str] | None = None) -> DraftHead:
         if step % args.save_every == 0 and accelerator.is_main_process:
             save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
             write_progress(out, step, total, counters)
-        if args.minutes is not None and out_of_time(accelerator, t0, args.minutes):
+        if args.minutes is not None and out_of_time(accelerator, t0 + args.minutes * 60):
             break
         if args.deadline is not None:
             total = deadline_schedule(accelerator, args, step, start_step, total, depth, time.time() - lap, clock, log)
-            if out_of_time(accelerator, args.deadline, 0.0):  # past it even so: saved as it stands, uncooled
+            if out_of_time(accelerator, args.deadline):  # past it even so: saved as it stands, uncooled
                 break
     if accelerator.is_main_process:
         save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
@@ -660,9 +660,10 @@ def deadline_schedule(accelerator, args, step: int, start_step: int, total: int,
     return fitted
 
 
-def out_of_time(accelerator, t0: float, minutes: float) -> bool:
-    """Whether the wall-time budget is spent, decided by process 0 so that all processes stop together."""
-    flag = torch.tensor([float(time.time() - t0 > minutes * 60)], device=accelerator.device)
+def out_of_time(accelerator, end: float) -> bool:
+    """Whether the wall clock has passed `end` (time.time() seconds: --minutes after the start, or --deadline),
+    decided by process 0 so that all processes stop together."""
+    flag = torch.tensor([float(time.time() > end)], device=accelerator.device)
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast
 
