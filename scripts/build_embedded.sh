@@ -4,6 +4,9 @@
 #   2. EAGLE-3 draft head trained against it with training-time test            (~30 min)
 #   3. the head fine-tuned on the target's own continuations, greedy and sampled,
 #      of function prompts from the train split (EAGLE-3's recipe)               (~75 min)
+#   3b. the shipped greedy head: stage 3's head trained on with the recipe of issue 48 (packed windows,
+#      the TTT curriculum 2:0.75) on a greedy and a T=1 answer of every train-split prompt answered
+#      within RECIPE_GEN_MINUTES                                                  (~60 min on AVX-512 BF16)
 #   4. a head distilled for sampling (SAMPLING_HEAD=0 skips it): forward KL to the target's full T=1
 #      distribution on its own continuations (1/3 greedy, 2/3 sampled) of train-split prompts, scored
 #      in runs/draft_kl/final (sum min(p, q) per draft step, greedy tau). It drafts samples better and
@@ -19,7 +22,8 @@
 #
 #   scripts/build_embedded.sh [RUNS_DIR]        (default: runs/)
 # Smoke test of the whole chain in ~10 minutes, without touching the shipped pair:
-#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 KL_PROMPTS=48 KL_STEPS=4 CONFIDENCE_PROMPTS=16 \
+#   TARGET_MINUTES=1 DRAFT_MINUTES=1 DRAFT_MAX_TOKENS=20000 SELF_PROMPTS=64 SELF_MINUTES=1 RECIPE_GEN_MINUTES=0.3 RECIPE_STEPS=4 \
+#       KL_PROMPTS=48 KL_STEPS=4 CONFIDENCE_PROMPTS=16 \
 #       EXPORT_DIR=/tmp/pair PROMPTS_OUT=/tmp/p.jsonl CALIBRATION_OUT=/tmp/c.jsonl scripts/build_embedded.sh /tmp/runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +36,8 @@ prompts_out="${PROMPTS_OUT:-data/prompts/stdlib_heldout.jsonl}"
 calibration_out="${CALIBRATION_OUT:-data/prompts/stdlib_calibration.jsonl}"
 self_prompts="${SELF_PROMPTS:-3600}"     # train-split function prompts the target continues (half greedy, half T=1)
 self_minutes="${SELF_MINUTES:-45}"
+recipe_gen_minutes="${RECIPE_GEN_MINUTES:-9}"  # stage 3b's answering budget (wall minutes, split between T=0 and T=1)
+recipe_steps="${RECIPE_STEPS:-3963}"     # stage 3b's schedule (the shipped run fitted 3,963 to a 52-minute deadline)
 kl_prompts="${KL_PROMPTS:-1200}"         # train-split prompts of stage 4 (a third greedy, two thirds T=1)
 kl_steps="${KL_STEPS:-600}"             # 1,200 sequences x 8 per step: 4 epochs (~8 min on 2 idle cores)
 kl_minutes="${KL_MINUTES:-60}"           # wall time per run of stage 4 (it resumes when rerun)
@@ -58,11 +64,21 @@ python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft/fi
     --max-tokens $((self_prompts * 256)) --batch 8 --epochs 3 --ttt-steps 5 --lr 5e-4 --warmup 20 --save-every 50 \
     --minutes "$self_minutes" --wandb "${WANDB_MODE_DRAFT:-offline}"
 
+# Stage 3b: the shipped greedy head. Every train-split function prompt, answered greedily and at T=1 (--gen-each)
+# by continuous batching until the budget is spent, loops cut; packed windows; two unrolled draft steps for 75% of
+# the schedule and five after (the levers that paid on SmolLM2, eagle.train.draft's --pack and --ttt-curriculum).
+python -m eval.prompts --split train --count 100000 --per-file 100 --out "$runs/draft_recipe_prompts.jsonl"
+python -m eagle.train.draft --target "$runs/target/final" --init "$runs/draft_self/final" --out "$runs/draft_recipe" \
+    --data-jsonl "$runs/draft_recipe_prompts.jsonl" --generate --gen-temperature 0 1 --gen-each --loop-cap \
+    --gen-batch 96 --gen-minutes "$recipe_gen_minutes" --seq-len 256 --pack --batch 8 --ttt-steps 5 \
+    --ttt-curriculum 2:0.75 --lr 5e-4 --warmup 20 --save-every 100 --steps "$recipe_steps" \
+    --wandb "${WANDB_MODE_DRAFT:-offline}"
+
 # Stage 4: a head distilled for sampled drafting. The loss is forward KL to the target's *full* T=1
 # distribution (--target-dist full keeps its last hidden state; the exact distribution is recomputed
 # each step), on its own continuations of train-split prompts (a third greedy, so that greedy drafting
 # keeps its kind of text; never a held-out file's).
-final="$runs/draft_self/final"
+final="$runs/draft_recipe/final"
 sampling_export=()                       # --sampling-draft DIR once stage 4 has finished
 if [ "$sampling_head" = 1 ]; then
 python -m eval.prompts --split train --count "$kl_prompts" --per-file 100 --out "$runs/draft_kl_prompts.jsonl"

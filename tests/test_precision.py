@@ -207,6 +207,28 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
     assert record["kernels_reproduce_plain"] and record["tree"] == {**TreeShape(8, 4, 2, drafting="topk").__dict__}
 
 
+def test_a_lone_survivor_is_timed_on_more_prompts_for_its_prediction(tmp_path, monkeypatch):
+    """One tree far ahead after the first prompt wins the halving at once, but calibration goes on timing it (and
+    plain decoding) on the other prompts, so its predicted speedup is not one prompt's."""
+    from mars.tuning import calibrate as C
+
+    real = C.decode
+
+    def one_tree_is_fast(gen, plain, *args, **kwargs):
+        tokens, seconds = real(gen, plain, *args, **kwargs)
+        return tokens, seconds * (1 if plain or gen.tree.label == CALIBRATED[0].label else 10)
+
+    monkeypatch.setattr(C, "decode", one_tree_is_fast)
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(4)]
+    record = calibrate(load, [Kernels("float32", False, False)], prompts, SamplingConfig(), CALIBRATED,
+                       max_new_tokens=12, cache_dir=tmp_path, log=lambda _: None, progress=False)
+    assert TreeShape(**record["tree"]) == CALIBRATED[0]
+    alone = [i for i, r in enumerate(record["rounds"]) if r["kept"] == 1]
+    assert alone and alone[0] + 1 < len(record["rounds"])  # timed on after the round that left it alone
+    assert record["timed_prompts"][f"float32 {CALIBRATED[0].label}"] >= len(prompts)
+
+
 def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budget(tmp_path, monkeypatch):
     from mars.tuning import calibrate as C
 
