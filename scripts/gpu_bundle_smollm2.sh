@@ -2,56 +2,118 @@
 # The SmolLM2 head build on a remote GPU machine that reaches no package registry and takes at most 64 MiB of
 # files per transfer (the device tool's limit), in three steps:
 #
-#   here:   bash scripts/gpu_bundle_smollm2.sh pack .gpu        # .gpu0/ and .gpu1/: the GGUF's two parts
-#                                                               # (< 48 MiB each), its sha256, the wheels the
-#                                                               # machine's image lacks, the prompts
-#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpu0 OUT --stash   # first call: part 0 to the disk
-#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpu1 OUT  # second call: joins and checks the GGUF, installs
+#   here:   bash scripts/gpu_bundle_smollm2.sh pack .gpu        # .gpu0/, .gpu1/, ...: the GGUF in parts, its
+#                                                               # sha256, the wheels the machine's image lacks
+#                                                               # and what INIT / ANSWERS / PROMPTS name, each
+#                                                               # folder one call (<= 64 MiB with the tree)
+#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpuI OUT --stash   # every folder but the last: to the disk
+#   there:  bash scripts/gpu_bundle_smollm2.sh build .gpuK OUT  # the last: joins and checks the GGUF, installs
 #                                                               # the wheels, runs scripts/build_smollm2.sh
 #                                                               # --device cuda, writes the bf16 head to OUT in
-#                                                               # files <= 15 MiB, with the build's log
-#   here:   bash scripts/gpu_bundle_smollm2.sh unpack OUT DIR   # joins the head's files into DIR
+#                                                               # files <= 15 MiB, with the build's log and
+#                                                               # its answers (answers.tgz)
+#   here:   bash scripts/gpu_bundle_smollm2.sh unpack OUT DIR   # joins the files that came back into DIR
 #
-# The second call must reach the machine while it is still warm (30 s after the first). Add `/.gpu0/` and
-# `/.gpu1/` to `git rev-parse --git-path info/exclude` so that the parts travel only when carried, and move the
-# embedded models' weights out of the tree for the calls (84 MB tracked; 64 MiB travel). The wheels: gguf (the
-# GGUF reader), hydra-core, omegaconf and antlr4 (eval's config, which the build reads its model spec from).
-# PROMPTS=FILE packs a prompts file (stage 1's output; default data/prompts/smollm2_train.jsonl: the shipped
-# head's 2,600 prompts, then 4,499 the target wrote on a lent H200) so the machine skips writing its own;
+# Each call must reach the machine while it is still warm (30 s after the one before). Add `/.gpu*/` to
+# `git rev-parse --git-path info/exclude` so that the folders travel only when carried, and move the embedded
+# models' weights out of the tree for the calls (84 MB tracked; 64 MiB travel; pack measures the tree as it is and
+# says so). The wheels: gguf (the GGUF reader), hydra-core, omegaconf and antlr4 (eval's config, which the build
+# reads its model spec from). The build trains on the tree's data/prompts/smollm2_train.jsonl (the shipped head's
+# 2,600 prompts, then 4,499 the target wrote on a lent H200), so the machine writes none; PROMPTS=FILE packs another
+# prompts file instead. INIT=DIR packs a head (the shipped one: data/models/smollm2/draft) for the build to train on
+# from (DRAFT_INIT). ANSWERS=FILE packs the answers.tgz an earlier build brought back, so this one skips answering
+# (same prompts file and GEN_TEMPERATURES; its GEN_MINUTES no longer matters) and spends the call on training.
 # MORE_PROMPTS=N has the target write N more there (Magpie, MORE_PROMPTS_SEED; the benchmark questions travel
-# with the bundle for the overlap rule) and brings them back. GEN_MINUTES bounds the answering; BUILD_MINUTES (whole minutes) the whole call: training's
-# schedule is shortened to end, learning rate cooled, EXPORT_SECONDS (60) before it (DRAFT_DEADLINE), so the head
-# comes back inside the machine's limit whatever the earlier stages took. DRAFT_MINUTES stops training outright.
-# On a CPU the same steps run at a tiny size first: TINY=1 asks the build for a few prompts (no chatterbot
-# ones), short answers and one or two steps. ANSWER_RATE=N ends the call by timing the answering paths on N prompts.
+# with the bundle for the overlap rule) and brings them back. GEN_MINUTES bounds the answering; BUILD_MINUTES (whole
+# minutes) the whole call: training's schedule is shortened to end, learning rate cooled, EXPORT_SECONDS (60) before
+# it (DRAFT_DEADLINE), so the head comes back inside the machine's limit whatever the earlier stages took.
+# DRAFT_MINUTES stops training outright. On a CPU the same steps run at a tiny size first: TINY=1 asks the build for
+# a few prompts (no chatterbot ones), short answers and one or two steps. ANSWER_RATE=N ends the call by timing the
+# answering paths on N prompts.
 set -euo pipefail
 here="$PWD"
 absolute() { [[ "$1" = /* ]] && echo "$1" || echo "$here/$1"; }   # paths as the caller gave them, before the cd
 cd "$(dirname "$0")/.."
-part_size=$((47 * 1024 * 1024))
+travel_limit=$((64 * 1024 * 1024)); margin=$((512 * 1024))   # the device tool's limit per call
 head_part=$((15 * 1024 * 1024))
 
 case "${1:-}" in
 pack)
+    # The extras (wheels, INIT's head, ANSWERS, PROMPTS, the benchmark questions) go first, whole, into the first
+    # folder with room; the GGUF's bytes then fill each folder in turn. Each call carries the tree and one folder.
     gguf_sha=$(python -c 'from eval.config.schema import composed; print(composed("model=smollm2").model.target_sha256)')
-    dir=$(absolute "$2"); rm -rf "$dir"0 "$dir"1; mkdir -p "$dir"0/wheels
     gguf=$(python -c 'from eval.config.schema import composed; from mars.adapter.sources import gguf_file
 print(gguf_file(composed("model=smollm2").model.target))')
-    split -b "$part_size" -d -a 1 "$gguf" "$dir"0/gguf.part
-    echo "$gguf_sha  $(basename "$gguf")" > "$dir"0/gguf.sha256
-    basename "$gguf" > "$dir"0/gguf.name
+    dir=$(absolute "$2"); rm -rf "$dir"[0-9] "$dir.extras"; mkdir -p "$dir.extras/wheels"
+    extras="$dir.extras"
+    echo "$gguf_sha  $(basename "$gguf")" > "$extras/gguf.sha256"
+    basename "$gguf" > "$extras/gguf.name"
     # the versions installed here; `pip wheel` builds antlr4's, which is published as a source archive only
     pins=$(python -c 'import importlib.metadata as m
 print(" ".join(f"{p}=={m.version(p)}" for p in ("gguf", "hydra-core", "omegaconf", "antlr4-python3-runtime")))')
-    python -m pip wheel --quiet --no-deps -w "$dir"0/wheels $pins
-    prompts="${PROMPTS:+$(absolute "$PROMPTS")}"
-    cp "${prompts:-data/prompts/smollm2_train.jsonl}" "$dir"0/prompts.jsonl
-    # the benchmark questions (2.4 MB), so prompts written there are checked for overlap as here (MORE_PROMPTS)
-    bench=$(python -c 'from eval.config.paths import bench_path; print(bench_path(""))')
-    mkdir -p "$dir"0/bench && cp "$bench"/* "$dir"0/bench/
-    cp -r "$dir"0 "$dir"1
-    mv "$dir"0/gguf.part1 "$dir"1/ && rm "$dir"1/gguf.part0
-    ls -l "$dir"0 "$dir"1 "$dir"0/wheels
+    python -m pip wheel --quiet --no-deps -w "$extras/wheels" $pins
+    [[ -n "${PROMPTS:-}" ]] && cp "$(absolute "$PROMPTS")" "$extras/prompts.jsonl"
+    if [[ "${MORE_PROMPTS:-0}" -gt 0 ]]; then   # the benchmark questions (2.4 MB), for the overlap rule there
+        bench=$(python -c 'from eval.config.paths import bench_path; print(bench_path(""))')
+        mkdir -p "$extras/bench" && cp "$bench"/* "$extras/bench/"
+    fi
+    [[ -n "${INIT:-}" ]] && { mkdir -p "$extras/init"; cp "$(absolute "$INIT")"/{config.json,model.safetensors} "$extras/init/"; }
+    [[ -n "${ANSWERS:-}" ]] && { mkdir -p "$extras/answers"; tar -xzf "$(absolute "$ANSWERS")" -C "$extras/answers"; }
+    # tracked files moved out of the tree do not travel (stat skips them)
+    tree=$( (git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null || true) | awk '{s += $1} END {print s}')
+    python - "$dir" "$gguf" $((travel_limit - margin - tree)) <<'PY'
+import shutil, subprocess, sys
+from pathlib import Path
+
+base, gguf, room = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+extras = Path(base + ".extras")
+if room < 8 << 20:
+    sys.exit(f"pack: the tree that travels leaves {max(room, 0) >> 20} MiB of 64 per call: move the embedded models' "
+             "weights (data/models/*/model.safetensors, ~82 MB) out of the tree first (and back after)")
+
+
+def size(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+
+
+folders: list[Path] = []
+free: list[int] = []
+
+
+def folder(i: int) -> Path:
+    while len(folders) <= i:
+        folders.append(Path(f"{base}{len(folders)}"))
+        folders[-1].mkdir()
+        free.append(room)
+    return folders[i]
+
+
+for item in sorted(extras.iterdir(), key=size, reverse=True):  # first fit, the largest first
+    need = size(item)
+    if need > room:
+        sys.exit(f"pack: {item.name} is {need >> 20} MiB, more than one call's {room >> 20} MiB")
+    i = next((i for i in range(len(folders)) if free[i] >= need), len(folders))
+    shutil.move(str(item), folder(i) / item.name)
+    free[i] -= need
+total, done, part, i = gguf.stat().st_size, 0, 0, 0
+with gguf.open("rb") as src:
+    while done < total:  # the GGUF's bytes fill the folders in turn, as many more as they need
+        n = min(free[i] if i < len(folders) else room, total - done)
+        if n > 0:
+            (folder(i) / f"gguf.part{part}").write_bytes(src.read(n))
+            done, part, free[i] = done + n, part + 1, free[i] - n
+        i += 1
+for f, left in zip(folders, free):
+    # 1: inside the repository and not ignored, so it would travel in every call (128: outside the repository)
+    if subprocess.run(["git", "check-ignore", "-q", str(f)]).returncode == 1:
+        sys.exit(f"pack: {f} is not ignored by git, so it would travel in every call: add /.gpu*/ to "
+                 "$(git rev-parse --git-path info/exclude)")
+    print(f"{f.name}: {(room - left) >> 20} MiB beside the tree's (one call each, <= 64 MiB in all)")
+print(f"calls: {len(folders)}: `build DIR OUT --stash` for each folder but {folders[-1].name}, then `build "
+      f"{folders[-1].name} OUT`, each while the machine is warm")
+PY
+    rmdir "$extras" 2>/dev/null || true
+    ls -lR "$dir"[0-9]
     ;;
 build)
     dir=$(absolute "$2"); out=$(absolute "$3"); stash="${STASH:-/tmp/mars-gpu-bundle}"
@@ -59,14 +121,14 @@ build)
     # before it, whatever the prompts, answers and features took, so the head comes back inside the call's limit.
     [[ -n "${BUILD_MINUTES:-}" ]] && export DRAFT_DEADLINE=$(( $(date +%s) + ${BUILD_MINUTES%.*} * 60 - ${EXPORT_SECONDS:-60} ))
     mkdir -p "$stash" "$out"
-    cp -n "$dir"/gguf.part* "$dir"/gguf.sha256 "$dir"/gguf.name "$stash"/ 2>/dev/null || true
+    cp -r "$dir"/. "$stash"/   # every call's folder lands in one place; the last call builds from it
     [[ "${4:-}" == --stash ]] && { ls -l "$stash"; exit 0; }
     name=$(cat "$stash/gguf.name")
     cat "$stash"/gguf.part* > "$stash/$name"
     (cd "$stash" && sha256sum -c gguf.sha256)
     gguf_sha=$(cut -d' ' -f1 "$stash/gguf.sha256")
     python -c "import gguf, hydra" 2>/dev/null || {
-        python -m pip install -q --no-index --no-deps --target /tmp/site "$dir"/wheels/*.whl
+        python -m pip install -q --no-index --no-deps --target /tmp/site "$stash"/wheels/*.whl
         export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
     }
     if [[ "${TINY:-0}" == 1 ]]; then
@@ -75,13 +137,29 @@ build)
     fi
     device=cuda; python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=cpu
     runs="${RUNS:-runs/smollm2}"
-    [[ -s "$dir/prompts.jsonl" && ! -s "$runs/prompts.jsonl" ]] && { mkdir -p "$runs"; cp "$dir/prompts.jsonl" "$runs/"; }
+    prompts="$stash/prompts.jsonl"; [[ -s "$prompts" ]] || prompts=data/prompts/smollm2_train.jsonl
+    [[ -s "$runs/prompts.jsonl" ]] || { mkdir -p "$runs"; cp "$prompts" "$runs/prompts.jsonl"; }
+    # a carried head (pack's INIT) is trained on instead of a fresh one
+    [[ -d "$stash/init" ]] && export DRAFT_INIT="$stash/init"
+    # carried answers (pack's ANSWERS): stage 2 finds its sequences written and goes on to the features
+    if [[ -s "$stash/answers/sequences.pt" && ! -s "$runs/data/sequences.pt" ]]; then
+        mkdir -p "$runs/data" && cp "$stash/answers/sequences.pt" "$stash/answers/meta.json" "$runs/data/"
+    fi
+    if [[ -s "$stash/answers/meta.json" ]]; then   # their answering budget, so that stage 2 takes them as its own
+        minutes=$(python -c 'import json, sys; v = json.load(open(sys.argv[1]))["gen_minutes"]; print("" if v is None else v)' \
+            "$stash/answers/meta.json")
+        if [[ -n "$minutes" ]]; then export GEN_MINUTES="$minutes"; else unset GEN_MINUTES; fi
+    fi
     # MORE_PROMPTS=N: N more self-written prompts (Magpie, other seeds than stage 1's) beside the carried ones,
     # none shared with them, the held-out or calibration prompts, or a benchmark question; written once
+    if [[ "${MORE_PROMPTS:-0}" -gt 0 && ! -d "$stash/bench" ]]; then
+        echo "build: MORE_PROMPTS needs the benchmark questions for the overlap rule: pack with MORE_PROMPTS=N too" >&2
+        exit 2
+    fi
     if [[ "${MORE_PROMPTS:-0}" -gt 0 && -s "$runs/prompts.jsonl" && ! -s "$runs/more_prompts.jsonl" ]]; then
         target=$(python -m mars.adapter.sources "$stash/$name" "$gguf_sha")
         python -m eval.chat_prompts --target "$target" --self "$MORE_PROMPTS" --docstrings 0 --no-chatterbot \
-            --heldout 0 --seed "${MORE_PROMPTS_SEED:-1}" --bench-dir "$dir/bench" --device "$device" \
+            --heldout 0 --seed "${MORE_PROMPTS_SEED:-1}" --bench-dir "$stash/bench" --device "$device" \
             --batch "${GEN_BATCH:-256}" --exclude "$runs/prompts.jsonl" data/prompts/smollm2_heldout.jsonl \
             data/prompts/smollm2_calibration.jsonl --out "$runs/more_prompts.jsonl.tmp" 2>&1 | tee -a "$out/build.log"
         mv "$runs/more_prompts.jsonl.tmp" "$runs/more_prompts.jsonl"
@@ -106,6 +184,13 @@ build)
         fi
     done
     cp "$runs/draft/final/training_summary.json" "$out/"
+    # the answers come back (token ids, ~10 MB compressed for 10k answers), so a later build can skip answering
+    tar -czf "$stash/answers.tgz" -C "$runs/data" sequences.pt meta.json
+    if [[ $(stat -c %s "$stash/answers.tgz") -gt $head_part ]]; then
+        split -b "$head_part" -d -a 1 "$stash/answers.tgz" "$out/answers.tgz.part"
+    else
+        cp "$stash/answers.tgz" "$out/"
+    fi
     # ANSWER_RATE=N: then time the answering paths on N of the prompts (experiments/answer_rate.py, GPU batch sizes)
     if [[ "${ANSWER_RATE:-0}" -gt 0 ]]; then
         PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" timeout "${ANSWER_RATE_SECONDS:-120}" python experiments/answer_rate.py --target "$target" --device "$device" \
