@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from eagle.files import write_atomic
 from eagle.heads import DraftHead
 from eagle.train.data import Sequences, collect_features
 from eagle.train.evaluate import continuation_data, load_pair, pair_arguments
@@ -116,9 +116,7 @@ def write_temperature(draft_dir: Path, temperature: float) -> None:
     path = draft_dir / "config.json"
     config = json.loads(path.read_text())
     config["confidence_temperature"] = temperature
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(config, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

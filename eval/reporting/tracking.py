@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle.files import write_atomic
 from eval.reporting import metrics
-from eval.runs.layout import write_atomic
 
 if TYPE_CHECKING:
     from eval.config.schema import LoggingConfig

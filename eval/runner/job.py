@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eagle.files import write_atomic
 from eagle.precision import DTYPES, cpu_name
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat
@@ -61,7 +62,7 @@ from eval.runner.models import (
 )
 from eval.runner.plain import GenerateWorker
 from eval.runner.settings import resolve_settings, timing_device
-from eval.runs.layout import CONFIG, SUMMARY, read_answers, write_atomic
+from eval.runs.layout import CONFIG, SUMMARY, read_answers
 from eval.scoring import quality, sandbox
 from eval.scoring.recovery import agreement, paired_recovery
 from mars.adapter.sources import provenance

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from eagle.files import write_atomic
 from eval.runs.layout import CONTENDED_SHARE, LOCK
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -249,9 +250,7 @@ def registered(device: str) -> Iterator[Callable[[int], None]]:
     pids = [os.getpid()]
 
     def write(**extra) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"device": device, "pids": pids, **extra}))
-        tmp.replace(path)
+        write_atomic(path, json.dumps({"device": device, "pids": pids, **extra}))
 
     def add(pid: int) -> None:
         pids.append(pid)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
+from eagle.files import write_atomic
 from eagle.precision import needs_exact_attention, resolve_dtype
 from eval.benchmarks import Question, load_questions
 from eval.benchmarks.prompting import PromptFormat, encode
@@ -284,9 +284,7 @@ def first_answers(run: RunConfig, prompts: list[list[int]], tokenizer, dtype: st
             answers.append(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))
     del model
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"target": target_source(run), "answers": answers}, indent=1))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"target": target_source(run), "answers": answers}, indent=1))
     return answers
 
 

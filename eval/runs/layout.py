@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from eagle.files import write_atomic
 from eval.runs.jsonl import read_jsonl
 
 
@@ -100,13 +101,6 @@ def _parse(path: Path) -> tuple[list[dict], bool]:
         if not isinstance(record, dict) or "question_id" not in record:
             raise ValueError(f"{path}:{n}: not an answer record (a JSON object with 'question_id')")
     return lines.values(), lines.torn
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` so that a crash leaves either the old or the new file, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class AnswerFile:

@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from eagle.files import write_atomic
+
 GGUF = ".gguf"
 PACKAGE = "package:"  # package:<importable module>/<path inside it>
 PROVENANCE = "provenance.json"
@@ -106,9 +108,7 @@ def local_model(spec: str, sha256: str | None = None, log: Callable[[str], None]
             convert_gguf(path, out, known, spec)
             log(f"model: converted in {time.perf_counter() - start:.0f} s")
         index[key] = known
-        tmp = index_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(index, indent=1))
-        tmp.replace(index_file)
+        write_atomic(index_file, json.dumps(index, indent=1))
     return str(out)
 
 

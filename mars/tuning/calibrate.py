@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -57,6 +56,7 @@ from typing import Protocol
 
 import torch
 
+from eagle.files import write_atomic
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
 from mars.adapter.kernels import packed_copy_fits, packs
 from mars.decoding.generate import SpeculativeGenerator
@@ -555,9 +555,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     held.clear()
     result = timing.record(key, budget, len(prompts), max_new_tokens, batch)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(result, indent=2))
     log(f"calibrated in {result['seconds']:.0f} s: {timing.best.label}, {timing.best.speed:.1f} tok/s, "
         f"{result['speedup_over_plain']:.2f}x our plain decoding at its kernels, "
         f"{result['speedup_over_reference']:.2f}x the fastest plain decoding timed here "
