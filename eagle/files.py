@@ -1,6 +1,7 @@
 """Files written whole: a reader (another process, or this one after a crash) sees the old file or the new one,
-never half of one. Every JSON record the project keeps (calibration records, settings, answers, checkpoints'
-configs, the converted-model index) is written through here."""
+never half of one. The records rewritten in place while other processes may read them (calibration records, the
+settings' reference answers, the job registry, run identities and summaries, the converted-model index, a head's
+confidence temperature) are written through here."""
 
 from __future__ import annotations
 

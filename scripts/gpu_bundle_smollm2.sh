@@ -36,6 +36,10 @@ absolute() { [[ "$1" = /* ]] && echo "$1" || echo "$here/$1"; }   # paths as the
 cd "$(dirname "$0")/.."
 travel_limit=$((64 * 1024 * 1024)); margin=$((512 * 1024))   # the device tool's limit per call
 head_part=$((15 * 1024 * 1024))
+send() {  # a file to OUT, cut into parts of the transfer's file size where it is larger (unpack joins them)
+    if [[ $(stat -c %s "$1") -gt $head_part ]]; then split -b "$head_part" -d -a 1 "$1" "$out/$(basename "$1").part"
+    else cp "$1" "$out/"; fi
+}
 
 case "${1:-}" in
 pack)
@@ -100,7 +104,8 @@ with gguf.open("rb") as src:
     while done < total:  # the GGUF's bytes fill the folders in turn, as many more as they need
         n = min(free[i] if i < len(folders) else room, total - done)
         if n > 0:
-            (folder(i) / f"gguf.part{part}").write_bytes(src.read(n))
+            # two digits: the build joins the parts in glob order
+            (folder(i) / f"gguf.part{part:02d}").write_bytes(src.read(n))
             done, part, free[i] = done + n, part + 1, free[i] - n
         i += 1
 for f, left in zip(folders, free):
@@ -176,21 +181,11 @@ build)
     rm -rf "$stash/export"
     python -m eagle.train.export --target "$target" --draft "$runs/draft/final" --out "$stash/export" \
         --heads-only
-    for f in "$stash/export/draft"/*; do
-        if [[ $(stat -c %s "$f") -gt $head_part ]]; then
-            split -b "$head_part" -d -a 1 "$f" "$out/$(basename "$f").part"
-        else
-            cp "$f" "$out/"
-        fi
-    done
+    for f in "$stash/export/draft"/*; do send "$f"; done
     cp "$runs/draft/final/training_summary.json" "$out/"
     # the answers come back (token ids, ~10 MB compressed for 10k answers), so a later build can skip answering
     tar -czf "$stash/answers.tgz" -C "$runs/data" sequences.pt meta.json
-    if [[ $(stat -c %s "$stash/answers.tgz") -gt $head_part ]]; then
-        split -b "$head_part" -d -a 1 "$stash/answers.tgz" "$out/answers.tgz.part"
-    else
-        cp "$stash/answers.tgz" "$out/"
-    fi
+    send "$stash/answers.tgz"
     # ANSWER_RATE=N: then time the answering paths on N of the prompts (experiments/answer_rate.py, GPU batch sizes)
     if [[ "${ANSWER_RATE:-0}" -gt 0 ]]; then
         PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" timeout "${ANSWER_RATE_SECONDS:-120}" python experiments/answer_rate.py --target "$target" --device "$device" \

@@ -556,12 +556,13 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     result = timing.record(key, budget, len(prompts), max_new_tokens, batch)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(result, indent=2))
+    # "timed here": a rule's own tree times plain decoding at the tree's kernels alone; the run judges it against
+    # strict's record
     log(f"calibrated in {result['seconds']:.0f} s: {timing.best.label}, {timing.best.speed:.1f} tok/s, "
         f"{result['speedup_over_plain']:.2f}x our plain decoding at its kernels, "
         f"{result['speedup_over_reference']:.2f}x the fastest plain decoding timed here "
         f"({result['reference']['label']} {result['reference']['tokens_per_s']:.1f} tok/s; "
         f"{len(result['dropped'])} candidates dropped)")
-    # (a rule's own tree times plain decoding at the tree's kernels alone; the run judges it against strict's record)
     return {**result, "cache": str(path), "cached": False}
 
 
