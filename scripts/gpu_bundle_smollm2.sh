@@ -65,11 +65,11 @@ print(" ".join(f"{p}=={m.version(p)}" for p in ("gguf", "hydra-core", "omegaconf
     [[ -n "${ANSWERS:-}" ]] && { mkdir -p "$extras/answers"; tar -xzf "$(absolute "$ANSWERS")" -C "$extras/answers"; }
     # tracked files moved out of the tree do not travel (stat skips them)
     tree=$( (git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null || true) | awk '{s += $1} END {print s}')
-    python - "$dir" "$gguf" $((travel_limit - margin - tree)) <<'PY'
-import shutil, subprocess, sys
+    python - "$dir" "$gguf" $((travel_limit - margin - tree)) "$gguf_sha" <<'PY'
+import hashlib, shutil, subprocess, sys
 from pathlib import Path
 
-base, gguf, room = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+base, gguf, room, sha = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 extras = Path(base + ".extras")
 if room < 8 << 20:
     sys.exit(f"pack: the tree that travels leaves {max(room, 0) >> 20} MiB of 64 per call: move the embedded models' "
@@ -108,6 +108,14 @@ with gguf.open("rb") as src:
             (folder(i) / f"gguf.part{part:02d}").write_bytes(src.read(n))
             done, part, free[i] = done + n, part + 1, free[i] - n
         i += 1
+# The build joins the parts as its stash lists them (glob order) and checks the sha256 there, on the lent machine;
+# a short or misordered join is caught here instead, before any device time is spent.
+joined = hashlib.sha256()
+for p in sorted((p for f in folders for p in f.glob("gguf.part*")), key=lambda p: p.name):
+    joined.update(p.read_bytes())
+if joined.hexdigest() != sha:
+    sys.exit(f"pack: the GGUF's parts do not join to {gguf.name} (sha256 {joined.hexdigest()[:12]}..., expected "
+             f"{sha[:12]}...): remove {base}[0-9]* and pack again")
 for f, left in zip(folders, free):
     # 1: inside the repository and not ignored, so it would travel in every call (128: outside the repository)
     if subprocess.run(["git", "check-ignore", "-q", str(f)]).returncode == 1:

@@ -229,6 +229,21 @@ def test_a_lone_survivor_is_timed_on_more_prompts_for_its_prediction(tmp_path, m
     assert record["timed_prompts"][f"float32 {CALIBRATED[0].label}"] >= len(prompts)
 
 
+def test_a_winners_prediction_past_the_budget_is_not_taken_from_the_next_calibrations_share():
+    """Strict's calibration times its winner past its share for the prediction (`Halving.confirm`); the rules'
+    calibrations after it still get theirs (on SmolLM2 on an AVX2-only EPYC, MARS's got 0 s before this)."""
+    from mars.tuning.calibrate import Budget
+
+    shares = Budget(100.0, [1, 1])
+    assert shares.next() == pytest.approx(50.0, abs=1.0)
+    shares.extend({"cached": False, "prediction_s": 30.0})
+    assert shares.next() == pytest.approx(130.0, abs=1.0)  # nothing was really spent here: all that is left
+    cached = Budget(100.0, [1, 1])
+    cached.next()
+    cached.extend({"cached": True, "prediction_s": 30.0})  # a cached record spent nothing now
+    assert cached.next() == pytest.approx(100.0, abs=1.0)
+
+
 def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budget(tmp_path, monkeypatch):
     from mars.tuning import calibrate as C
 
@@ -246,13 +261,19 @@ def test_calibration_drops_clearly_slower_candidates_early_and_keeps_to_its_budg
                        log=lambda _: None, progress=False)
     wide = [f"float32 {t.label}" for t in CALIBRATED if t.total_tokens >= 32]
     assert all(record["dropped"][c]["round"] == 1 and record["dropped"][c]["prompts"] == 1 for c in wide)
-    assert [r["prompts"] for r in record["rounds"]] == [1, 2, 4][: len(record["rounds"])]
+    search = [r["prompts"] for r in record["rounds"] if "for" not in r]  # the halving's own rounds
+    assert search == [1, 2, 4][: len(search)]
     assert record["rounds"][0]["kept"] <= -(-len(CALIBRATED) // 2)  # at most half go on
     # A budget spent before the first round ends: the first candidate (a chain) is timed, the rest dropped untimed.
     spent = calibrate(load, kernels, prompts, SamplingConfig(), CALIBRATED, max_new_tokens=12,
                       cache_dir=tmp_path / "spent", log=lambda _: None, progress=False, budget=0.0)
-    assert len(spent["rounds"]) == 1 and not spent["cached"] and spent["budget_s"] == 0.0
+    assert [r.get("for") for r in spent["rounds"]] == [None, "prediction"] and not spent["cached"]
+    assert spent["budget_s"] == 0.0
     assert TreeShape(**spent["tree"]) == CALIBRATED[0] and len(spent["dropped"]) == len(CALIBRATED) - 1
+    # The search stopped at one prompt, the winner's prediction did not: it and plain decoding were timed on every
+    # prompt (fewer than PREDICTION_UNITS here), past the budget, so its spread has more than one prompt to go on.
+    assert spent["timed_prompts"][f"float32 {CALIBRATED[0].label}"] == len(prompts)
+    assert spent["spread"]["prompts"] == len(prompts) and spent["prediction_s"] > 0
     assert all(d["reason"] == "not timed within the budget" for d in spent["dropped"].values())
     # and the settings' reasons say so, instead of "the fastest of 13 candidates"
     from eval.runner.settings import measured_of

@@ -293,6 +293,10 @@ def test_plain_decoding_runs_at_the_fastest_plain_kernels_of_the_trees_precision
     assert C.decoding_kernels(record, False) == (float32, float32)
     record["plain_kernels"] = dataclasses.asdict(aten)
     assert C.decoding_kernels(record, False) == (packed, aten)  # never the aten trees: they did not reproduce
+    # strict off with both precisions held: the rules' trees where trees ran fastest, whatever plain decoding's
+    record["kernels"] = dataclasses.asdict(float32)
+    assert C.decoding_kernels(record, False)[0] == packed  # one model: the plain precision's fastest tree
+    assert C.decoding_kernels({**record, "precisions_held_together": True}, False)[0] == float32
     if torch.backends.mkldnn.is_available():
         assert aten in C.kernel_candidates("cpu", "bfloat16")
         assert all(k.onednn for k in C.kernel_candidates("cpu", "bfloat16", prepack=True))
@@ -433,3 +437,16 @@ def test_the_default_calibration_budget_grows_with_the_turns_it_times(tmp_path):
     assert budgets[8, None] == pytest.approx(C.DEFAULT_BUDGET, abs=0.05)  # the share left after setting up
     assert budgets[128, None] == pytest.approx(2 * C.DEFAULT_BUDGET, abs=0.05)
     assert budgets[128, 0.5] == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_precision_reason_says_where_trees_verify_when_strict_decodes_plainly():
+    """Strict off: the run's first lines name plain decoding's kernels and the trees' (a rule's own), which are in
+    another precision where calibration held both precisions' models (`decoding_kernels`)."""
+    from eval.runner.settings import plain_reason
+
+    record = {"fastest_plain": {"kernels": "bfloat16+aten", "tokens_per_s": 12.7}}
+    held = plain_reason(record, Kernels("float32", False, True))
+    assert "decodes plainly at our fastest plain decoding (vanilla bfloat16+aten 12.7 tok/s" in held
+    assert "verifies at float32+packed, where trees ran fastest" in held
+    same = plain_reason(record, Kernels("bfloat16", True, True))
+    assert "so the precision of our fastest plain decoding" in same and "verifies at bfloat16+exact+packed" in same

@@ -342,7 +342,7 @@ def test_generation_killed_after_a_save_resumes_to_what_one_run_writes(target_di
         pass
 
     saves = []
-    real_save = data_module.atomic_save
+    real_save = data_module.save_atomic
 
     def killed_after_the_fourth_save(obj, path):
         real_save(obj, path)
@@ -350,13 +350,13 @@ def test_generation_killed_after_a_save_resumes_to_what_one_run_writes(target_di
         if len(saves) == 4:
             raise Killed
 
-    monkeypatch.setattr(data_module, "atomic_save", killed_after_the_fourth_save)
+    monkeypatch.setattr(data_module, "save_atomic", killed_after_the_fourth_save)
     monkeypatch.setattr(data_module, "SAVE_SECONDS", 0.0)  # save after every answer
     progress = tmp_path / "generating.pt"
     with pytest.raises(Killed):
         generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
                            log=lambda _: None, progress=progress)
-    monkeypatch.setattr(data_module, "atomic_save", real_save)
+    monkeypatch.setattr(data_module, "save_atomic", real_save)
     said = []
     resumed = generate_sequences(model, tokenizer, prompts, seq_len=12, batch_size=2, temperature=1.0, seed=3,
                                  log=said.append, progress=progress)

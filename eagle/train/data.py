@@ -36,17 +36,10 @@ from pathlib import Path
 import torch
 
 from eagle.config import eos_token_ids
+from eagle.files import save_atomic
 from eagle.precision import HALF
 from eagle.train.answering import LoopCap, answer_prompts
 from eagle.train.corpus import read_source, stdlib_files
-
-
-def atomic_save(obj, path: Path) -> None:
-    """torch.save through a temporary file and a rename, so a crash never leaves a torn file."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
-
 
 # --- token sequences ------------------------------------------------------------------------
 
@@ -77,7 +70,7 @@ class Sequences:
         return int(self.loss_mask.sum())
 
     def save(self, path: Path) -> None:
-        atomic_save({"input_ids": self.input_ids.int(), "lengths": self.lengths, "loss_mask": self.loss_mask}, path)
+        save_atomic({"input_ids": self.input_ids.int(), "lengths": self.lengths, "loss_mask": self.loss_mask}, path)
 
     @classmethod
     def load(cls, path: Path) -> Sequences:
@@ -168,7 +161,7 @@ def tokenize_split(tokenizer, split: str, cache: Path, root: Path | None = None)
         return torch.load(cache)
     tokens = tokenize_texts(tokenizer, filter(None, (read_source(path) for path in stdlib_files(split, root))))
     cache.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(tokens, cache)
+    save_atomic(tokens, cache)  # whole or absent: the next run loads it without checking
     return tokens
 
 
@@ -259,7 +252,7 @@ def generate_sequences(
     def keep(index: int, answer: list[int]) -> None:
         rows[index] = answer
         if progress is not None and time.monotonic() - saved_at[0] >= SAVE_SECONDS:
-            atomic_save({**spec, "rows": rows}, progress)
+            save_atomic({**spec, "rows": rows}, progress)
             saved_at[0] = time.monotonic()
 
     todo = {i: prompts[i] for i in order if i not in rows}
@@ -271,7 +264,7 @@ def generate_sequences(
         log(f"generated {stats.answers} responses: {stats.answer_tokens} tokens at {stats.tokens_per_s:.0f}/s, "
             f"{stats.looped} cut as loops, {stats.capped} at the length cap")
         if progress is not None:
-            atomic_save({**spec, "rows": rows}, progress)
+            save_atomic({**spec, "rows": rows}, progress)
     answered = sorted(i for i in order if i in rows)
     return _pad_sequences([prompts[i] + rows[i] for i in answered], [len(prompts[i]) for i in answered], seq_len,
                           pad_id)
@@ -445,7 +438,7 @@ class FeatureStore:
             else:
                 shard["topk_ids"] = torch.cat([p.topk_ids for p in parts]).to(id_dtype).cpu()
                 shard["topk_probs"] = torch.cat([p.topk_probs for p in parts]).half().cpu()
-            atomic_save(shard, self.shard_path(i))
+            save_atomic(shard, self.shard_path(i))
             done_tokens += int(self.sequences.lengths[rows].sum())
             log(f"features: shard {n + 1}/{len(todo)}  {done_tokens / (time.time() - t0):.0f} target tokens/s")
 

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from eagle.config import text_config
+from eagle.files import save_atomic
 from eagle.heads import DraftHead, Eagle1Head, Eagle3Head
 from eagle.precision import resolve_dtype
 from eagle.train.answering import LoopCap
@@ -53,7 +54,6 @@ from eagle.train.data import (
     FeatureBatch,
     FeatureStore,
     Sequences,
-    atomic_save,
     chunk_tokens,
     collect_features,
     corpus_prompts,
@@ -414,7 +414,7 @@ class Counters:
 
 def save_checkpoint(path: Path, head: DraftHead, optimizer, scheduler, step: int,
                     counters: Counters | None = None) -> None:
-    atomic_save({
+    save_atomic({
         "head": head.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "step": step, "config": head.config.to_json(), "counters": (counters or Counters()).as_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from eagle.files import save_atomic
 from eagle.train.corpus import train_tokenizer
 from eagle.train.data import tokenize_split
 
@@ -125,10 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         return max(step / args.steps, elapsed() / (args.minutes * 60))
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "generator": gen.get_state(), "step": step, "elapsed": elapsed()}, tmp)
-        tmp.replace(ckpt)  # atomic: an interruption never leaves a half-written checkpoint
+        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "generator": gen.get_state(), "step": step, "elapsed": elapsed()}, ckpt)
 
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.1f}M", flush=True)

@@ -34,7 +34,7 @@ from eval.runner.placement import parameter_count
 from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import cache_path, kernel_candidates, reference_of, tree_candidates, untimed
+from mars.tuning.calibrate import cache_path, kernel_candidates, speedup_over_reference, tree_candidates, untimed
 from mars.tuning.measure import measure
 
 
@@ -189,12 +189,18 @@ def measured_of(record: dict, offered: int) -> str:
 
 
 def plain_reason(record: dict, kernels: Kernels) -> str:
-    """Why a run whose strict does not speculate decodes with `kernels`: our fastest plain decoding's."""
+    """Why a run whose strict does not speculate has its trees (a rule's own, a forced one) at `kernels`: our
+    fastest plain decoding's precision, or, where calibration held both precisions' models, where trees ran
+    fastest (`mars.tuning.calibrate.decoding_kernels`)."""
     fastest = record["fastest_plain"]
+    plain = f"vanilla {fastest['kernels']} {fastest['tokens_per_s']:.1f} tok/s in calibration"
+    if not fastest["kernels"].startswith(kernels.dtype):  # "bfloat16+aten" against float32 trees
+        return (f"measured: speculation off for strict, which decodes plainly at our fastest plain decoding "
+                f"({plain}); a tree (a rule's own, a forced one) verifies at {kernels.label}, where trees ran "
+                "fastest, both precisions' models held")
     trees = "" if fastest["kernels"] == kernels.label else \
         f"; a tree in that precision (a rule's own, a forced one) verifies at {kernels.label}, the fastest timed there"
-    return (f"measured: speculation off for strict, so the precision of our fastest plain decoding "
-            f"(vanilla {fastest['kernels']} {fastest['tokens_per_s']:.1f} tok/s in calibration){trees}")
+    return f"measured: speculation off for strict, so the precision of our fastest plain decoding ({plain}){trees}"
 
 
 def plain_kernels_reason(record: dict, kernels: Kernels, plain: Kernels) -> str:
@@ -317,12 +323,11 @@ def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
 
 def calibrated_reason(record: dict, offered: int, strict: dict | None = None) -> str:
     """How a calibrated tree was chosen: of how many candidates, and how fast against plain decoding (for a
-    rule's tree, against the reference its verdict uses: `reference_of` with strict's record)."""
-    reference = reference_of(record, strict)
-    speed = record["tokens_per_s"][TreeShape(**record["tree"]).label]
+    rule's tree, against the reference its verdict uses: `speedup_over_reference` with strict's record)."""
+    ratio, reference = speedup_over_reference(record, strict)
     carried = " carried from strict's calibration" if "carried" in reference else ""
     return (f"{measured_of(record, offered)}, {record['speedup_over_plain']:.2f}x our plain decoding at the same "
-            f"kernels and {speed / reference['tokens_per_s']:.2f}x the fastest plain decoding ({reference['label']} "
+            f"kernels and {ratio:.2f}x the fastest plain decoding ({reference['label']} "
             f"{reference['tokens_per_s']:.1f} tok/s{carried}) in calibration "
             f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
 

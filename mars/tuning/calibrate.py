@@ -21,7 +21,9 @@ correctness every strict run promises). The rest are timed by successive halving
 (default 2 minutes): round by round on twice as many prompts (the first, every candidate on one
 prompt, at half the tokens), interleaved with the plain configurations,
 candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`), or to the
-winner and plain decoding once one candidate is left (for its prediction).
+winner and plain decoding once one candidate is left (for its prediction). A winner timed on fewer than
+PREDICTION_UNITS prompts when the budget runs out is timed on more, past it: the budget bounds the search,
+and a prediction from one or two prompts is noise.
 Candidates of one precision share one loaded model; every precision's models are held at once where
 they fit in memory, one precision at a time otherwise. The record keeps every figure and which
 candidates were dropped when, and is cached under `cache_dir` by a key of the machine, the models,
@@ -314,6 +316,12 @@ SLACK = 0.2
 TIE = 0.5  # arms left within TIE * SLACK / sqrt(prompts timed) of the fastest are a tie (`Halving.chosen`)
 DEFAULT_BUDGET = 120.0  # seconds for a run's calibrations on 2 cores (loading the models included) ...
 BUDGET_TOKENS = 64  # ... at turns of up to this many tokens; longer turns get more (`budget_for`)
+# The winner's prediction rests on at least this many prompts (or all there are), timed past the budget if
+# need be. Speculation's gain varies from prompt to prompt (the log of strict's speedup over plain decoding had a
+# standard deviation of 0.23 over the embedded pair's 64 held-out prompts), so a prediction from 2 prompts is
+# +/- 16%: on an AVX2-only EPYC strict's joint search spent its budget after 2 prompts, predicted 1.81x and ran
+# at 1.50x (2026-11-28). Eight make it +/- 8%.
+PREDICTION_UNITS = 8
 
 
 def budget_for(max_new_tokens: int) -> float:
@@ -335,8 +343,10 @@ class Halving:
     that would overrun the deadline is cut to the units that fit (by the round before's seconds per unit);
     none fit: the fastest so far wins. Should even the first round overrun it, the arms not timed yet are
     dropped untimed (the candidates come in the order of their prior: chains and small trees first). One arm
-    left is timed on, round after round, until the budget or the prompts run out, for its prediction.
-    `progress` shows what is being timed."""
+    left is timed on, round after round, until the budget or the prompts run out, for its prediction; a winner
+    timed on fewer than PREDICTION_UNITS prompts when the search ends is then timed, with the plain
+    configurations still in, on as many more (`confirm`), past the budget: the budget bounds the search, not
+    the prediction. `progress` shows what is being timed."""
 
     def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], plains: list[PlainArm],
                  units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, deadline: float,
@@ -345,6 +355,7 @@ class Halving:
         self.max_new_tokens, self.deadline, self.max_units = max_new_tokens, deadline, max_units
         self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
         self.log, self.progress, self.rounds = log, progress, []
+        self.prediction_s = 0.0  # spent in `confirm`, past the deadline: not taken from later calibrations' shares
 
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
@@ -441,7 +452,26 @@ class Halving:
             if not complete or seen >= self.max_units:
                 break
             size, r = size * 2, r + 1
-        return self.chosen(seen)
+        winner = self.chosen(seen)
+        self.confirm(winner, seen, started)
+        return winner
+
+    def confirm(self, winner: Arm, seen: int, started: float) -> None:
+        """Time `winner` and the plain configurations still in on the next units until it has been timed on
+        PREDICTION_UNITS of them (or every unit there is), whatever the deadline: its predicted speedup is what
+        the run reports beside the measured one, and what decides whether the method speculates."""
+        short = min(PREDICTION_UNITS, self.max_units) - winner.units
+        if short <= 0:
+            return
+        self.log(f"calibration: timing the winner {winner.label} on {short} more prompts for its prediction "
+                 f"(timed on {winner.units} when the search ended)")
+        units = [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(short)]
+        r = len(self.rounds)  # a round after the search's (at the run's length: only the first is at half)
+        began = time.perf_counter()
+        self._round(r, units, [winner], started)
+        self.prediction_s = time.perf_counter() - began
+        self.rounds.append({"round": r + 1, "prompts": short, "candidates": 1, "kept": 1, "for": "prediction",
+                            "elapsed_s": round(time.perf_counter() - started, 1)})
 
     def chosen(self, seen: int) -> Arm:
         """The winner among the arms left after `seen` units: the fastest, unless others left are within a tie
@@ -479,6 +509,12 @@ class Budget:
         weight = self.weights.pop(0)
         left = max(0.0, self.deadline - time.perf_counter())
         return left * weight / (weight + sum(self.weights)) if weight else left
+
+    def extend(self, record: dict) -> None:
+        """Give back what a calibration spent past its share on its winner's prediction (`Halving.confirm`), so
+        that the calibrations after it keep theirs."""
+        if not record.get("cached"):
+            self.deadline += record.get("prediction_s", 0.0)
 
 
 def check_kernels(gens: dict[Kernels, SpeculativeGenerator], tree: TreeShape, units: list[list[torch.Tensor]],
@@ -540,7 +576,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
            "rule": {"name": sampling.rule.name, **sampling.rule.params()},
            "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
            "max_new_tokens": max_new_tokens, "prompts": len(prompts), "prompt_ids": prompt_digest(prompts),
-           "rounds": rounds, "references": ["generate", *(r.label for r in references)]}
+           "rounds": rounds, "prediction_units": PREDICTION_UNITS,
+           "references": ["generate", *(r.label for r in references)]}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
         return {**json.loads(path.read_text()), "cache": str(path), "cached": True}
@@ -606,6 +643,7 @@ class Timing:
         self.arms: list[Arm] = []
         self.plains: list[PlainArm] = []
         self.rounds_record: list[dict] = []
+        self.prediction_s = 0.0  # the groups' `Halving.confirm`, past their deadlines: later groups keep their share
 
     @property
     def groups(self) -> list[list[str]]:
@@ -642,10 +680,12 @@ class Timing:
             plain.warm_up(self.units[0], self.sampling)
         # The whole budget when every precision is held; else each its share, in turn.
         groups = self.groups
-        deadline = self.started + self.budget * sum(len(x) for x in groups[: g + 1]) / len(self.dtypes)
+        deadline = (self.started + self.prediction_s
+                    + self.budget * sum(len(x) for x in groups[: g + 1]) / len(self.dtypes))
         halving = Halving(exact, arms, plains, self.units, self.sampling, self.max_new_tokens, deadline,
                           len(self.units) * self.rounds, self.log, self.progress)
         self.winners.append(halving.run(self.started))
+        self.prediction_s += halving.prediction_s
         self.arms += arms
         self.plains += [p for p in plains if all(p is not q for q in self.plains)]  # a reference once
         for p in plains:  # this group's models may be let go (one precision at a time): no arm holds them
@@ -688,6 +728,7 @@ class Timing:
                 "tied": best.tied,
                 "timed_prompts": {a.label: a.units for a in everything},
                 "rounds": self.rounds_record, "seconds": round(time.perf_counter() - self.started, 1),
+                "prediction_s": round(self.prediction_s, 1),
                 "budget_s": budget, "prompts": prompts, "max_new_tokens": max_new_tokens, "sampled": key["sampled"],
                 "rule": key["rule"], "batch": batch, "machine": key["cpu"], "capability": key["capability"]}
 
@@ -715,6 +756,13 @@ def reference_of(record: dict, strict: dict | None = None) -> dict:
             "carried": f"strict's calibration, scaled by vanilla {label} ({here:.1f} tok/s here, {there:.1f} there)"}
 
 
+def speedup_over_reference(record: dict, strict: dict | None = None) -> tuple[float, dict]:
+    """(the best tree's speed in `record` over the fastest plain decoding it is judged against, that reference:
+    `reference_of`): the prediction a run reports, and what its verdict and its tree's reason say."""
+    reference = reference_of(record, strict)
+    return record["tokens_per_s"][TreeShape(**record["tree"]).label] / reference["tokens_per_s"], reference
+
+
 # Speculation is on only where the best tree's speedup over the fastest plain decoding exceeds 1 by SURE
 # standard errors of its prompt-to-prompt spread (`paired_spread`): the run decodes other prompts, and a
 # tree that only ties plain decoding in calibration ran at 0.83x on SmolLM2's Alpaca questions (1.03x in
@@ -738,9 +786,8 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
     optimistic prior, so it speculates before it learns not to. It is a candidate like any tree and is timed
     as one (on SmolLM2 it ran at 17.9 tok/s where plain decoding ran at ~50). Speculation off costs nothing
     per token: the method runs `vanilla`'s loop."""
-    reference = reference_of(record, strict)
+    ratio, reference = speedup_over_reference(record, strict)
     tree = TreeShape(**record["tree"])
-    ratio = record["tokens_per_s"][tree.label] / reference["tokens_per_s"]
     spread = record.get("spread")  # None: fewer than two prompts paired (or a record from before the field)
     se = spread["log_se"] if spread else 0.0
     within = f" (± {100 * math.expm1(se):.0f}% over {spread['prompts']} prompts)" if spread else ""
@@ -767,10 +814,15 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
 
 def decoding_kernels(record: dict, speculate: bool) -> tuple[Kernels, Kernels]:
     """(the kernels a run's trees verify with, those of its plain decoding) by strict's calibration `record`.
-    Where strict speculates: the best candidate's, and our fastest plain decoding (`plain_kernels_of`). Where
-    it does not: our fastest plain decoding's, and for the trees (the rules' own, a forced one) the candidate
-    of that precision whose tree ran fastest (a tree at torch's own products would be slow)."""
-    if speculate:
+    Where strict speculates, or where calibration held every precision's models at once (a second copy of the
+    target fits): the best candidate's, and our fastest plain decoding (`plain_kernels_of`). Where it does not:
+    our fastest plain decoding's, and for the trees (the rules' own, a forced one) the candidate of that
+    precision whose tree ran fastest (a tree at torch's own products would be slow). With both held, a rule's
+    tree is timed where trees run fastest even when strict's does not pay: on an AVX2-only EPYC, SmolLM2's
+    plain decoding is bf16 (its weights are half the bytes) while a bf16 tree, without bf16 instructions, runs
+    at 0.6-0.7x a float32 one; MARS timed at bf16 trees lost to plain decoding (0.89x) where strict's float32
+    chain had tied it (1.06x, 2026-11-28)."""
+    if speculate or record.get("precisions_held_together"):
         tree = Kernels(**record["kernels"])
     else:
         plain = Kernels(**record["plain_kernels"])

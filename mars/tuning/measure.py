@@ -91,6 +91,7 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
         return Measured(options[0], fixed_tree)
     record = calibrate(load, options, sampling=strict, trees=trees, fixed_tree=fixed_tree, budget=shares.next(),
                        **common)
+    shares.extend(record)
     found = Measured(Kernels(**record["kernels"]), TreeShape(**record["tree"]), records={STRICT: record})
     found.speculation[STRICT] = speculation_of(
         STRICT, record, forced=trees is None or shared,
@@ -103,6 +104,7 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], str
     for name, sampling in rules.items() if trees else ():
         own = calibrate(load, [found.kernels], sampling=sampling, trees=trees, budget=shares.next(),
                         **{**common, "references": references if retime else ()})
+        shares.extend(own)
         found.records[name] = own
         found.method_trees[name] = TreeShape(**own["tree"])
         found.speculation[name] = speculation_of(name, own, strict=record)
