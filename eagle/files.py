@@ -11,10 +11,15 @@ from pathlib import Path
 from typing import Any
 
 
+def _temporary(path: Path) -> Path:
+    """The temporary file beside `path` that this process writes before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` by `text` through a temporary file beside it and a rename. The temporary name carries the
     process id, so two processes writing the same file at once each rename a whole file of their own."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary(path)
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -24,6 +29,6 @@ def save_atomic(obj: Any, path: Path) -> None:
     killed while saving leaves the last whole file, which the resumed run loads."""
     import torch  # here, not at the top: the text records above are written by modules that need no torch
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary(path)
     torch.save(obj, tmp)
     os.replace(tmp, path)

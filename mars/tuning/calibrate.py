@@ -357,6 +357,10 @@ class Halving:
         self.log, self.progress, self.rounds = log, progress, []
         self.prediction_s = 0.0  # spent in `confirm`, past the deadline: not taken from later calibrations' shares
 
+    def _next_units(self, seen: int, count: int) -> list[tuple[int, list[torch.Tensor]]]:
+        """The `count` units after the `seen` already timed, with their indices (the prompts cycle)."""
+        return [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(count)]
+
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
 
@@ -428,7 +432,7 @@ class Halving:
                 if size < 1:
                     self.log(f"calibration budget spent: {len(alive)} candidates left, the fastest so far wins")
                     break
-            units = [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(size)]
+            units = self._next_units(seen, size)
             complete = self._round(r, units, alive, started)
             seen += size
             alive = self.alive()
@@ -465,7 +469,7 @@ class Halving:
             return
         self.log(f"calibration: timing the winner {winner.label} on {short} more prompts for its prediction "
                  f"(timed on {winner.units} when the search ended)")
-        units = [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(short)]
+        units = self._next_units(seen, short)
         r = len(self.rounds)  # a round after the search's (at the run's length: only the first is at half)
         began = time.perf_counter()
         self._round(r, units, [winner], started)
