@@ -1,11 +1,15 @@
 """Chat prompts to train a draft head for a chat model, from what can be had legally with no download.
 
-Three sources, each record a user turn `{"messages": [{"role": "user", "content": ...}], "source": ...}`
+Four sources, each record a user turn `{"messages": [{"role": "user", "content": ...}], "source": ...}`
 (the form `eagle.train.draft --data-jsonl` reads; the target writes the answers itself, `--generate`):
 
 - **self** (Magpie, arXiv 2406.08464): the target is given its own chat template up to the start of a
   user turn and writes the user's message, sampled at temperature 1, ending at its end-of-turn token.
   What it asks is what it expects to be asked, in its own style, at no cost but its decoding.
+- **self-task**: the same, with the user's message begun by one of a few generic task openers ("Write",
+  "Imagine you are", "Solve", ...; `TASK_OPENERS`) that the target continues. Left to itself the target
+  asks for advice and facts; benchmarks such as MT-bench ask it to write, play a role, reason, compute, code
+  and extract, and a head trained on the first agrees less on the second.
 - **chatterbot**: the first line of every English conversation of the `chatterbot-corpus` package
   (BSD-3-Clause; installed by the build script with --no-deps), read as YAML files, never imported.
 - **docstrings**: questions about functions of the standard library's *train* split (eagle.train.corpus;
@@ -31,7 +35,7 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from eagle.config import eos_token_ids
@@ -63,26 +67,45 @@ def user_turn_prefix(tokenizer) -> str:
     return text[: text.index(SENTINEL)]
 
 
+# Generic openers of task requests, one per kind of task a chat benchmark asks for (writing, role play,
+# reasoning, math, code, extraction, explanation, discussion): the target writes the rest of the request.
+TASK_OPENERS = (
+    "Write a", "Compose a", "Draft an email", "Write a short story", "Create a list of", "Rewrite the following",
+    "Imagine you are", "Pretend to be", "Act as a", "You are a",
+    "Suppose that", "If a", "Which of the following", "Explain why",
+    "Solve", "Calculate", "A train", "Find the value of",
+    "Write a Python function", "Implement a", "Write a program that", "Here is some code",
+    "Extract", "Summarize the following", "Given the following", "Identify the",
+    "Describe", "Explain how", "What are the main", "How does",
+    "Discuss", "Compare", "Analyze", "What would happen if",
+)
+
+
 def self_prompts(model, tokenizer, count: int, batch: int = 64, max_tokens: int = 96, seed: int = 0,
-                 log=print) -> list[str]:
+                 openers: Sequence[str] = (), log=print) -> list[str]:
     """`count` user messages the target writes at temperature 1 from `user_turn_prefix` (Magpie), kept when
     they end with its end-of-turn token within `max_tokens`. Written by continuous batching
-    (`eagle.train.answering`), each row sampled from its own generator seeded by (seed, its number)."""
-    prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False)["input_ids"]
+    (`eagle.train.answering`), each row sampled from its own generator seeded by (seed, its number).
+    With `openers`, row k's message begins with `openers[k % len(openers)]`, which the kept text includes."""
+    start = user_turn_prefix(tokenizer)
+    texts = [f"{start}{o}" for o in openers] or [start]
+    # the opener tokenized together with the template, as the model reads them
+    prefixes = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     eos = eos_token_ids(model, tokenizer)  # its end-of-turn token(s), as the engine stops on them
     out: list[str] = []
     first = 0
     while len(out) < count:
         # ~80% of the rows end in time and are long enough: ask for a little more than is missing
         asked = max(batch, int(1.3 * (count - len(out))))
-        answers, _ = answer_prompts(model, {k: prefix for k in range(first, first + asked)},
-                                    len(prefix) + max_tokens, eos, min(eos), batch_size=batch, temperature=1.0,
-                                    seed=seed, loop_cap=None, log=log)
+        answers, _ = answer_prompts(model, {k: prefixes[k % len(prefixes)] for k in range(first, first + asked)},
+                                    max(map(len, prefixes)) + max_tokens, eos, min(eos), batch_size=batch,
+                                    temperature=1.0, seed=seed, loop_cap=None, log=log)
         first += asked
         for k in sorted(answers):
             row = answers[k]
             if row and row[-1] in eos:
-                text = tokenizer.decode(row[:-1], skip_special_tokens=True).strip()
+                opener = openers[k % len(openers)] if openers else ""
+                text = (opener + tokenizer.decode(row[:-1], skip_special_tokens=True)).strip()
                 if len(words(text)) >= 3:
                     out.append(text)
         log(f"self prompts: {min(len(out), count)}/{count}")
@@ -225,6 +248,7 @@ def main() -> None:
     ap.add_argument("--target", required=True, help="the chat model's directory (writes the self prompts)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--self", dest="self_count", type=int, default=4000)
+    ap.add_argument("--self-tasks", type=int, default=0, help="self prompts begun by a task opener (TASK_OPENERS)")
     ap.add_argument("--docstrings", type=int, default=1500)
     ap.add_argument("--no-chatterbot", action="store_true")
     ap.add_argument("--bench-dir", help="benchmark question files (default: $MARS_BENCH_DIR or ../shared/data/bench)")
@@ -241,11 +265,15 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     sources = {}
-    if args.self_count:
+    if args.self_count or args.self_tasks:
         # auto: bf16 where the device multiplies it natively, else float32
         dtype = resolve_dtype(args.dtype, device=args.device).dtype
         model = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval()
-        sources["self"] = self_prompts(model, tokenizer, args.self_count, batch=args.batch, seed=args.seed)
+        if args.self_count:
+            sources["self"] = self_prompts(model, tokenizer, args.self_count, batch=args.batch, seed=args.seed)
+        if args.self_tasks:  # seeded apart from the plain self prompts, which start at --seed
+            sources["self-task"] = self_prompts(model, tokenizer, args.self_tasks, batch=args.batch,
+                                                seed=args.seed + 500_000, openers=TASK_OPENERS)
     if not args.no_chatterbot:
         sources["chatterbot"] = chatterbot_prompts()
     if args.docstrings:

@@ -24,7 +24,8 @@
 # from (DRAFT_INIT). ANSWERS=FILE packs the answers.tgz an earlier build brought back, so this one skips answering
 # (same prompts file and GEN_TEMPERATURES; its GEN_MINUTES no longer matters) and spends the call on training.
 # MORE_PROMPTS=N has the target write N more there (Magpie, MORE_PROMPTS_SEED; the benchmark questions travel
-# with the bundle for the overlap rule) and brings them back. GEN_MINUTES bounds the answering; BUILD_MINUTES (whole
+# with the bundle for the overlap rule) and brings them back; TASK_PROMPTS=N likewise N begun by a task opener
+# (eval.chat_prompts TASK_OPENERS: requests to write, play a role, solve, code, extract). GEN_MINUTES bounds the answering; BUILD_MINUTES (whole
 # minutes) the whole call: training's schedule is shortened to end, learning rate cooled, EXPORT_SECONDS (60) before
 # it (DRAFT_DEADLINE), so the head comes back inside the machine's limit whatever the earlier stages took.
 # DRAFT_MINUTES stops training outright. On a CPU the same steps run at a tiny size first: TINY=1 asks the build for
@@ -57,7 +58,7 @@ print(gguf_file(composed("model=smollm2").model.target))')
 print(" ".join(f"{p}=={m.version(p)}" for p in ("gguf", "hydra-core", "omegaconf", "antlr4-python3-runtime")))')
     python -m pip wheel --quiet --no-deps -w "$extras/wheels" $pins
     [[ -n "${PROMPTS:-}" ]] && cp "$(absolute "$PROMPTS")" "$extras/prompts.jsonl"
-    if [[ "${MORE_PROMPTS:-0}" -gt 0 ]]; then   # the benchmark questions (2.4 MB), for the overlap rule there
+    if [[ "${MORE_PROMPTS:-0}" -gt 0 || "${TASK_PROMPTS:-0}" -gt 0 ]]; then   # the benchmark questions (2.4 MB), for the overlap rule there
         bench=$(python -c 'from eval.config.paths import bench_path; print(bench_path(""))')
         mkdir -p "$extras/bench" && cp "$bench"/* "$extras/bench/"
     fi
@@ -163,15 +164,17 @@ build)
             "$stash/answers/meta.json")
         if [[ -n "$minutes" ]]; then export GEN_MINUTES="$minutes"; else unset GEN_MINUTES; fi
     fi
-    # MORE_PROMPTS=N: N more self-written prompts (Magpie, other seeds than stage 1's) beside the carried ones,
-    # none shared with them, the held-out or calibration prompts, or a benchmark question; written once
-    if [[ "${MORE_PROMPTS:-0}" -gt 0 && ! -d "$stash/bench" ]]; then
-        echo "build: MORE_PROMPTS needs the benchmark questions for the overlap rule: pack with MORE_PROMPTS=N too" >&2
+    # MORE_PROMPTS=N / TASK_PROMPTS=N: N more self-written prompts (Magpie, other seeds than stage 1's; begun by a
+    # task opener) beside the carried ones, none shared with them, the held-out or calibration prompts, or a benchmark question; written once
+    more=$(( ${MORE_PROMPTS:-0} + ${TASK_PROMPTS:-0} ))
+    if [[ "$more" -gt 0 && ! -d "$stash/bench" ]]; then
+        echo "build: MORE_PROMPTS / TASK_PROMPTS need the benchmark questions for the overlap rule: pack with it set too" >&2
         exit 2
     fi
-    if [[ "${MORE_PROMPTS:-0}" -gt 0 && -s "$runs/prompts.jsonl" && ! -s "$runs/more_prompts.jsonl" ]]; then
+    if [[ "$more" -gt 0 && -s "$runs/prompts.jsonl" && ! -s "$runs/more_prompts.jsonl" ]]; then
         target=$(python -m mars.adapter.sources "$stash/$name" "$gguf_sha")
-        python -m eval.chat_prompts --target "$target" --self "$MORE_PROMPTS" --docstrings 0 --no-chatterbot \
+        python -m eval.chat_prompts --target "$target" --self "${MORE_PROMPTS:-0}" --self-tasks "${TASK_PROMPTS:-0}" \
+            --docstrings 0 --no-chatterbot \
             --heldout 0 --seed "${MORE_PROMPTS_SEED:-1}" --bench-dir "$stash/bench" --device "$device" \
             --batch "${GEN_BATCH:-256}" --exclude "$runs/prompts.jsonl" data/prompts/smollm2_heldout.jsonl \
             data/prompts/smollm2_calibration.jsonl --out "$runs/more_prompts.jsonl.tmp" 2>&1 | tee -a "$out/build.log"

@@ -302,18 +302,22 @@ def test_tuned_gives_an_importing_researcher_the_settings_a_run_measures(tmp_pat
     from helpers import save_standin_pair
 
     from mars import tuned
-    from mars.decoding.settings import Kernels, TreeShape
+    from mars.decoding.settings import TreeShape
+    from mars.tuning.calibrate import decoding_kernels
 
     pair = save_standin_pair(tmp_path / "pair")
     prompts = [torch.tensor([[1, 5 + i, 9, 33, 7, 12]]) for i in range(3)]
     args = (pair / "target", pair / "draft")
-    common = {"prompts": prompts, "cache_dir": tmp_path / "cache", "budget": 20.0, "log": lambda _: None}
+    # 6 s per calibration: what this test reads (kernels, tree, cache) needs a few candidates timed, not all
+    common = {"prompts": prompts, "cache_dir": tmp_path / "cache", "budget": 6.0, "log": lambda _: None}
     gen = tuned(*args, rule="mars", theta=0.9, **common)
     strict, relaxed = gen.calibration["strict"], gen.calibration["mars"]
     assert not strict["cached"] and not relaxed["cached"] and relaxed["rule"]["theta"] == 0.9
-    # the best tree's kernels, or our fastest plain decoding's where no tree beat plain decoding (speculation off)
-    kernels = Kernels(**strict["kernels" if gen.speculation["strict"].speculate else "plain_kernels"])
+    # the best tree's kernels, or our fastest plain decoding's where no tree beat plain decoding (speculation off),
+    # the trees then where they ran fastest if both precisions were held (`decoding_kernels`)
+    kernels, plain = decoding_kernels(strict, gen.speculation["strict"].speculate)
     tree = TreeShape(**relaxed["tree"])
+    assert (gen.tree_kernels, gen.plain_kernels) == (kernels, plain)
     assert (gen.prepack, gen.target.model.dtype) == (kernels.prepack, kernels.torch_dtype)
     assert gen.tree == tree
     again = tuned(*args, **common)  # strict alone: its calibration is cached, nothing is timed

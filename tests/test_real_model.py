@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,17 +32,46 @@ QUESTIONS = [Question(0, ["What is the capital of France?"]),
              Question(2, ["Name three prime numbers.", "Which of them is the largest?"])]
 
 
+# What transformers' GGUF reader returned inside the conversion (`converted`), and a copy of the weights taken
+# there: the reference the conversion must reproduce, without reading the GGUF a second time (~40 s on 2 cores).
+GGUF_READ: dict[str, object] = {}
+
+
 @pytest.fixture(scope="module")
-def converted() -> tuple[str, float]:
+def converted() -> Iterator[tuple[str, float]]:
     """The converted directory (in the suite's temporary cache) and the seconds the first load took."""
+    real_model, real_tokenizer = AutoModelForCausalLM.from_pretrained, AutoTokenizer.from_pretrained
+
+    def read_model(*args, **kwargs):
+        model = real_model(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            GGUF_READ["model"] = model
+            GGUF_READ["weights"] = {name: t.clone() for name, t in model.state_dict().items()}
+        return model
+
+    def read_tokenizer(*args, **kwargs):
+        tokenizer = real_tokenizer(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            GGUF_READ["tokenizer"] = tokenizer
+        return tokenizer
+
     start = time.perf_counter()
-    directory = local_model(CONFIG.target, CONFIG.target_sha256)
-    return directory, time.perf_counter() - start
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AutoModelForCausalLM, "from_pretrained", read_model)
+        patch.setattr(AutoTokenizer, "from_pretrained", read_tokenizer)
+        directory = local_model(CONFIG.target, CONFIG.target_sha256)
+    yield directory, time.perf_counter() - start
+    GGUF_READ.clear()  # ~1 GB
 
 
 @pytest.fixture(scope="module")
-def gguf_loaded():
-    """The GGUF file loaded directly by transformers (what the conversion must reproduce)."""
+def gguf_loaded(converted):
+    """The GGUF file loaded directly by transformers (what the conversion must reproduce): as the conversion
+    read it, its weights checked unchanged since, or read again where an earlier module converted it."""
+    if {"model", "tokenizer"} <= GGUF_READ.keys():
+        model = GGUF_READ["model"]
+        assert all(torch.equal(t, GGUF_READ["weights"][name]) for name, t in model.state_dict().items())
+        return model.eval(), GGUF_READ["tokenizer"]
     path = gguf_file(CONFIG.target)
     return (AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval(),
             AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
@@ -72,8 +102,7 @@ def test_a_file_that_is_not_the_pinned_one_is_refused_with_the_fix_named(convert
 
 
 def test_the_converted_model_is_the_gguf_loaded_model(converted, gguf_loaded):
-    """Its logits bit for bit, and its chat template and our prompt encoding as the tokenizer's own (one
-    test: loading the GGUF directly takes half a minute)."""
+    """Its logits bit for bit, and its chat template and our prompt encoding as the tokenizer's own."""
     directory, _ = converted
     reference, original = gguf_loaded
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
@@ -146,3 +175,17 @@ def test_the_target_writes_user_prompts_from_its_own_template(converted):
     assert len(prompts) == 6 and len(set(prompts)) == 6
     assert all(len(p.split()) >= 3 and "<|im" not in p for p in prompts)
     assert prompts == self_prompts(model, tokenizer, 6, batch=8, max_tokens=48, log=lambda _: None)  # seeded
+
+
+def test_task_openers_begin_the_prompts_the_target_writes(converted):
+    """Steered Magpie: each kept prompt begins with its row's opener and goes on in the model's own words."""
+    from eval.chat_prompts import self_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(converted[0])
+    model = AutoModelForCausalLM.from_pretrained(converted[0], dtype=torch.float32).eval()
+    openers = ("Write a poem about", "Solve")
+    prompts = self_prompts(model, tokenizer, 4, batch=8, max_tokens=48, openers=openers, log=lambda _: None)
+    assert len(prompts) == 4 and len(set(prompts)) == 4
+    assert all(p.startswith(openers) and len(p.split()) > len(o.split()) for p in prompts
+               for o in openers if p.startswith(o))
+    assert {o for o in openers for p in prompts if p.startswith(o)} == set(openers)

@@ -236,6 +236,13 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     chosen = [q.question_id for q in S.calibration_questions(run)]
     # the run's category (writing) first, then the benchmark's order, until 16 turns
     assert chosen == [15, 16, *range(3, 15), 17, 18]
+    assert S.calibration_mix(run) == (f"calibration times 16 of {run.bench.name}'s questions the run does not answer "
+                                      "(writing 2, math 12, coding 2); the run answers writing 3")
+    # every writing and math question answered: the run's first lines say what the predictions are of
+    spent = validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench", f"bench.questions={bench}",
+                            "num_prompts=17"))
+    assert S.calibration_mix(spent).endswith("the run answers writing 5, math 12; writing, math have none to spare: "
+                                             "the predicted speedups are the other categories'")
     with pytest.raises(ValueError, match="lower num_prompts"):
         S.calibration_questions(validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench",
                                                 f"bench.questions={bench}", "num_prompts=19")))

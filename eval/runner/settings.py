@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 
@@ -256,6 +257,26 @@ def calibration_questions(run: RunConfig) -> list[Question]:
     return questions
 
 
+def calibration_mix(run: RunConfig) -> str | None:
+    """With tree.calibration_prompts=bench, one line of the run's first lines: the categories calibration times
+    beside those the run answers, and which of the run's have no question to spare. A prediction holds for the
+    kind of question it was timed on: on SmolLM2, MARS ran at 1.37x on the MT-bench roleplay questions of a run
+    calibrated on roleplay and at 1.08x on its writing ones (docs/real-models.md). None for a prompt file."""
+    if run.tree.calibration_prompts != "bench":
+        return None
+    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    asked = Counter(q.category for q in every[:run.num_prompts])
+    timed = Counter(q.category for q in calibration_questions(run))
+    line = (f"calibration times {sum(timed.values())} of {run.bench.name}'s questions the run does not answer "
+            f"({', '.join(f'{k} {n}' for k, n in timed.items())}); the run answers "
+            f"{', '.join(f'{k} {n}' for k, n in asked.items())}")
+    missing = [k for k in asked if k not in timed]
+    if missing:
+        line += (f"; {', '.join(missing)} ha{'s' if len(missing) == 1 else 've'} none to spare: the predicted "
+                 "speedups are the other categories'")
+    return line
+
+
 def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32") -> list[torch.Tensor]:
     """The turns calibration times, like the run's: each calibration question's first turn and, where it has
     a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`),
@@ -355,6 +376,8 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
             stack.callback(reference.close)
         # the one door `mars.tuned` goes through too; calibrations time with no other job of ours timing
         prompts = calibration_prompts(run, fmt, options[0].dtype) if timed else []
+        if timed and (mix := calibration_mix(run)):
+            log(mix)
         found = measure(partial(load_pair, run, head), options, prompts,
                         sampling, {m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
                         fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
