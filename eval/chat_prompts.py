@@ -87,25 +87,23 @@ def self_prompts(model, tokenizer, count: int, batch: int = 64, max_tokens: int 
     they end with its end-of-turn token within `max_tokens`. Written by continuous batching
     (`eagle.train.answering`), each row sampled from its own generator seeded by (seed, its number).
     With `openers`, row k's message begins with `openers[k % len(openers)]`, which the kept text includes."""
-    start = user_turn_prefix(tokenizer)
-    texts = [f"{start}{o}" for o in openers] or [start]
-    # the opener tokenized together with the template, as the model reads them
-    prefixes = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    template, starts = user_turn_prefix(tokenizer), list(openers) or [""]
+    # each opener tokenized together with the template, as the model reads them
+    prefixes = [tokenizer(template + o, add_special_tokens=False)["input_ids"] for o in starts]
     eos = eos_token_ids(model, tokenizer)  # its end-of-turn token(s), as the engine stops on them
     out: list[str] = []
     first = 0
     while len(out) < count:
         # ~80% of the rows end in time and are long enough: ask for a little more than is missing
         asked = max(batch, int(1.3 * (count - len(out))))
-        answers, _ = answer_prompts(model, {k: prefixes[k % len(prefixes)] for k in range(first, first + asked)},
+        answers, _ = answer_prompts(model, {k: prefixes[k % len(starts)] for k in range(first, first + asked)},
                                     max(map(len, prefixes)) + max_tokens, eos, min(eos), batch_size=batch,
                                     temperature=1.0, seed=seed, loop_cap=None, log=log)
         first += asked
         for k in sorted(answers):
             row = answers[k]
             if row and row[-1] in eos:
-                opener = openers[k % len(openers)] if openers else ""
-                text = (opener + tokenizer.decode(row[:-1], skip_special_tokens=True)).strip()
+                text = (starts[k % len(starts)] + tokenizer.decode(row[:-1], skip_special_tokens=True)).strip()
                 if len(words(text)) >= 3:
                     out.append(text)
         log(f"self prompts: {min(len(out), count)}/{count}")
