@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -190,7 +191,10 @@ def test_loads_mt_bench_from_the_shared_directory(monkeypatch):
     questions = load_questions("mt_bench")
     assert len(questions) == 80 and all(len(q.turns) == 2 for q in questions)
     assert questions[0].question_id == 81 and questions[0].category == "writing"
-    assert len(load_questions("mt_bench", limit=5)) == 5
+    # a subset takes the categories in turn (the file lists them ten by ten): 12 = one of each, then four more
+    twelve = load_questions("mt_bench", limit=12)
+    assert Counter(q.category for q in twelve[:8]) == Counter({c: 1 for c in {q.category for q in questions}})
+    assert [q.question_id for q in twelve[8:]] == [82, 92, 102, 112]
 
 
 def test_missing_bench_dir_is_a_clear_error(monkeypatch, tmp_path):

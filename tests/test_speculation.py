@@ -195,7 +195,9 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
 def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, tmp_path, monkeypatch):
     """A calibration question with a second turn is timed on both turns, the second after the target's plain
     greedy answer to the first (a run's second turns carry that context); the answers are kept, so a
-    second resolution finds them without loading the target again."""
+    second resolution finds them without loading the target again. The turns come in two passes (even
+    questions' first turns and odd ones' second, then the rest): a prefix, which is what successive halving
+    times, holds as many questions as turns."""
     from eval.benchmarks.prompting import PromptFormat, encode
     from eval.config.schema import validate
     from eval.runner import settings as S
@@ -203,7 +205,8 @@ def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, 
     monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
     prompts = tmp_path / "calibration.jsonl"
     records = [{"question_id": 0, "turns": ["def f(x):\n    ", "def g(y):\n    "]},
-               {"question_id": 1, "prompt": "def h(z):\n    "}]
+               {"question_id": 1, "turns": ["def h(z):\n    ", "def k(w):\n    "]},
+               {"question_id": 2, "prompt": "def m(v):\n    "}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     run = validate(config(standin, tmp_path / "out", f"tree.calibration_prompts={prompts}", "max_new_tokens=6"))
     fmt = PromptFormat.of(run.model.prompt)
@@ -211,12 +214,14 @@ def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, 
     questions = S.calibration_questions(run)
     tokenizer = S.load_tokenizer(run)
     target = S.load_target(run, torch.float32)
-    first = encode(tokenizer, questions[0], [], fmt)
-    answer = target.generate(torch.tensor([first]), max_new_tokens=6, do_sample=False)[0, len(first):]
-    expected = [first, encode(tokenizer, questions[0], [tokenizer.decode(answer, skip_special_tokens=True)], fmt),
-                encode(tokenizer, questions[1], [], fmt)]
+    firsts = [encode(tokenizer, q, [], fmt) for q in questions]
+    answers = [target.generate(torch.tensor([first]), max_new_tokens=6, do_sample=False)[0, len(first):]
+               for first in firsts[:2]]
+    seconds = [encode(tokenizer, q, [tokenizer.decode(a, skip_special_tokens=True)], fmt)
+               for q, a in zip(questions, answers, strict=False)]
+    expected = [firsts[0], seconds[1], firsts[2], seconds[0], firsts[1]]
     assert [t[0].tolist() for t in turns] == expected
-    assert len(expected[1]) > len(first) + len(answer) - 2  # the first exchange is the second turn's context
+    assert len(seconds[0]) > len(firsts[0]) + len(answers[0]) - 2  # the first exchange is the second turn's context
     monkeypatch.setattr(S, "load_target", lambda *a, **k: pytest.fail("the answers were not kept"))
     assert [t[0].tolist() for t in S.calibration_prompts(run, fmt)] == expected
 
@@ -236,6 +241,13 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     chosen = [q.question_id for q in S.calibration_questions(run)]
     # the run's category (writing) first, then the benchmark's order, until 16 turns
     assert chosen == [15, 16, *range(3, 15), 17, 18]
+    # the run's mix first: for each of the run's questions the next spare one of its kind, then the rest
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
+                             for i, c in enumerate("abbaaabbbcc")))
+    interleaved = validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench",
+                                  f"bench.questions={mixed}", "num_prompts=3"))
+    assert [q.question_id for q in S.calibration_questions(interleaved)] == [3, 6, 7, 4, 5, 8, 9, 10]
     assert S.calibration_mix(run) == (f"calibration times 16 of {run.bench.name}'s questions the run does not answer "
                                       "(writing 2, math 12, coding 2); the run answers writing 3")
     # every writing and math question answered: the run's first lines say what the predictions are of

@@ -235,16 +235,22 @@ BENCH_CALIBRATION_TURNS = 16
 
 def calibration_questions(run: RunConfig) -> list[Question]:
     """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
-    questions after the run's first `num_prompts` (never one the run answers), those of a category the run
-    answers first (MT-bench orders its 80 by category: the next ones may be another kind of question), until
-    their turns make BENCH_CALIBRATION_TURNS."""
+    questions after the run's first `num_prompts` (never one the run answers) in the run's mix: for each of the
+    run's questions in turn, the next spare one of its category; then the other spares, those of a category the
+    run answers first; until their turns make BENCH_CALIBRATION_TURNS. Successive halving times a prefix of
+    them (`calibration_prompts` keeps the order), so the first ones are of the kinds the run answers most."""
     if run.tree.calibration_prompts != "bench":
         return load_questions(run.tree.calibration_prompts)
     every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
     spare = every[run.num_prompts:] if run.num_prompts else []
-    asked = {q.category for q in every[:run.num_prompts]}
+    asked = [q.category for q in every[:run.num_prompts]]
+    by_kind: dict[str, list[Question]] = {}
+    for q in spare:
+        by_kind.setdefault(q.category, []).append(q)
+    mirrored = [by_kind[kind].pop(0) for kind in asked if by_kind.get(kind)]
+    rest = sorted((q for q in spare if q not in mirrored), key=lambda q: q.category not in asked)  # stable
     questions, turns = [], 0
-    for q in sorted(spare, key=lambda q: q.category not in asked):  # stable: the benchmark's order within
+    for q in mirrored + rest:
         if turns >= BENCH_CALIBRATION_TURNS:
             break
         questions.append(q)
@@ -279,18 +285,23 @@ def calibration_mix(run: RunConfig) -> str | None:
 
 def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32") -> list[torch.Tensor]:
     """The turns calibration times, like the run's: each calibration question's first turn and, where it has
-    a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`),
-    interleaved so that halving's first rounds see both. A second turn carries the first exchange as context
-    (MT-bench's: about 4x a first turn's tokens), which changes both plain decoding's cost (its prompt
-    forward) and a tree's: timed on first turns alone, strict's verdict on MT-bench followed the wrong one."""
+    a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`).
+    Successive halving times a prefix of them, so they come in two passes over the questions in their order,
+    the first pass taking even-numbered questions' first turns and odd-numbered ones' second turns, the second
+    pass the others: any prefix is of as many questions (kinds) as turns, and of both turns. A second turn
+    carries the first exchange as context (MT-bench's: about 4x a first turn's tokens), which changes both plain
+    decoding's cost (its prompt forward) and a tree's: timed on first turns alone, strict's verdict on MT-bench
+    followed the wrong one; timed on pairs of turns of one question each, SmolLM2's 8-prompt prefix held 4 of
+    MT-bench's 8 categories and predicted MARS at 1.08x where, forced, it ran 1.33x (docs/real-models.md)."""
     tokenizer = load_tokenizer(run)
     questions = calibration_questions(run)
     firsts = [encode(tokenizer, q, [], fmt) for q in questions]
     follow = [i for i, q in enumerate(questions) if len(q.turns) > 1]
     answers = first_answers(run, [firsts[i] for i in follow], tokenizer, dtype) if follow else []
     seconds = {i: encode(tokenizer, questions[i], [a], fmt) for i, a in zip(follow, answers, strict=True)}
-    turns = [ids for i, first in enumerate(firsts) for ids in (first, seconds.get(i)) if ids is not None]
-    return [torch.tensor([ids]) for ids in turns]
+    both = [(first, seconds.get(i)) for i, first in enumerate(firsts)]
+    turns = [pair[(i + one) % 2] for one in (0, 1) for i, pair in enumerate(both)]
+    return [torch.tensor([ids]) for ids in turns if ids is not None]
 
 
 def first_answers(run: RunConfig, prompts: list[list[int]], tokenizer, dtype: str) -> list[str]:

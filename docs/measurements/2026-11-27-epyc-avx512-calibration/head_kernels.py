@@ -30,7 +30,9 @@ with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=N
     run = validate(compose("config", overrides=["model=smollm2", "bench=mt_bench", "max_new_tokens=128"]))
 fmt = PromptFormat.of(run.model.prompt)
 tokenizer = load_tokenizer(run)
-questions = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)[:6]
+# the file's first six (MT-bench's num_prompts order is category by category since 2026-11-28; this ran before)
+questions = sorted(load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source),
+                   key=lambda q: q.question_id)[:6]
 prompts = [torch.tensor([encode(tokenizer, q, [], fmt)]) for q in questions]
 target = load_target(run, torch.bfloat16)
 head = load_head(settings.head_setting(run, False), target)

@@ -24,11 +24,17 @@ ap.add_argument("--questions", type=int, default=40)
 ap.add_argument("--new-tokens", type=int, default=128)
 ap.add_argument("--trees", nargs="+", default=["4/4/1", "8/4/2", "12/4/3"])
 ap.add_argument("--heads", nargs="+", required=True)
+ap.add_argument("--by-category", action="store_true",
+                help="the benchmark's order (MT-bench's categories in turn, as eval.run takes num_prompts since "
+                     "2026-11-28); without it the file's order (questions 81, 82, ...), which these JSON files used")
 args = ap.parse_args()
 
 pair = JobPair.of("model=smollm2", "bench=mt_bench")
 bench = pair.config.bench
-questions = load_questions(bench.questions, bench.data_dir, None, bench.source)[: args.questions]
+questions = load_questions(bench.questions, bench.data_dir, None, bench.source)
+if not args.by_category:
+    questions = sorted(questions, key=lambda q: q.question_id)
+questions = questions[: args.questions]
 model = pair.target("bfloat16")
 eos = sorted(eos_token_ids(model, pair.tokenizer))
 prompts = [torch.tensor([encode(pair.tokenizer, q, [], pair.fmt)]) for q in questions]
