@@ -24,6 +24,8 @@ ap.add_argument("--questions", type=int, default=40)
 ap.add_argument("--new-tokens", type=int, default=128)
 ap.add_argument("--trees", nargs="+", default=["4/4/1", "8/4/2", "12/4/3"])
 ap.add_argument("--heads", nargs="+", required=True)
+ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                help="float32 where oneDNN cannot pack bf16 (AVX2-only CPUs); these JSON files are bf16")
 ap.add_argument("--by-category", action="store_true",
                 help="the benchmark's order (MT-bench's categories in turn, as eval.run takes num_prompts since "
                      "2026-11-28); without it the file's order (questions 81, 82, ...), which these JSON files used")
@@ -35,11 +37,13 @@ questions = load_questions(bench.questions, bench.data_dir, None, bench.source)
 if not args.by_category:
     questions = sorted(questions, key=lambda q: q.question_id)
 questions = questions[: args.questions]
-model = pair.target("bfloat16")
+model = pair.target(args.dtype)
 eos = sorted(eos_token_ids(model, pair.tokenizer))
 prompts = [torch.tensor([encode(pair.tokenizer, q, [], pair.fmt)]) for q in questions]
 out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-       "questions": f"MT-bench q1-{len(prompts)}, first turns", "new_tokens": args.new_tokens, "dtype": "bfloat16",
+       "questions": f"MT-bench {'the first' if args.by_category else 'q1-'}{len(prompts)}"
+                    f"{' in category order' if args.by_category else ''}, first turns",
+       "question_ids": [q.question_id for q in questions], "new_tokens": args.new_tokens, "dtype": args.dtype,
        "results": []}
 for head_dir in args.heads:
     head = load_draft(head_dir, model)
