@@ -248,7 +248,8 @@ def calibration_questions(run: RunConfig) -> list[Question]:
     for q in spare:
         by_kind.setdefault(q.category, []).append(q)
     mirrored = [by_kind[kind].pop(0) for kind in asked if by_kind.get(kind)]
-    rest = sorted((q for q in spare if q not in mirrored), key=lambda q: q.category not in asked)  # stable
+    taken, kinds = {id(q) for q in mirrored}, set(asked)  # Questions hold lists: compared by identity here
+    rest = sorted((q for q in spare if id(q) not in taken), key=lambda q: q.category not in kinds)  # stable
     questions, turns = [], 0
     for q in mirrored + rest:
         if turns >= BENCH_CALIBRATION_TURNS:
