@@ -218,7 +218,7 @@ def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, 
     answers = [target.generate(torch.tensor([first]), max_new_tokens=6, do_sample=False)[0, len(first):]
                for first in firsts[:2]]
     seconds = [encode(tokenizer, q, [tokenizer.decode(a, skip_special_tokens=True)], fmt)
-               for q, a in zip(questions, answers, strict=False)]
+               for q, a in zip(questions[:2], answers, strict=True)]
     expected = [firsts[0], seconds[1], firsts[2], seconds[0], firsts[1]]
     assert [t[0].tolist() for t in turns] == expected
     assert len(seconds[0]) > len(firsts[0]) + len(answers[0]) - 2  # the first exchange is the second turn's context

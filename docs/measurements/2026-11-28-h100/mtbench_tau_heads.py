@@ -41,7 +41,7 @@ model = pair.target(args.dtype)
 eos = sorted(eos_token_ids(model, pair.tokenizer))
 prompts = [torch.tensor([encode(pair.tokenizer, q, [], pair.fmt)]) for q in questions]
 out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-       "questions": f"MT-bench {'the first' if args.by_category else 'q1-'}{len(prompts)}"
+       "questions": f"MT-bench {'the first ' if args.by_category else 'q1-'}{len(prompts)}"
                     f"{' in category order' if args.by_category else ''}, first turns",
        "question_ids": [q.question_id for q in questions], "new_tokens": args.new_tokens, "dtype": args.dtype,
        "results": []}
