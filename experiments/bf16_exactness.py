@@ -6,7 +6,7 @@ Verification multiplies every weight by the tree's rows at once, plain decoding 
 attention is already made row-exact (`mars/adapter/exact.py`), so what is left are the products.
 For each distinct linear shape of the target (and head), in the run's precision:
   - `one_row_differs`: whether oneDNN's packed product of a lone row differs from the same row among
-    several (`mars.adapter.kernels`: such shapes get the two-row product in plain decoding);
+    several (`eagle.kernels`: such shapes get the two-row product in plain decoding);
 Then strict greedy with the model's head against our plain decoding, in bf16 with exact attention and
 packed weights, on the held-out chat prompts, twice, interleaved per prompt: with the two-row product
 where the probe asks for it (the engine as it is), and with every lone row multiplied alone (as before).
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+from eagle import kernels
 from eagle.checkpoint import load_draft
 from eagle.config import eos_token_ids
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
 from eval.runs.jsonl import read_jsonl
 from mars import SpeculativeGenerator, TreeShape
-from mars.adapter import kernels
 
 
 def shapes(*models: torch.nn.Module) -> dict[str, dict]:

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from eagle.checkpoint import load_draft
+from eagle.kernels import packs
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
 from mars import SpeculativeGenerator, TreeShape
-from mars.adapter.kernels import packs
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import Kernels
 from mars.verification.sampling import SamplingConfig

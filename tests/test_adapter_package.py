@@ -20,7 +20,6 @@ MAY_IMPORT = {
     "exact": set(),
     "taps": set(),
     "devices": set(),
-    "kernels": set(),
     "sources": set(),
 }
 

@@ -16,13 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import Eagle3Head, load_draft
+from eagle.kernels import packs
 from eagle.train.corpus import read_source, stdlib_files
 from eagle.train.data import chunk_tokens, tokenize_texts
 from eagle.train.evaluate import evaluate_head
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
 from mars import SpeculativeGenerator
-from mars.adapter.kernels import packs
 from mars.decoding.settings import TreeShape
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"

@@ -13,8 +13,8 @@ from helpers import OracleHead, hf_greedy, random_prompt, tiny_llama, tiny_model
 
 from eagle import Eagle3Head
 from eagle import precision as P
+from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.adapter.kernels import packs
 from mars.tuning.calibrate import CANDIDATES as CALIBRATED
 from mars.tuning.calibrate import (
     SAMPLED_CANDIDATES,

@@ -271,6 +271,36 @@ def test_full_distribution_kl_and_acceptance_equal_their_definitions():
         FeatureBatch(ids, seqs.loss_mask, full.features, topk.topk_ids, topk.topk_probs, full.last_hidden)
 
 
+def test_features_skip_the_padding_and_keep_the_shard_order(tmp_path):
+    """A store's forwards take its sequences by length, each only as wide as its longest sequence, and write
+    each row's features in the shard's own order: equal to the row's forward alone up to rounding (and bf16
+    storage). Alone, a row's forward is its own length: zeros and a distribution of no mass after it."""
+    model = tiny_target(vocab=64)
+    head = Eagle3Head.for_target(model.config, 16)
+    lengths = torch.tensor([24, 7, 16, 3, 11])
+    ids = torch.randint(0, 64, (5, 24), generator=torch.Generator().manual_seed(5))
+    mask = torch.arange(24) < lengths[:, None] - 1
+    seqs = Sequences(ids, lengths, mask)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    FeatureStore(tmp_path, seqs, shard_size=8).build(model, head.config.feature_layers, 8, batch_size=2,
+                                                     log=lambda _: None)
+    hook.remove()
+    assert widths == [7, 16, 24]  # lengths 3 and 7, 11 and 16, then 24
+    stored = FeatureStore(tmp_path, seqs).batch(torch.arange(5))
+    for r, n in enumerate(lengths.tolist()):
+        alone = collect_features(model, seqs.select(torch.tensor([r])), head.config.feature_layers, top_k=8)
+        assert alone.features.shape[1] == 24 and not alone.features[0, n:].any() and not alone.topk_probs[0, n:].any()
+        got, ref = stored.features[r, :n].float(), alone.features[0, :n].float()
+        magnitude = ref.abs().max().item()
+        atol = forward_tolerance(model.config.num_hidden_layers, longest_reduction(model, n), magnitude) \
+            + 2 * magnitude * unit_roundoff(torch.bfloat16)  # then each rounded to bf16 once
+        torch.testing.assert_close(got, ref, atol=atol, rtol=0)
+        # sorted probabilities (ids may swap where two tie within rounding), stored in float16
+        torch.testing.assert_close(stored.topk_probs[r, :n].float(), alone.topk_probs[0, :n], atol=2e-3, rtol=0)
+
+
 def test_forward_kl_training_raises_the_acceptance_of_sampled_drafts():
     """A few steps of the full-distribution loss move q towards p: the KL falls and sum min(p, q) rises."""
     model = tiny_target(vocab=64, sharpen=6.0)

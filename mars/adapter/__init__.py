@@ -7,7 +7,6 @@
 - `exact`: exact attention, each tree row over exactly its visible keys (bit-exact bf16 verification);
 - `taps`: the draft's features, captured by hooks;
 - `devices`: where a sharded target's tensors live;
-- `kernels`: oneDNN-prepacked linears for float32 CPU models (imported by name, not re-exported);
 - `sources`: where a target's weights come from, GGUF files converted once (imported by name).
 """
 

@@ -46,12 +46,12 @@ import torch
 
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
+from eagle.kernels import PackedLinears, choose_packing, onednn
 from eagle.sampled_trees import RANK_ACCEPTANCE
 from eagle.tree import DraftTree
 from mars.accounting.deferred import CostLedger
 from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
-from mars.adapter.kernels import PackedLinears, choose_packing, onednn
 from mars.decoding.adaptive import AdaptiveTree, measure_costs
 from mars.decoding.drafting import Drafter
 from mars.decoding.output import GenerationOutput
@@ -92,15 +92,15 @@ class SpeculativeGenerator:
     already reproduces plain decoding (`eagle.precision.needs_exact_attention`); `gen.target.exact_attention`
     tells what was chosen.
     prepack: multiply float32 CPU linears (target and head) by oneDNN-prepacked weights inside
-    `generate`/`vanilla` (`mars.adapter.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
+    `generate`/`vanilla` (`eagle.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
-    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`mars.adapter.kernels.onednn`);
+    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`eagle.kernels.onednn`);
     needs prepack off.
     plain_kernels: the kernels of plain decoding (`vanilla`, and `generate` while `speculate` is False) where
     they differ from the tree's (a `mars.decoding.settings.Kernels`; None: the tree's). The fastest one-row
     products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC: torch's own for one row,
-    packed oneDNN for a tree; `mars.adapter.kernels`), nor in the same precision (the embedded pair there:
+    packed oneDNN for a tree; `eagle.kernels`), nor in the same precision (the embedded pair there:
     float32 trees, bf16 plain decoding). plain_model: the target loaded in `plain_kernels`' precision, where
     that is not `target_model`'s (a second copy, the caller's to load). Strict greedy output equals plain
     greedy decoding at the tree's kernels, bit for bit; at other kernels the sums run in another order and

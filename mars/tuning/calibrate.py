@@ -59,8 +59,8 @@ from typing import Protocol
 import torch
 
 from eagle.files import write_atomic
+from eagle.kernels import packed_copy_fits, packs
 from eagle.precision import cpu_name, needs_exact_attention, resolve_dtype
-from mars.adapter.kernels import packed_copy_fits, packs
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.reference import hf_generate_batch, rows_of
 from mars.decoding.settings import Kernels, Speculation, TreeShape
@@ -133,11 +133,11 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
 
     CPU: float32 and bf16; exact attention where the precision needs it to reproduce plain decoding
     (bf16: `eagle.precision.needs_exact_attention`) unless set; prepacked linears on and off where
-    oneDNN packs that precision here (`mars.adapter.kernels.packs`) and a packed copy of the target's
-    `parameters` weights fits in memory (`mars.adapter.kernels.packed_copy_fits`), unless set; and in bf16 /
+    oneDNN packs that precision here (`eagle.kernels.packs`) and a packed copy of the target's
+    `parameters` weights fits in memory (`eagle.kernels.packed_copy_fits`), unless set; and in bf16 /
     fp16, torch's own products with oneDNN off ("aten"), unless prepacking was asked for. Other devices:
     one candidate, the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
-    float32 is never the faster there, and `mars.adapter.kernels` packs CPU weights only).
+    float32 is never the faster there, and `eagle.kernels` packs CPU weights only).
     """
     on_cpu = torch.device(device).type == "cpu"
     if dtype != "auto":
