@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import hf_greedy, summation_tolerance, tiny_llama
+from helpers import hf_greedy, summation_tolerance, tiny_llama, unit_roundoff
 
 from eagle.checkpoint import load_draft, save_draft
 from eagle.config import DraftConfig
 from eagle.heads import Eagle3Head
-from eagle.train.confidence import GRID, Calibration, fit_confidence, write_temperature
+from eagle.train.confidence import BLOCK, GRID, Calibration, fit_confidence, log_partitions, write_temperature
 from eagle.train.data import Sequences
 from eagle.tree import confidence_logprobs, grow_tree
 from mars import SpeculativeGenerator
@@ -110,6 +110,20 @@ def test_the_fit_recovers_the_temperature_of_calibrated_events():
     assert result["confidence_temperature"] == pytest.approx(0.5, rel=0.06)  # within one grid step
     step = result["steps"][0]
     assert step["top1_confidence_fitted"] == pytest.approx(step["top1_acceptance"], abs=0.02)
+
+
+def test_log_partitions_are_the_logsumexp_at_every_grid_temperature():
+    """Blocked and floored (terms below float32's normal range count as 1.6e-38), the partition sums are
+    logsumexp's, also for logits hundreds below their row's max and over rows that span several blocks."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.cat([3 * torch.randn(BLOCK + 7, 50, generator=gen), -400 * torch.rand(5, 50, generator=gen)])
+    shifted = logits - logits.max(-1, keepdim=True).values
+    got = log_partitions(shifted, GRID)
+    assert got.shape == (len(GRID), logits.shape[0], 1)
+    # Sums of 50 terms <= 1 (each exp rounded once) holding a term of 1, so the logs differ by the sums' rounding
+    atol = summation_tolerance(50, 1.0, term_error=unit_roundoff()) + 2 * unit_roundoff() * 4
+    for g, t in enumerate(GRID.tolist()):
+        torch.testing.assert_close(got[g, :, 0], (shifted / t).logsumexp(-1), atol=atol, rtol=0)
 
 
 def test_the_fit_refuses_empty_data():
