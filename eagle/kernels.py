@@ -196,3 +196,14 @@ class PackedLinears:
         finally:
             for linear in covered:
                 del linear.forward  # the class's own forward again
+
+
+@contextmanager
+def packed_where_chosen(model: nn.Module, requested: bool | str = "auto"):
+    """Inside: `model`'s CPU linears multiply packed weights where `choose_packing` packs them (a one-off pass
+    over many rows: draft training's answers and features), torch's products otherwise."""
+    if choose_packing([model], requested)[0]:
+        with PackedLinears(model).active():
+            yield
+    else:
+        yield

@@ -30,7 +30,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +37,7 @@ from transformers import DynamicCache
 
 from eagle.cache import GrownCache
 from eagle.config import cache_keyword
-from eagle.kernels import PackedLinears, choose_packing
+from eagle.kernels import packed_where_chosen
 
 ROOM = 256  # spare cache entries made at each rebuild (after rows join or leave)
 
@@ -150,8 +149,7 @@ def answer_prompts(
     oneDNN packs the model's precision and the copy fits). At 64 rows MKL's float32 products of SmolLM2 ran
     at 75-90 GFLOP/s and the 49,152-word output layer at 41, packed ones at 110-116 (2-core AVX2 EPYC).
     """
-    use, _ = choose_packing([model], prepack)
-    with PackedLinears(model).active() if use else nullcontext():
+    with packed_where_chosen(model, prepack):
         return _answer_prompts(model, prompts, max_len, eos_ids, pad_id, batch_size, temperature, seed, loop_cap,
                                on_answer, log, log_every, seconds)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import torch
 
 from eagle.config import eos_token_ids
 from eagle.files import save_atomic
-from eagle.kernels import PackedLinears, choose_packing
+from eagle.kernels import packed_where_chosen
 from eagle.precision import HALF
 from eagle.train.answering import LoopCap, answer_prompts
 from eagle.train.corpus import read_source, stdlib_files
@@ -357,6 +356,7 @@ class FeatureBatch:
 
 FIELDS = ("input_ids", "loss_mask", "features", "topk_ids", "topk_probs", "last_hidden", "doc_ids")
 TARGET_DISTS = ("topk", "full")
+STORED = {"topk": ("features", "topk_ids", "topk_probs"), "full": ("features", "last_hidden")}  # a shard's tensors
 
 
 @torch.no_grad()  # not inference_mode: the draft's backward must be able to save these tensors
@@ -440,8 +440,7 @@ class FeatureStore:
         t0, done_tokens = time.time(), 0
         # CPU linears on oneDNN-prepacked weights where oneDNN packs the target's precision (`eagle.kernels`): in
         # float32 at 64+ rows 1.4x MKL's products, 2.7x for SmolLM2's 49,152-word output layer (2-core AVX2 EPYC)
-        packed = choose_packing([model])[0]
-        with PackedLinears(model).active() if packed else nullcontext():
+        with packed_where_chosen(model):
             for n, i in enumerate(todo):
                 rows = torch.arange(i * self.shard_size, min((i + 1) * self.shard_size, len(self.sequences)))
                 # batched by length, so that each forward's width (its longest sequence) wastes little on padding
@@ -451,8 +450,7 @@ class FeatureStore:
                          for b in range(0, len(order), batch_size)]
                 back = (order - rows[0]).argsort().to(parts[0].features.device)  # the shard's own order again
                 # "full": the final hidden state kept in the target's precision (its lm_head gives its own logits)
-                names = ("features", "last_hidden") if target_dist == "full" else ("features", "topk_ids", "topk_probs")
-                shard = {name: torch.cat([getattr(p, name) for p in parts])[back].cpu() for name in names}
+                shard = {name: torch.cat([getattr(p, name) for p in parts])[back].cpu() for name in STORED[target_dist]}
                 if target_dist != "full":
                     shard["topk_ids"], shard["topk_probs"] = shard["topk_ids"].to(id_dtype), shard["topk_probs"].half()
                 save_atomic(shard, self.shard_path(i))
@@ -482,7 +480,7 @@ class FeatureStore:
         if any(sum(int(self.sequences.lengths[i]) for i in w) > width for w in windows):
             raise ValueError(f"a packed window holds more than {width} tokens")
         full = "last_hidden" in self._shard(0)
-        names = ("features", "last_hidden") if full else ("features", "topk_ids", "topk_probs")
+        names = STORED["full" if full else "topk"]
         first = self._shard(0)
         out = {name: first[name].new_zeros((len(windows), width, *first[name].shape[2:])) for name in names}
         ids = torch.zeros(len(windows), width, dtype=torch.long)
@@ -507,7 +505,7 @@ class FeatureStore:
     def batch(self, indices: torch.Tensor) -> FeatureBatch:
         """The stored features of sequences `indices`, in that order."""
         full = "last_hidden" in self._shard(0)
-        names = ("features", "last_hidden") if full else ("features", "topk_ids", "topk_probs")
+        names = STORED["full" if full else "topk"]
         parts = {name: [] for name in names}
         for index in indices.tolist():
             shard = self._shard(index // self.shard_size)
