@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-ruff check .
+ruff check --no-cache .  # the cache can hide an error that a clean checkout (CI) reports
 # One pytest-xdist worker per core (at most 4), each on one torch thread (tests/conftest.py); work stealing
 # evens out the long statistical tests. MARS_TEST_WORKERS=0 runs the suite in this one process.
 cores=$(python -c 'import os; print(len(os.sched_getaffinity(0)))')

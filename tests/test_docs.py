@@ -5,6 +5,8 @@ comments say (here on the CPU; the same code picks a GPU when one is present).""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import re
 import subprocess
@@ -58,6 +60,49 @@ def test_the_check_would_catch_a_missing_or_stale_module():
     assert MODULE_PATH.findall("`mars/decoding/generate.py` and eval/runner/job.py:run") == [
         "mars/decoding/generate.py", "eval/runner/job.py"]
     assert MODULE_PATH.findall("mars/ holds eagle/tree (no file) and tests/test_x.py") == []
+
+
+def missing_imports(source: str) -> list[str]:
+    """The project names that `source` imports and that do not exist (a module moved or renamed)."""
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            wanted = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            wanted = [(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for module, name in wanted:
+            if module.split(".")[0] not in PACKAGES:
+                continue
+            if not module_exists(module):
+                missing.append(module)
+            elif name is not None and not hasattr(importlib.import_module(module), name) \
+                    and not module_exists(f"{module}.{name}"):
+                missing.append(f"{module}.{name}")
+    return missing
+
+
+def module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent that is a module, not a package
+        return False
+
+
+def test_every_script_imports_only_what_the_tree_holds():
+    # Scripts and measurement files are never imported by the suite, so a moved module breaks them silently.
+    scripts = [*(REPO_ROOT / "scripts").rglob("*.py"), *(REPO_ROOT / "docs").rglob("*.py"),
+               *(REPO_ROOT / "experiments").rglob("*.py")]
+    assert len(scripts) > 10
+    assert {str(p.relative_to(REPO_ROOT)): missing_imports(p.read_text()) for p in scripts
+            if missing_imports(p.read_text())} == {}
+
+
+def test_the_import_check_would_catch_a_moved_module():
+    assert missing_imports("from mars.adapter.kernels import onednn\nimport eagle.nowhere\n"
+                           "from eagle.kernels import onednn, nothing_here\nimport torch") == [
+        "mars.adapter.kernels", "eagle.nowhere", "eagle.kernels.nothing_here"]
 
 
 def test_every_python_m_command_names_a_module():

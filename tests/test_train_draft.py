@@ -485,6 +485,22 @@ def test_a_deadline_keeps_the_longest_schedule_that_fits_with_the_curriculum_mov
     assert fit_schedule(10, 1000, 0.0, clock, depth) == 11  # nothing left: the step in hand ends it
 
 
+def test_fitting_a_very_long_schedule_to_a_deadline_sums_only_the_steps_that_could_fit():
+    # A --steps of 10^6 cut to a deadline summed every step of every candidate: seconds of Python, which under
+    # load overran the deadline (the CLI test below stopped uncooled at step 40 of 117).
+    clock = StepClock()
+    clock.record(1, 0.5)
+    calls = []
+
+    def depth(s: int, length: int) -> int:
+        calls.append(s)
+        return ttt_depth(s, length, 5, "1:0.5")
+
+    length = fit_schedule(10, 10_000_000, 60.0, clock, depth)
+    assert 10 < length < 10 + 60.0 / 0.5 and sum(clock.seconds(depth(s, length)) for s in range(10, length)) <= 60
+    assert len(calls) < 20 * (60.0 / 0.5)  # a dozen sums over at most the 121 steps that could fit
+
+
 # --- CLI: store, final checkpoint, resume ---------------------------------------------------------
 
 def test_cli_fits_its_schedule_to_a_deadline_and_ends_it_cooled(target_dir, tmp_path):

@@ -483,9 +483,14 @@ def fit_schedule(step: int, total: int, seconds_left: float, clock: StepClock,
     def cost(length: int) -> float:
         return sum(clock.seconds(depth_at(s, length)) for s in range(step, length))
 
-    if cost(total) <= seconds_left:
+    # No schedule longer than the cheapest step allows can fit (its cost is above seconds_left), so the search
+    # stops there: summing a long schedule (a --steps of 10^6 cut to a deadline) took seconds of pure Python,
+    # under load enough to overrun the deadline being fitted to.
+    cheapest = min(clock.seconds(d) for d in range(1, max(clock.timed) + 1)) if clock.timed else 0.0
+    top = min(total, step + int(max(seconds_left, 0.0) / cheapest) + 1) if cheapest > 0 else total
+    if top == total and cost(total) <= seconds_left:
         return total
-    low, high = step + 1, total - 1  # cost grows with the length: each added step costs more than the switch saves
+    low, high = step + 1, top - 1  # cost grows with the length: each added step costs more than the switch saves
     while low < high:
         mid = (low + high + 1) // 2
         if cost(mid) <= seconds_left:

@@ -15,6 +15,7 @@ import json
 import torch
 from hydra import compose, initialize_config_dir
 
+from eagle.kernels import onednn
 from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.config.paths import REPO_ROOT
@@ -22,7 +23,6 @@ from eval.config.schema import validate
 from eval.runner import settings
 from eval.runner.models import load_head, load_target, load_tokenizer
 from mars import SamplingConfig, SpeculativeGenerator
-from mars.adapter.kernels import onednn
 from mars.decoding import drafting
 from mars.decoding.settings import TreeShape
 

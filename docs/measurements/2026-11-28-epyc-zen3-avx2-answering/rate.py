@@ -3,7 +3,7 @@
     PROMPTS=data/prompts/smollm2_train.jsonl [B=128] [PACK=1] python rate.py OUT.json COUNT
 
 PACK=1: prepacked oneDNN products. At 5d30c8f, before `answer_prompts` packed by itself, the run wrapped the call in
-`mars.adapter.kernels.PackedLinears(model).active()`, the same products.
+`eagle.kernels.PackedLinears(model).active()`, the same products.
 """
 
 import json
