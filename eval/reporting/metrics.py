@@ -14,7 +14,8 @@ Definitions (all pooled over the questions every method answered):
   predicted_speedup_vs_fastest  a rule method's: the calibration's tokens/s of what it runs (its tree, or
                            plain decoding where its speculation is off) over the fastest plain decoding
                            timed in calibration, set by `eval.runner.job` beside the measured speedup_vs_fastest;
-                           `speculation` says "on", "off" (decoded plainly by vanilla's loop, tau 1) or
+                           `speculation` says "on", "off" (decoded plainly by vanilla's loop, tau 1; its
+                           answers the run's vanilla's where it has them: `answers_of`) or
                            "forced" (a tree set explicitly, or strict's with tree.per_method=false)
   speedup_per_question     mean per-question tokens/s / vanilla's mean per-question tokens/s,
                            the figure of the EAGLE / MARS `speed.py` tools

@@ -30,7 +30,7 @@ RATIOS = {  # figure: (the method it is relative to, the figure divided)
 }
 # A rule method's speculation (on / off / forced), its tree and calibration's predicted speedup over the fastest
 # plain decoding (eval.runner.job.speculation_figures).
-SPECULATION = ("speculation", "tree", "predicted_speedup_vs_fastest", "speculation_reason")
+SPECULATION = ("speculation", "tree", "predicted_speedup_vs_fastest", "speculation_reason", "answers_of")
 SETTING_KEYS = ("model", "bench", "temperature", "top_p", "top_k", "tree", "max_new_tokens", "seed", "dtype",
                 "exact_attention", "prepack", "questions", "methods", "shard", "sandbox")
 

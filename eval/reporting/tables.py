@@ -107,7 +107,8 @@ def speculation_section(entries: Sequence[Entry]) -> list[str]:
                       if e.fig.get("speculation_reason") and e.fig.get("speculation") != "on"})
     return ["", "## Speculation: calibration's prediction and the run", "",
             "speculation: on (the best tree beat the fastest plain decoding in calibration), off (it did not: "
-            "the method decoded plainly with our vanilla, τ 1) or forced (a tree set explicitly always "
+            "the method decoded plainly with our vanilla, τ 1, or took the run's vanilla answers, the same "
+            "decoding) or forced (a tree set explicitly always "
             "speculates). predicted: calibration's speed of what the method ran over the fastest plain decoding "
             "timed there; measured: the run's speedup over the fastest plain decoding timed in it.", "",
             markdown_table(["model", "bench", "T", "method", "tree", "speculation", "predicted", "measured"], rows),

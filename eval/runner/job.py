@@ -329,6 +329,11 @@ def run(composed: DictConfig | RunConfig) -> dict:
             fig["rule"] = {"name": m.kind, **m.rule().params()}
             fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
             fig.update(speculation_figures(resolved, m.name))
+            sources = {r.get("answers_of") for r in records[m.name]}
+            if sources and None not in sources:  # speculation off: vanilla's answers (answering.vanillas_answers)
+                fig["answers_of"] = ", ".join(sorted(sources))
+                fig["speculation_reason"] += (f"; its answers are {fig['answers_of']}'s in this run (the same "
+                                              "decoding: timing it again would measure only the machine's noise)")
             fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
     text = json.dumps(summary, indent=2) + "\n"
     for path in [job_dir / SUMMARY, *([resolve(config.summary_path)] if config.summary_path else [])]:
