@@ -32,6 +32,7 @@ import torch
 
 from eagle.files import write_atomic
 from eagle.heads import DraftHead
+from eagle.kernels import packed_where_chosen
 from eagle.train.data import Sequences, collect_features
 from eagle.train.evaluate import continuation_data, load_pair, pair_arguments
 from eagle.train.ttt import shift_left, ttt_unroll
@@ -124,7 +125,9 @@ def fit_confidence(head: DraftHead, target_model, seqs: Sequences, steps: int = 
     fit = Calibration.empty(steps, temperatures)
     for start in range(0, len(seqs), batch_size):
         rows = torch.arange(start, min(start + batch_size, len(seqs)))
-        batch = collect_features(target_model, seqs.select(rows), head.config.feature_layers, top_k=1).to(head.device)
+        with packed_where_chosen(target_model):  # the target's forwards on packed weights, as FeatureStore.build's
+            batch = collect_features(target_model, seqs.select(rows), head.config.feature_layers, top_k=1)
+        batch = batch.to(head.device)
         length = batch.input_ids.shape[1] - 1
         for j, out in enumerate(ttt_unroll(head, batch.features, batch.input_ids, steps)):
             # Step j at draft position i predicts the target's token after position i + j + 1.
