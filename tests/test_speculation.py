@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import random_prompt, save_standin_pair
 from test_precision import CANDIDATES, tiny_pair_loader
-from test_runs import config
+from test_runs import answers, config
 
 from eval.runner.settings import measured_against, standing
 from mars import SamplingConfig, SpeculativeGenerator
@@ -91,12 +91,6 @@ def test_the_reference_is_the_fastest_plain_configuration_and_slower_trees_turn_
     assert C.reference_of(rule, strict=joined)["label"] == Instant.label
 
 
-def read_answers(run_dir: str) -> dict:
-    """{question_id: answer record} of a method's run directory."""
-    (path,) = (Path(run_dir) / "answers").glob("*.jsonl")
-    return {r["question_id"]: r for r in map(json.loads, path.read_text().splitlines())}
-
-
 def test_speculation_off_decodes_exactly_as_plain_decoding_and_says_so(standin, tmp_path, monkeypatch, capsys):
     from eval.reporting.summaries import load_runs, merge_runs
     from eval.reporting.tables import report_markdown
@@ -121,7 +115,8 @@ def test_speculation_off_decodes_exactly_as_plain_decoding_and_says_so(standin, 
     assert identity["speculation"] == "off"  # plain decoding's answers are never resumed as the tree's
     # Decoded once: strict's answers are the run's vanilla's, named so (the same loop, kernels and seeds).
     assert strict["answers_of"] == "vanilla" and "its answers are vanilla's in this run" in strict["speculation_reason"]
-    mine, vanillas = (read_answers(summary["methods"][m]["run_dir"]) for m in ("strict", "vanilla"))
+    mine, vanillas = ({r["question_id"]: r for r in answers(Path(summary["methods"][m]["run_dir"]), m)}
+                      for m in ("strict", "vanilla"))
     assert mine.keys() == vanillas.keys() and len(mine) == summary["settings"]["questions"]
     for qid, record in mine.items():
         assert record["answers_of"] == "vanilla" and record["model_id"].endswith("-strict")
@@ -131,7 +126,7 @@ def test_speculation_off_decodes_exactly_as_plain_decoding_and_says_so(standin, 
     alone = run(config(standin, tmp_path / "alone", "tree=calibrated", f"tree.calibration_prompts={prompts}",
                        "tree.calibration_budget=3", "method=strict", "baselines=[]"))["methods"]["strict"]
     assert alone["speculation"] == "off" and "answers_of" not in alone
-    decoded = read_answers(alone["run_dir"])
+    decoded = {r["question_id"]: r for r in answers(Path(alone["run_dir"]), "strict")}
     assert {q: r["eval"]["token_ids"] for q, r in decoded.items()} == {
         q: r["eval"]["token_ids"] for q, r in vanillas.items()} and not any("answers_of" in r for r in decoded.values())
     runs = load_runs([tmp_path / "out"])

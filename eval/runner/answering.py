@@ -198,10 +198,10 @@ def vanillas_answers(evaluator: Evaluator, methods: list[MethodConfig],
             if m.name in evaluator.plain_methods and samplings[m.name] == samplings[source.name]}
 
 
-def as_answer_of(record: dict, method: MethodConfig, model_name: str, source: str) -> dict:
+def as_answer_of(record: dict, method: str, model_name: str, source: str) -> dict:
     """`record` (an answer, or a skip, of method `source`) as `method`'s, saying whose it is."""
-    copy = {**record, "method": method.name} if "reason" in record else {
-        **record, "model_id": f"{model_name}-{method.name}", "eval": {**record["eval"], "method": method.name}}
+    copy = {**record, "method": method} if "reason" in record else {
+        **record, "model_id": f"{model_name}-{method}", "eval": {**record["eval"], "method": method}}
     copy["answers_of"] = source
     return copy
 
@@ -217,10 +217,10 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
     shared = vanillas_answers(evaluator, methods, samplings)
     decoding = [m for m in methods if m.name not in shared]
 
-    def done(m: MethodConfig, qid) -> bool:
-        return files[m.name].done(qid) or skipped[m.name].done(qid)
+    def done(name: str, qid) -> bool:
+        return files[name].done(qid) or skipped[name].done(qid)
 
-    todo = [(i, q) for i, q in questions if not all(done(m, q.question_id) for m in methods)]
+    todo = [(i, q) for i, q in questions if not all(done(m.name, q.question_id) for m in methods)]
     size = config.batch_size
     if config.warmup and todo:  # first calls pay for allocation and kernel selection; untimed, so not while others time
         with locks.busy(evaluator.timing_device, config.exclusive_timing):
@@ -233,12 +233,20 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
     groups = [todo[k: k + size] for k in range(0, len(todo), size)]
     bar = tqdm(total=len(todo), desc=f"{config.bench.name}: {names}", unit="q", dynamic_ncols=True, file=sys.stderr)
     finished = 0
+
+    def keep(name: str, record: dict, group: list) -> None:
+        files[name].append(record)
+        tracker.log_question(name, record, finished + len(group), len(todo))
+        choice = record["choices"][0]
+        speed[name][0] += sum(choice["new_tokens"])
+        speed[name][1] += sum(choice["wall_time"])
+
     for group in groups:
         i = group[0][0]  # the index of the group's first question in the whole set
         for question in (q for _, q in group):
             evaluator.start(question)
         for m in decoding[i % len(decoding):] + decoding[: i % len(decoding)]:
-            pending = [(j, q) for j, q in group if not done(m, q.question_id)]
+            pending = [(j, q) for j, q in group if not done(m.name, q.question_id)]
             if not pending:
                 continue
             # Timed alone on the machine (answered again if another process of ours computed meanwhile,
@@ -253,27 +261,14 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
                 skipped[m.name].append(skip)
             for record in records:
                 record["timing"] = timing.record()
-                files[m.name].append(record)
-                tracker.log_question(m.name, record, finished + len(group), len(todo))
-                choice = record["choices"][0]
-                speed[m.name][0] += sum(choice["new_tokens"])
-                speed[m.name][1] += sum(choice["wall_time"])
+                keep(m.name, record, group)
             answered.add(m.name)
         for name, source in shared.items():
-            m = next(x for x in methods if x.name == name)
-            for _, q in group:
-                qid = q.question_id
-                if done(m, qid):
-                    continue
+            for qid in (q.question_id for _, q in group if not done(name, q.question_id)):
                 if files[source].done(qid):
-                    record = as_answer_of(files[source].records[qid], m, config.model.name, source)
-                    files[name].append(record)
-                    tracker.log_question(name, record, finished + len(group), len(todo))
-                    choice = record["choices"][0]
-                    speed[name][0] += sum(choice["new_tokens"])
-                    speed[name][1] += sum(choice["wall_time"])
+                    keep(name, as_answer_of(files[source].records[qid], name, config.model.name, source), group)
                 elif skipped[source].done(qid):
-                    skipped[name].append(as_answer_of(skipped[source].records[qid], m, config.model.name, source))
+                    skipped[name].append(as_answer_of(skipped[source].records[qid], name, config.model.name, source))
                 answered.add(name)
         finished += len(group)
         bar.update(len(group))
