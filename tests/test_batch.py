@@ -103,23 +103,24 @@ def test_batched_vanilla_equals_plain_decoding_of_each_prompt_alone():
 
 
 def test_a_prompt_given_several_times_is_prefilled_once_and_each_row_decodes_as_it_alone(monkeypatch):
-    """k answers to one question (pass@k, a statistical test's draws): the rows of a repeated prompt copy its
-    one prefill, and each still decodes exactly as the prompt alone, beside another prompt."""
+    """k answers to one question (pass@k, a statistical test's draws): the rows of one prompt tensor given k
+    times copy its one prefill (a copy of it is prefilled on its own: values are never compared, a host read),
+    and each row still decodes exactly as the prompt alone, beside another prompt."""
     model = tiny_model("llama")
     a, b = prompts_for(model, (7, 12), seed=5)
-    prompts = [a, b, a.clone(), a]
+    prompts = [a, b, a, a.clone(), a]
     gen = oracle_generator(model, prompts, 20)
     target = type(gen.target)
     real, lengths = target.prefill, []
     monkeypatch.setattr(target, "prefill",
                         lambda self, ids, capacity: lengths.append(ids.numel()) or real(self, ids, capacity))
     outs = gen.generate(prompts, max_new_tokens=20)
-    assert sorted(lengths) == [7, 12]
+    assert sorted(lengths) == [7, 7, 12]
     assert [o.tokens for o in outs] == [hf_greedy(model, p, 20) for p in prompts]
     assert len({tuple(o.accept_lengths) for o in outs}) > 1  # the copies decode on their own
     lengths.clear()
     assert [o.tokens for o in gen.vanilla(prompts, max_new_tokens=20)] == [o.tokens for o in outs]
-    assert sorted(lengths) == [7, 12]
+    assert sorted(lengths) == [7, 7, 12]
 
 
 def test_a_batch_of_one_equals_generate():

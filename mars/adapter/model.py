@@ -310,8 +310,8 @@ class TargetModel:
         of one (`TreeCache.stacked`). Why not one right-padded forward: for a prompt shorter than the
         longest, attention and products over the padded batch reduce in another order than over the prompt
         alone (on the embedded target, last-token logits 4e-6 apart in float32, 0.03 in bf16), and every row
-        must start from exactly its prompt's prefill; a prompt given several times is prefilled once, its rows
-        copies of that one prefill (the same forward would give the same cache). capacity: cache entries per row.
+        must start from exactly its prompt's prefill; one prompt tensor given for several rows is prefilled once,
+        its rows copies of that prefill (the same forward would give the same cache). capacity: cache entries per row.
         Returns (logits at each prompt's last token [B, V], features [B, max T_b, F]).
 
         One prompt is one sequence (`prefill`; `rows` stays None): the `*_rows` operations then run the
@@ -322,13 +322,14 @@ class TargetModel:
             return logits[None], features[None]
         self.check_batching()
         caches, logits, features = [], [], []
-        done: dict[tuple[int, ...], tuple] = {}  # a prompt repeated (k samples of one question, pass@k) is one forward
+        # One tensor given for several rows (k samples of one question, pass@k) is one forward. Told by identity:
+        # comparing prompts' values would read them on the host, a wait on a GPU (`mars.diagnostics.syncs`).
+        done: dict[int, tuple] = {}
         for prompt in prompts:
-            key = tuple(prompt.reshape(-1).tolist()) if prompt.device.type == "cpu" else (id(prompt),)
-            if key not in done:
+            if id(prompt) not in done:
                 last, feature = self.prefill(prompt, capacity)
-                done[key] = (self.cache, last, feature)
-            cache, last, feature = done[key]
+                done[id(prompt)] = (self.cache, last, feature)
+            cache, last, feature = done[id(prompt)]
             caches.append(cache)
             logits.append(last)
             features.append(feature)

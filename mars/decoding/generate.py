@@ -266,7 +266,11 @@ class SpeculativeGenerator:
                             "each [T] or [1, T]")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        return [self._checked(p, max_new_tokens, nodes) for p in prompts]
+        checked: dict[int, torch.Tensor] = {}  # one tensor given for several rows stays one (one prefill)
+        for p in prompts:
+            if id(p) not in checked:
+                checked[id(p)] = self._checked(p, max_new_tokens, nodes)
+        return [checked[id(p)] for p in prompts]
 
     def _checked(self, prompt: torch.Tensor, max_new_tokens: int, nodes: int) -> torch.Tensor:
         if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long:
