@@ -493,7 +493,10 @@ def test_the_precision_reason_says_where_trees_verify_when_strict_decodes_plainl
     another precision where calibration held both precisions' models (`decoding_kernels`)."""
     from eval.runner.settings import plain_reason
 
-    record = {"fastest_plain": {"kernels": "bfloat16+aten", "tokens_per_s": 12.7}}
+    record = {"fastest_plain": {"kernels": "bfloat16+aten", "tokens_per_s": 12.9},
+              "kernel_candidates": {"bfloat16+aten": {"plain": 12.9}},
+              # the speed beside the prediction, on the prompts held out for it, is the one the lines quote
+              "prediction": {"plains": {"vanilla bfloat16+aten": 12.7}}}
     held = plain_reason(record, Kernels("float32", False, True))
     assert "decodes plainly at our fastest plain decoding (vanilla bfloat16+aten 12.7 tok/s" in held
     assert "verifies at float32+packed, where trees ran fastest" in held

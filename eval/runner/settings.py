@@ -35,7 +35,14 @@ from eval.runner.placement import parameter_count
 from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import cache_path, kernel_candidates, speedup_over_reference, tree_candidates, untimed
+from mars.tuning.calibrate import (
+    cache_path,
+    kernel_candidates,
+    plain_speed,
+    speedup_over_reference,
+    tree_candidates,
+    untimed,
+)
 from mars.tuning.measure import measure
 
 
@@ -194,7 +201,7 @@ def plain_reason(record: dict, kernels: Kernels) -> str:
     fastest plain decoding's precision, or, where calibration held both precisions' models, where trees ran
     fastest (`mars.tuning.calibrate.decoding_kernels`)."""
     fastest = record["fastest_plain"]
-    plain = f"vanilla {fastest['kernels']} {fastest['tokens_per_s']:.1f} tok/s in calibration"
+    plain = f"vanilla {fastest['kernels']} {plain_speed(record, fastest['kernels']):.1f} tok/s in calibration"
     if not fastest["kernels"].startswith(kernels.dtype):  # "bfloat16+aten" against float32 trees
         return (f"measured: speculation off for strict, which decodes plainly at our fastest plain decoding "
                 f"({plain}); a tree (a rule's own, a forced one) verifies at {kernels.label}, where trees ran "
@@ -206,7 +213,7 @@ def plain_reason(record: dict, kernels: Kernels) -> str:
 
 def plain_kernels_reason(record: dict, kernels: Kernels, plain: Kernels) -> str:
     """Why the run's plain decoding runs at other kernels than its trees: faster in calibration."""
-    speed = {k.label: record["kernel_candidates"][k.label]["plain"] for k in (plain, kernels)}
+    speed = {k.label: plain_speed(record, k.label) for k in (plain, kernels)}
     return (f"measured: vanilla {plain.label} {speed[plain.label]:.1f} tok/s against {speed[kernels.label]:.1f} at "
             f"the trees' kernels in calibration; strict reproduces plain decoding at the trees' kernels")
 

@@ -21,9 +21,10 @@ correctness every strict run promises). The rest are timed by successive halving
 (default 2 minutes): round by round on twice as many prompts (the first, every candidate on one
 prompt, at half the tokens), interleaved with the plain configurations,
 candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`), or to the
-winner and plain decoding once one candidate is left (for its prediction). The prediction rests only on the
-units timed after the winner was chosen (the ones that chose it flatter it), PREDICTION_UNITS of them, timed
-past the budget where need be: the budget bounds the search, and a prediction from one or two prompts is noise.
+winner and plain decoding once one candidate is left. The winner's prediction rests on prompts of its own:
+the last PREDICTION_UNITS (at most half of them), which the search never times (the prompts that chose a
+winner flatter it), timed past the budget where need be: the budget bounds the search, and a prediction from
+one or two prompts is noise.
 Candidates of one precision share one loaded model; every precision's models are held at once where
 they fit in memory, one precision at a time otherwise. The record keeps every figure and which
 candidates were dropped when, and is cached under `cache_dir` by a key of the machine, the models,
@@ -268,9 +269,8 @@ class Arm(Timed):
     kernels: Kernels
     tree: TreeShape
     tied: dict | None = None  # as a halving's winner: the arms tied with it for fastest, where more than one
-    # as a halving's winner: the units timed after it was chosen, which its prediction rests on (`Halving.confirm`)
-    after_choice: list[Unit] = field(default_factory=list)
-    fresh: int = 0  # how many of those units are prompts the search never timed
+    # as a halving's winner: the units its prediction rests on, the prompts the search never timed (`Halving.confirm`)
+    predicted_on: list[Unit] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -331,11 +331,11 @@ SLACK = 0.2
 TIE = 0.5  # arms left within TIE * SLACK / sqrt(prompts timed) of the fastest are a tie (`Halving.chosen`)
 DEFAULT_BUDGET = 120.0  # seconds for a run's calibrations on 2 cores (loading the models included) ...
 BUDGET_TOKENS = 64  # ... at turns of up to this many tokens; longer turns get more (`budget_for`)
-# The winner's prediction rests on at least this many prompts (or all there are), timed past the budget if
-# need be. Speculation's gain varies from prompt to prompt (the log of strict's speedup over plain decoding had a
-# standard deviation of 0.23 over the embedded pair's 64 held-out prompts), so a prediction from 2 prompts is
-# +/- 16%: on an AVX2-only EPYC strict's joint search spent its budget after 2 prompts, predicted 1.81x and ran
-# at 1.50x (2026-11-28). Eight make it +/- 8%.
+# The winner's prediction rests on this many prompts of its own (the last ones, at most half of them, never
+# timed by the search), timed past the budget if need be. Speculation's gain varies from prompt to prompt (the log
+# of strict's speedup over plain decoding had a standard deviation of 0.23 over the embedded pair's 64 held-out
+# prompts), so a prediction from 2 prompts is +/- 16%: on an AVX2-only EPYC strict's joint search spent its budget
+# after 2 prompts, predicted 1.81x and ran at 1.50x (2026-11-28). Eight make it +/- 8%.
 PREDICTION_UNITS = 8
 
 
@@ -366,16 +366,21 @@ class Halving:
     def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], plains: list[PlainArm],
                  units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, deadline: float,
                  max_units: int, log, progress: bool, group: int = 0):
+        # The last units are the prediction's (`held_out`), never timed by the search, which cycles over the rest
+        # (`max_units`: units the search may time, at most).
+        self.held_out = min(PREDICTION_UNITS, len(units) // 2)
+        self.search = units[: len(units) - self.held_out]
         self.gens, self.arms, self.plains, self.units, self.sampling = gens, arms, plains, units, sampling
         self.group = group  # the precisions' group this halving times (a reference is timed in several)
-        self.max_new_tokens, self.deadline, self.max_units = max_new_tokens, deadline, max_units
+        self.max_new_tokens, self.deadline = max_new_tokens, deadline
+        self.max_units = max_units * len(self.search) // max(len(units), 1)
         self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
         self.log, self.progress, self.rounds = log, progress, []
         self.prediction_s = 0.0  # spent in `confirm`, past the deadline: not taken from later calibrations' shares
 
     def _next_units(self, seen: int, count: int) -> list[tuple[int, list[torch.Tensor]]]:
-        """The `count` units after the `seen` already timed, with their indices (the prompts cycle)."""
-        return [(seen + i, self.units[(seen + i) % len(self.units)]) for i in range(count)]
+        """The search's `count` units after the `seen` already timed, with their indices (its prompts cycle)."""
+        return [(seen + i, self.search[(seen + i) % len(self.search)]) for i in range(count)]
 
     def alive(self) -> list[Arm]:
         return [a for a in self.arms if a.dropped is None]
@@ -439,7 +444,6 @@ class Halving:
 
     def run(self, started: float) -> Arm:
         seen, size, r = 0, 1, 0
-        decided = None  # units timed when one candidate was left: those after it are not the search's choice
         while True:
             alive = self.alive()
             if r:  # fit the round into what is left of the budget
@@ -467,8 +471,6 @@ class Halving:
                                 "kept": len(keep), "elapsed_s": elapsed})
             self.log(f"calibration round {r + 1}: {len(alive)} candidates x {size} prompts, kept {len(keep)} "
                      f"(best {best.label} {best.speed:.1f} tok/s), {elapsed:.0f} s")
-            if len(keep) == 1 and decided is None:
-                decided = seen
             # A lone survivor is chosen but still timed, with the plain configurations, on the prompts the budget
             # allows: its predicted speedup should not rest on the one prompt that settled the choice (the embedded
             # pair's MARS at θ = 0.9 won on its first prompt at 4.5x the fastest plain decoding and ran at 1.8x).
@@ -476,33 +478,31 @@ class Halving:
                 break
             size, r = size * 2, r + 1
         winner = self.chosen(seen)
-        self.confirm(winner, seen, seen if decided is None else decided, started)
+        self.confirm(winner, seen, started)
         return winner
 
-    def confirm(self, winner: Arm, seen: int, decided: int, started: float) -> None:
-        """Time `winner` and the plain configurations still in on the next units until it has been timed on
-        PREDICTION_UNITS units (or as many as there are prompts) after it was chosen (`decided`: the units
-        timed then), whatever the deadline: its predicted speedup, what the run reports beside the measured one
-        and what decides whether the method speculates, rests on those alone. The units that chose it do not
-        count: the fastest of many candidates on a few prompts was also the luckiest there (a winner's curse;
-        SmolLM2's strict won 33 candidates' first round on one prompt, was predicted at 1.11x the fastest plain
-        decoding and ran at 0.98x). Where the search timed every prompt, they are timed again (fresh timings of
-        prompts that took part in the choice: `fresh` counts those that did not)."""
-        want = min(PREDICTION_UNITS, self.max_units)
-        short = want - (seen - decided)
-        if short > 0:
-            self.log(f"calibration: timing the winner {winner.label} on {short} more prompts for its prediction "
-                     f"({seen - decided} timed since it was chosen)")
-            r = len(self.rounds)  # a round after the search's (at the run's length: only the first is at half)
-            began = time.perf_counter()
-            self._round(r, self._next_units(seen, short), [winner], started)
-            self.prediction_s = time.perf_counter() - began
-            self.rounds.append({"round": r + 1, "prompts": short, "candidates": 1, "kept": 1, "for": "prediction",
-                                "elapsed_s": round(time.perf_counter() - started, 1)})
-        after = range(decided, decided + max(want, seen - decided))
-        winner.after_choice = [(self.group, i) for i in after]
-        searched = {i % len(self.units) for i in range(decided)}
-        winner.fresh = len({i % len(self.units) for i in after} - searched)
+    def confirm(self, winner: Arm, seen: int, started: float) -> None:
+        """Time `winner` and the plain configurations still in on the prediction's own units (`held_out`: the last
+        PREDICTION_UNITS, at most half of them), whatever the deadline: its predicted speedup, what the run reports
+        beside the measured one and what decides whether the method speculates, rests on those alone. The units
+        that chose it would flatter it: the fastest of many candidates on a few prompts was also the luckiest there
+        (a winner's curse; SmolLM2's strict won 33 candidates' first round on one prompt, was predicted at 1.11x
+        the fastest plain decoding and ran at 0.98x). Every calibration of a run (strict's, each rule's) predicts
+        on the same prompts, so a rule's carried reference (`reference_of`) compares plain decoding on the same
+        prompts too. On a single unit there is nothing to hold out: the prediction is the search's figure."""
+        if not self.held_out:
+            winner.predicted_on = list(winner.per_unit)
+            return
+        self.log(f"calibration: timing the winner {winner.label} on the {self.held_out} prompts kept for its "
+                 f"prediction (the search timed {len(self.search)})")
+        units = [(seen + j, unit) for j, unit in enumerate(self.units[len(self.search):])]
+        r = len(self.rounds)  # a round after the search's (at the run's length: only the first is at half)
+        began = time.perf_counter()
+        self._round(r, units, [winner], started)
+        self.prediction_s = time.perf_counter() - began
+        self.rounds.append({"round": r + 1, "prompts": self.held_out, "candidates": 1, "kept": 1,
+                            "for": "prediction", "elapsed_s": round(time.perf_counter() - started, 1)})
+        winner.predicted_on = [(self.group, i) for i, _ in units]
 
     def chosen(self, seen: int) -> Arm:
         """The winner among the arms left after `seen` units: the fastest, unless others left are within a tie
@@ -608,7 +608,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
            "trees": [t.label for t in shapes], "drafting": drafting, **({"batch": batch} if batch > 1 else {}),
            "max_new_tokens": max_new_tokens, "prompts": len(prompts), "prompt_ids": prompt_digest(prompts),
            "rounds": rounds, "prediction_units": PREDICTION_UNITS,
-           "predicted_on": "units after the choice",
+           "predicted_on": "held-out prompts",
            "references": ["generate", *(r.label for r in references)]}
     path = cache_path(key, cache_dir or default_cache())
     if path.exists():
@@ -684,14 +684,14 @@ class Timing:
 
     @property
     def best(self) -> Arm:
-        """The fastest of the groups' winners, by their predictions (each timed after it was chosen)."""
-        return max(self.winners, key=lambda a: (a.on(a.after_choice) or a).speed)
+        """The fastest of the groups' winners, by their predictions (each on the prompts held out for it)."""
+        return max(self.winners, key=lambda a: (a.on(a.predicted_on) or a).speed)
 
     def prediction(self, best: Arm) -> tuple[Timed, dict[str, Timed]]:
-        """`best` and every plain configuration timed beside it, on the units timed after it was chosen
+        """`best` and every plain configuration timed beside it on the prompts held out for its prediction
         (`Halving.confirm`): what its prediction is made of."""
-        plains = {p.label: t for p in self.plains if (t := p.on(best.after_choice)) is not None}
-        return best.on(best.after_choice) or best, plains
+        plains = {p.label: t for p in self.plains if (t := p.on(best.predicted_on)) is not None}
+        return best.on(best.predicted_on) or best, plains
 
     def run(self) -> None:
         for g, group in enumerate(self.groups):
@@ -737,7 +737,7 @@ class Timing:
         best, everything = self.best, self.arms
         vanilla = {p.kernels: p for p in self.plains if p.kernels is not None and p.units}
         ours = max(vanilla.values(), key=lambda p: p.speed)
-        # The prediction: the winner over the fastest plain configuration timed beside it after it was chosen
+        # The prediction: the winner over the fastest plain configuration timed beside it on the held-out prompts
         # (the fastest timed at all where none was: a record of another precision's group)
         tree, beside = self.prediction(best)
         if beside:
@@ -745,7 +745,10 @@ class Timing:
         else:
             name, reference = max(((p.label, p) for p in self.plains if p.units), key=lambda kv: kv[1].speed)
         plain_here = beside.get(f"vanilla {best.kernels.label}") or vanilla[best.kernels]
-        searched = Timed(tokens=best.tokens - tree.tokens, seconds=best.seconds - tree.seconds)
+        # the same ratio on the prompts the search chose the winner on, for comparison (a winner's curse)
+        matched = next(p for p in self.plains if p.label == name)
+        searched = [u for u in best.per_unit if u not in best.predicted_on and u in matched.per_unit]
+        search_speedup = best.on(searched).speed / matched.on(searched).speed if searched else None
         chosen = [a for a in everything if a.kernels == best.kernels]
         return {"kernels": asdict(best.kernels), "tree": asdict(best.tree),
                 # False: none did; the fastest was taken anyway
@@ -766,12 +769,10 @@ class Timing:
                            for p in self.plains if p.units},
                 "reference": {"label": name, "tokens_per_s": round(reference.speed, 2)},
                 "speedup_over_reference": round(tree.speed / reference.speed, 3),
-                # what that speedup rests on: the units timed after the tree was chosen, each configuration's
-                # speed on them ("search_tokens_per_s": the tree's on the units that chose it, for comparison)
-                "prediction": {"tree": best.label, "prompts": tree.units, "fresh_prompts": best.fresh,
-                               "tokens_per_s": round(tree.speed, 2),
-                               "search_tokens_per_s": round(searched.speed, 2) if searched.seconds > 0 else None,
-                               "plains": {label: round(t.speed, 2) for label, t in beside.items()}},
+                # what that speedup rests on: the prompts held out for it, each configuration's speed on them
+                "prediction": {"tree": best.label, "prompts": tree.units, "tokens_per_s": round(tree.speed, 2),
+                               "plains": {label: round(t.speed, 2) for label, t in beside.items()},
+                               "search_speedup": round(search_speedup, 3) if search_speedup else None},
                 # prompt-to-prompt spread of that speedup (against our vanilla at the tree's kernels where the
                 # reference was not timed on those units), for the verdict
                 "spread": paired_spread(tree, reference) or paired_spread(tree, plain_here),
