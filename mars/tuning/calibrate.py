@@ -628,7 +628,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     # "timed here": a rule's own tree times plain decoding at the tree's kernels alone; the run judges it against
     # strict's record
     log(f"calibrated in {result['seconds']:.0f} s: {timing.best.label}, "
-        f"{result['prediction']['tokens_per_s']:.1f} tok/s after its choice, "
+        f"{result['prediction']['tokens_per_s']:.1f} tok/s on its held-out prompts, "
         f"{result['speedup_over_plain']:.2f}x our plain decoding at its kernels, "
         f"{result['speedup_over_reference']:.2f}x the fastest plain decoding timed here "
         f"({result['reference']['label']} {result['reference']['tokens_per_s']:.1f} tok/s; "
