@@ -229,7 +229,7 @@ def test_a_lone_survivor_is_timed_on_more_prompts_for_its_prediction(tmp_path, m
     assert record["timed_prompts"][f"float32 {CALIBRATED[0].label}"] >= len(prompts)
 
 
-def test_a_winners_prediction_rests_only_on_prompts_timed_after_it_was_chosen(tmp_path, monkeypatch):
+def test_a_winners_prediction_rests_only_on_prompts_the_search_never_timed(tmp_path, monkeypatch):
     """The prompts that chose a winner flatter it (the fastest of many candidates on a prompt was also the luckiest
     there): its prediction, speedup and spread come from prompts kept for it, which the search never times. Here
     every tree runs 4x faster on the first prompt, the one the search chose on; the prediction does not see it."""

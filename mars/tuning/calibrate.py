@@ -276,6 +276,11 @@ class Arm(Timed):
     def label(self) -> str:
         return f"{self.kernels.label} {self.tree.label}"
 
+    @property
+    def predicted(self) -> Timed:
+        """What was timed on the prompts its prediction rests on (all it was timed on, before it was chosen)."""
+        return self.on(self.predicted_on) or self
+
 
 @dataclass
 class PlainArm(Timed):
@@ -365,15 +370,15 @@ class Halving:
 
     def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], plains: list[PlainArm],
                  units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, deadline: float,
-                 max_units: int, log, progress: bool, group: int = 0):
-        # The last units are the prediction's (`held_out`), never timed by the search, which cycles over the rest
-        # (`max_units`: units the search may time, at most).
+                 rounds: int, log, progress: bool, group: int = 0):
+        # The last units are the prediction's (`held_out`), never timed by the search, which cycles over the rest,
+        # at most `rounds` times.
         self.held_out = min(PREDICTION_UNITS, len(units) // 2)
         self.search = units[: len(units) - self.held_out]
         self.gens, self.arms, self.plains, self.units, self.sampling = gens, arms, plains, units, sampling
         self.group = group  # the precisions' group this halving times (a reference is timed in several)
         self.max_new_tokens, self.deadline = max_new_tokens, deadline
-        self.max_units = max_units * len(self.search) // max(len(units), 1)
+        self.max_units = rounds * len(self.search)
         self.prior = {t: i for i, t in enumerate(dict.fromkeys(a.tree for a in arms))}  # the candidates' order
         self.log, self.progress, self.rounds = log, progress, []
         self.prediction_s = 0.0  # spent in `confirm`, past the deadline: not taken from later calibrations' shares
@@ -592,7 +597,8 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     plain decoding, "speedup_over_plain" (the best candidate over our vanilla at its kernels),
     "plains": {label: {"tokens_per_s", "prompts", "dropped"}} (every plain configuration timed),
     "reference": {"label", "tokens_per_s"} (the fastest of them), "speedup_over_reference",
-    "fastest_plain" (our fastest vanilla: {"kernels", "tokens_per_s"}), "plain_kernels" (its kernels),
+    "fastest_plain" (our fastest vanilla: {"kernels", "tokens_per_s"}), "prediction" (what the reference,
+    the speedups and "spread" rest on: the prompts held out for it, `Halving.confirm`), "plain_kernels" (its kernels),
     "dropped": {candidate: when and at what speed}, "rounds", "seconds", "budget_s", "cache", "cached",
     ...}. cache_dir: default `default_cache()`. batch: the batch size the run decodes at (`generate` of a
     list): candidates are timed on batches of that many prompts (the best tree shrinks as the batch grows).
@@ -685,13 +691,13 @@ class Timing:
     @property
     def best(self) -> Arm:
         """The fastest of the groups' winners, by their predictions (each on the prompts held out for it)."""
-        return max(self.winners, key=lambda a: (a.on(a.predicted_on) or a).speed)
+        return max(self.winners, key=lambda a: a.predicted.speed)
 
     def prediction(self, best: Arm) -> tuple[Timed, dict[str, Timed]]:
         """`best` and every plain configuration timed beside it on the prompts held out for its prediction
         (`Halving.confirm`): what its prediction is made of."""
         plains = {p.label: t for p in self.plains if (t := p.on(best.predicted_on)) is not None}
-        return best.on(best.predicted_on) or best, plains
+        return best.predicted, plains
 
     def run(self) -> None:
         for g, group in enumerate(self.groups):
@@ -723,7 +729,7 @@ class Timing:
         deadline = (self.started + self.prediction_s
                     + self.budget * sum(len(x) for x in groups[: g + 1]) / len(self.dtypes))
         halving = Halving(exact, arms, plains, self.units, self.sampling, self.max_new_tokens, deadline,
-                          len(self.units) * self.rounds, self.log, self.progress, group=g)
+                          self.rounds, self.log, self.progress, group=g)
         self.winners.append(halving.run(self.started))
         self.prediction_s += halving.prediction_s
         self.arms += arms
