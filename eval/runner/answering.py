@@ -184,24 +184,19 @@ class Evaluator:
                              [round(w, 6) for w in wall], extra)
 
 
-def vanillas_answers(evaluator: Evaluator, methods: list[MethodConfig],
-                     samplings: dict[str, SamplingConfig]) -> dict[str, str]:
+def vanillas_answers(evaluator: Evaluator, methods: list[MethodConfig]) -> dict[str, str]:
     """{method: the vanilla method whose answers it takes}: a rule whose speculation is off decodes with our
     `vanilla`, the same loop, kernels, sampling and seeds as the run's own `vanilla`, so its answers are
     that method's (token for token, and the same decoding timed). Decoding them again would cost the run as
     long again and time nothing new: two timings of one loop differ only by the machine's noise (0.95-0.99x
-    in three SmolLM2 runs on a Zen 3). Only where that vanilla answers in this job, in-process, at the same
-    temperature, top-p and top-k: the rule is not compared, as plain decoding verifies nothing (a MARS run
-    whose speculation is off took 0.96x of vanilla's speed for the same tokens, decoding them again)."""
+    in three SmolLM2 runs on a Zen 3). Only where that vanilla answers in this job, in-process. Every method
+    of a run samples at the run's one temperature, top-p and top-k (`sampling_of`); their rules differ, but
+    plain decoding verifies nothing (a MARS run whose speculation was off, made to decode again, timed the
+    same tokens at 0.96x vanilla's speed)."""
     source = next((m for m in methods if m.kind == VANILLA and m.name not in evaluator.plain_models), None)
     if source is None:
         return {}
-
-    def plain(s: SamplingConfig) -> tuple[float, float, int]:  # what plain decoding's tokens depend on
-        return s.temperature, s.top_p, s.top_k
-
-    return {m.name: source.name for m in methods
-            if m.name in evaluator.plain_methods and plain(samplings[m.name]) == plain(samplings[source.name])}
+    return {m.name: source.name for m in methods if m.name in evaluator.plain_methods}
 
 
 def as_answer_of(record: dict, method: str, model_name: str, source: str) -> dict:
@@ -220,7 +215,7 @@ def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[Meth
     files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
     skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, SKIPPED)) for m in methods}
     samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
-    shared = vanillas_answers(evaluator, methods, samplings)
+    shared = vanillas_answers(evaluator, methods)
     decoding = [m for m in methods if m.name not in shared]
 
     def done(name: str, qid) -> bool:
