@@ -5,4 +5,4 @@ git log --oneline -1
 rm -rf /work/s60/cache_emb; export MARS_CACHE_DIR=/work/s60/cache_emb
 echo "start $(date)"
 bash scripts/bench_embedded.sh /work/s60/emb_64x128.json num_prompts=64 max_new_tokens=128 out_dir=/work/s60/emb_runs
-echo "done $(date) rc=$?"
+rc=$?; echo "done $(date) rc=$rc"

@@ -16,4 +16,4 @@ echo "start $(date)"
 python -m eval.run model=smollm2 bench=mt_bench num_prompts=12 max_new_tokens=128 sampling=t0 method=mars \
     method.theta=0.9 "baselines=[generate,vanilla,strict]" out_dir="$out/runs" \
     summary_path="$out/smollm2_mt_bench_12x128_$name.json" "$@"
-echo "done $(date) rc=$?"
+rc=$?; echo "done $(date) rc=$rc"
