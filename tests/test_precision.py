@@ -183,6 +183,33 @@ def test_calibration_chooses_kernels_and_tree_together_and_caches_them(tmp_path)
                      log=lambda _: None)["cache"] != first["cache"]
 
 
+def test_the_calibration_record_follows_the_weights_not_the_path_they_were_loaded_from(tmp_path):
+    load, _ = tiny_pair_loader()
+
+    def moved(dtype: str):  # the same files reached by another path (a converted GGUF under another cache)
+        target, head = load(dtype)
+        target.config._name_or_path = str(tmp_path / "elsewhere" / "model")
+        return target, head
+
+    def retrained(dtype: str):  # one inner layer changed; the configuration and the output layer are not
+        target, head = load(dtype)
+        with torch.no_grad():
+            target.model.layers[0].mlp.up_proj.weight.mul_(1.01)
+        return target, head
+
+    kernels, prompts = kernel_candidates("cpu", "float32", prepack=False), [random_prompt(random.Random(0), 16, 8)]
+
+    def record(loader) -> dict:
+        return calibrate(loader, kernels, prompts, SamplingConfig(), CANDIDATES[:1], max_new_tokens=8,
+                         cache_dir=tmp_path, log=lambda _: None)
+    first = record(load)
+    assert not first["cached"]
+    again = record(moved)
+    assert again["cached"] and again["cache"] == first["cache"]
+    other = record(retrained)
+    assert not other["cached"] and other["cache"] != first["cache"]
+
+
 def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
     """Kernels whose strict greedy output differed from their plain decoding are not candidates."""
     from mars.tuning import calibrate as C

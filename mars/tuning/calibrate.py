@@ -163,17 +163,34 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
 
 
 def fingerprint(target: torch.nn.Module, head: torch.nn.Module) -> dict:
-    """What the fastest settings depend on besides the candidates: the machine, torch and the models."""
+    """What the fastest settings depend on besides the candidates: the machine, torch and the models. The
+    models by their configurations and weights (`weights_digest`), never by the path they were loaded from: one
+    model reached by two paths (a cache directory linked elsewhere, a converted GGUF under another
+    MARS_CACHE_DIR) is one record, a retrained layer under the same path another."""
     device = next(target.parameters()).device
-    with torch.no_grad():  # a cheap checksum of the weights, the same in any precision they are loaded in
-        weights = [float(p.float().sum()) for p in (target.get_output_embeddings().weight, *head.parameters())]
     return {
         "cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__, "target": getattr(target.config, "_name_or_path", ""),
-        "target_config": target.config.to_json_string(use_diff=False), "draft_config": head.config.to_json(),
-        "weights": [round(w, 2) for w in weights],
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "torch": torch.__version__,
+        "target_config": json.dumps({k: v for k, v in target.config.to_dict().items() if k != "_name_or_path"},
+                                    sort_keys=True, default=str),
+        "draft_config": head.config.to_json(),
+        "weights": [weights_digest(target), weights_digest(head)],
     }
+
+
+def weights_digest(model: torch.nn.Module, samples: int = 4096) -> str:
+    """Every parameter's name, shape and the sum of at most `samples` evenly spaced entries, hashed: a
+    checksum that any retrained or replaced tensor moves, read in microseconds even for a 235B model
+    (a full sum would read every weight). Meta parameters (offloaded) count by name and shape."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            digest.update(f"{name}{tuple(p.shape)}".encode())
+            if not p.is_meta and p.numel():
+                flat = p.detach().reshape(-1)
+                total = float(flat[:: max(1, flat.numel() // samples)].float().sum())
+                digest.update(f"{total:.6g}".encode())
+    return digest.hexdigest()[:16]
 
 
 def prompt_digest(prompts: list[torch.Tensor]) -> str:
