@@ -180,8 +180,8 @@ def fingerprint(target: torch.nn.Module, head: torch.nn.Module) -> dict:
 
 def weights_digest(model: torch.nn.Module, samples: int = 4096) -> str:
     """Every parameter's name, shape and the sum of at most `samples` evenly spaced entries, hashed: a
-    checksum that any retrained or replaced tensor moves, read in microseconds even for a 235B model
-    (a full sum would read every weight). Meta parameters (offloaded) count by name and shape."""
+    checksum that any retrained or replaced tensor moves, cheap at any size (one small strided read per tensor,
+    where a full sum would read every weight of a 235B model). Meta parameters (offloaded) count by name and shape."""
     digest = hashlib.sha256()
     with torch.no_grad():
         for name, p in model.named_parameters():
