@@ -20,8 +20,8 @@ greedy output differs from their own plain greedy decoding on the first prompts 
 correctness every strict run promises). The rest are timed by successive halving within a budget
 (default 2 minutes): round by round on twice as many prompts (the first, every candidate on one
 prompt, at half the tokens), interleaved with the plain configurations,
-candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`), or to the
-winner and plain decoding once one candidate is left. The winner's prediction rests on prompts of its own:
+candidates that lose clearly are dropped and the time left goes to the close ones (`Halving`): the faster
+half, and any tied with the fastest, on more prompts. The winner's prediction rests on prompts of its own:
 the last PREDICTION_UNITS (at most half of them), which the search never times (the prompts that chose a
 winner flatter it), timed past the budget where need be: the budget bounds the search, and a prediction from
 one or two prompts is noise.
@@ -379,11 +379,11 @@ class Halving:
     decoding (the reference the trees are judged against), dropped by the same slack as the arms. A round
     that would overrun the deadline is cut to the units that fit (by the round before's seconds per unit);
     none fit: the fastest so far wins. Should even the first round overrun it, the arms not timed yet are
-    dropped untimed (the candidates come in the order of their prior: chains and small trees first). One arm
-    left is timed on, round after round, until the budget or the prompts run out, for its prediction; a winner
-    timed on fewer than PREDICTION_UNITS prompts when the search ends is then timed, with the plain
-    configurations still in, on as many more (`confirm`), past the budget: the budget bounds the search, not
-    the prediction. `progress` shows what is being timed."""
+    dropped untimed (the candidates come in the order of their prior: chains and small trees first). Besides
+    the faster half, the arms tied with the fastest (`chosen`'s band) go on, on more prompts, so that a
+    tie is settled by more prompts while the budget lasts; the search ends when one arm is left. The winner is
+    then timed, with the plain configurations still in, on the prompts held out for its prediction (`confirm`),
+    past the budget: the budget bounds the search, not the prediction. `progress` shows what is being timed."""
 
     def __init__(self, gens: dict[Kernels, SpeculativeGenerator], arms: list[Arm], plains: list[PlainArm],
                  units: list[list[torch.Tensor]], sampling: SamplingConfig, max_new_tokens: int, deadline: float,
@@ -483,6 +483,10 @@ class Halving:
             slack = SLACK / math.sqrt(seen)
             ranked = sorted(alive, key=lambda a: a.speed, reverse=True)[: math.ceil(len(alive) / 2)]
             keep = {id(a) for a in ranked if a.speed >= (1 - slack) * best.speed}
+            # Arms tied with the best (`chosen`'s band) go on past the half: halving two of them settles the tie by
+            # a prompt's noise (the embedded pair's MARS dropped 8/8/1 at 0.3% behind 6/6/1 after 4 prompts,
+            # 34-52 s into a 76-132 s budget, and ran 6% slower at 6/6/1 on the 64 held-out prompts).
+            keep |= {id(a) for a in alive if a.speed >= (1 - TIE * slack) * best.speed}
             elapsed = round(time.perf_counter() - started, 1)
             for arm in alive:
                 if id(arm) not in keep:
@@ -493,10 +497,9 @@ class Halving:
                                 "kept": len(keep), "elapsed_s": elapsed})
             self.log(f"calibration round {r + 1}: {len(alive)} candidates x {size} prompts, kept {len(keep)} "
                      f"(best {best.label} {best.speed:.1f} tok/s), {elapsed:.0f} s")
-            # A lone survivor is chosen but still timed, with the plain configurations, on the prompts the budget
-            # allows: its predicted speedup should not rest on the one prompt that settled the choice (the embedded
-            # pair's MARS at θ = 0.9 won on its first prompt at 4.5x the fastest plain decoding and ran at 1.8x).
-            if not complete or seen >= self.max_units:
+            # A lone survivor has won: its prediction is timed on the held-out prompts (`confirm`), not on more of
+            # the search's, and what is left of the budget goes to the calibrations after this one (`Budget`).
+            if not complete or seen >= self.max_units or len(keep) == 1:
                 break
             size, r = size * 2, r + 1
         winner = self.chosen(seen)
