@@ -210,6 +210,22 @@ def test_the_calibration_record_follows_the_weights_not_the_path_they_were_loade
     assert not other["cached"] and other["cache"] != first["cache"]
 
 
+def test_the_calibration_key_ignores_load_paths_at_any_depth_of_the_configuration():
+    """A composite model's sub-configuration carries its own `_name_or_path`: another path is the same key,
+    another setting in it is not."""
+    from transformers import PretrainedConfig
+
+    from mars.tuning.calibrate import fingerprint
+
+    target, head = tiny_pair_loader()[0]("float32")
+    target.config.vision_config = PretrainedConfig(name_or_path="/somewhere/vision")
+    nested = fingerprint(target, head)
+    target.config.vision_config = PretrainedConfig(name_or_path="/elsewhere/vision")
+    assert fingerprint(target, head) == nested
+    target.config.vision_config = PretrainedConfig(name_or_path="/elsewhere/vision", patch_size=7)
+    assert fingerprint(target, head) != nested
+
+
 def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_decoding(tmp_path, monkeypatch):
     """Kernels whose strict greedy output differed from their plain decoding are not candidates."""
     from mars.tuning import calibrate as C

@@ -171,11 +171,16 @@ def fingerprint(target: torch.nn.Module, head: torch.nn.Module) -> dict:
     return {
         "cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "torch": torch.__version__,
-        "target_config": json.dumps({k: v for k, v in target.config.to_dict().items() if k != "_name_or_path"},
-                                    sort_keys=True, default=str),
+        "target_config": json.dumps(without_paths(target.config.to_dict()), sort_keys=True, default=str),
         "draft_config": head.config.to_json(),
         "weights": [weights_digest(target), weights_digest(head)],
     }
+
+
+def without_paths(config: dict) -> dict:
+    """A configuration's dict without the path it was loaded from (`_name_or_path`), at any depth: a composite
+    model's sub-configurations (a multimodal model's `text_config`) carry their own."""
+    return {k: without_paths(v) if isinstance(v, dict) else v for k, v in config.items() if k != "_name_or_path"}
 
 
 def weights_digest(model: torch.nn.Module, samples: int = 4096) -> str:
