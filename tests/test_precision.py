@@ -275,7 +275,7 @@ def test_a_lone_survivor_ends_the_search_and_is_timed_on_the_prompts_kept_for_it
 
 def test_arms_tied_with_the_fastest_go_on_past_the_half_until_more_prompts_settle_them(tmp_path, monkeypatch):
     """Halving keeps at most half of the arms; two left within the tie band of each other would be split by one
-    prompt's noise (the embedded pair's MARS: 8/8/1 dropped 0.3% behind 6/6/1 after 4 prompts, then ran 6% faster
+    prompt's noise (the embedded pair's MARS: 8/8/1 dropped 0.3% behind 6/6/1 after 7 timed prompts, then ran 6% faster
     on the 64 held-out ones). Tied arms go on, on more prompts, until the search's prompts or budget run
     out; then the tie goes to the cheaper cycle (`chosen`). Speeds here are set per tree, so the test is exact."""
     from mars.tuning import calibrate as C

@@ -489,7 +489,7 @@ class Halving:
             ranked = sorted(alive, key=lambda a: a.speed, reverse=True)[: math.ceil(len(alive) / 2)]
             keep = {id(a) for a in ranked if a.speed >= (1 - slack) * best.speed}
             # Arms tied with the best (`chosen`'s band) go on past the half: halving two of them settles the tie by
-            # a prompt's noise (the embedded pair's MARS dropped 8/8/1 at 0.3% behind 6/6/1 after 4 prompts,
+            # a prompt's noise (the embedded pair's MARS dropped 8/8/1 at 0.3% behind 6/6/1 after 7 timed prompts,
             # 34-52 s into a 76-132 s budget, and ran 6% slower at 6/6/1 on the 64 held-out prompts).
             keep |= {id(a) for a in alive if a.speed >= (1 - TIE * slack) * best.speed}
             elapsed = round(time.perf_counter() - started, 1)
