@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Same-machine A/B against issue 49's commit: c8e073a (old, the last commit before the issue's work) and
-# c3ee45b (new), each a clean clone, each run from an empty MARS_CACHE_DIR; ABBA for the quickstart,
-# then for bench_embedded.sh at 64 prompts x 128 tokens.
-# Set up: git clone -q REPO /work/ab/old && git -C /work/ab/old checkout -q c8e073a; git clone -q REPO /work/ab/new
-# (at c3ee45b); mkdir -p /work/ab/runs; then ./ab.sh (about 55 min on 2 cores, idle).
+# Same-machine A/B of two commits, each a clean clone, each run from an empty MARS_CACHE_DIR; A B B A for the
+# quickstart, then for bench_embedded.sh at 64 prompts x 128 tokens (about an hour on 2 cores, idle).
+# Set up: git clone -q REPO /work/ab/old && git -C /work/ab/old checkout -q OLD; git clone -q REPO /work/ab/new
+# && git -C /work/ab/new checkout -q NEW; mkdir -p /work/ab/runs; then ./ab.sh. Ran with OLD/NEW = c8e073a/c3ee45b
+# (issue 49's commit against now, this folder) and f600bda/fa257b4 (the calibration change,
+# ../2026-11-29-xeon-amx-calibration/). Table: table.py.
 set -u
 R=/work/ab/runs
 run() {  # tag dir kind

@@ -3,6 +3,8 @@ speed each tree the calibration may choose gives on the prompts the benchmark as
 
     python docs/measurements/2026-11-29-xeon-amx-calibration/fixed_trees.py OUT.json --prompts 64 --new-tokens 128 \
         --rules strict --trees 6/6/1 8/8/1 8/4/2 12/4/3
+    python docs/measurements/2026-11-29-xeon-amx-calibration/fixed_trees.py OUT.json --prompts 64 --new-tokens 128 \
+        --rules strict mars@0.9 --trees 6/6/1 8/8/1   # ../2026-11-29-xeon-amx-ab/mars_trees_theta0.9_64x128.json
 
 float32 with oneDNN, unpacked, no exact attention (the kernels every rule chose on this class); plain decoding at the
 same kernels. Each prompt: plain first, then the arms in a rotating order; strict's output is checked against plain
