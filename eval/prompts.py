@@ -91,8 +91,14 @@ def _evenly(items: list, count: int) -> list:
 
 
 def build_prompts(
-    files: list[Path], root: Path, count: int = 64, per_file: int = 3, max_chars: int = 1000
+    files: list[Path], root: Path, count: int = 64, per_file: int = 3, max_chars: int = 1000, first: int | None = None
 ) -> list[Prompt]:
+    """`count` prompts spread evenly over the files' candidates; `first`: those `count=first` would choose come
+    first (in their order), so a prefix of the set is spread evenly too (the calibration prompts: a batch
+    size of B times the first 24 * B)."""
+    if first is not None and (first <= 0 or count % first):
+        raise ValueError(f"--first {first} must divide --count {count}: the first prompts are every "
+                         f"{count}/{first}-th of the count's; give a count that is a multiple of it")
     candidates = []
     for path in files:
         source = read_source(path)
@@ -102,6 +108,8 @@ def build_prompts(
         found = [f for f in extract_prompts(source, rel) if len(f[2]) <= max_chars]
         candidates.extend((rel, *f) for f in _evenly(found, per_file))
     chosen = _evenly(candidates, count)
+    if first:  # `--count first`'s prompts lead: with count = k * first they are every k-th of these
+        chosen = chosen[:: count // first] + [c for i, c in enumerate(chosen) if i % (count // first)]
     return [Prompt(i, rel, name, line, prompt) for i, (rel, name, line, prompt) in enumerate(chosen)]
 
 
@@ -121,9 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--count", type=int, default=64)
     ap.add_argument("--per-file", type=int, default=3)
     ap.add_argument("--max-chars", type=int, default=1000, help="skip longer prompts (all kept are < 200 tokens)")
+    ap.add_argument("--first", type=int, help="put first the prompts `--count FIRST` would write (a divisor of "
+                    "--count): any batch size's calibration prompts then begin with batch 1's")
     ap.add_argument("--tokenizer", help="optional: print the prompts' token lengths under this tokenizer")
     args = ap.parse_args(argv)
-    prompts = build_prompts(stdlib_files(args.split), stdlib_root(), args.count, args.per_file, args.max_chars)
+    prompts = build_prompts(stdlib_files(args.split), stdlib_root(), args.count, args.per_file, args.max_chars,
+                            args.first)
     write_jsonl(prompts, args.out)
     print(f"wrote {len(prompts)} prompts from {len({p.file for p in prompts})} files to {args.out}")
     if args.tokenizer:

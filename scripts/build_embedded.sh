@@ -121,4 +121,4 @@ python -m eval.tau --target "$runs/target/final" --draft "$final" --prompts 8 --
 
 python -m eagle.train.export --target "$runs/target/final" --draft "$final" --out "$export_dir" "${sampling_export[@]}"
 python -m eval.prompts --tokenizer "$export_dir/target" --out "$prompts_out"
-python -m eval.prompts --split train --count 24 --per-file 1 --out "$calibration_out"
+python -m eval.prompts --split train --count 96 --per-file 1 --first 24 --out "$calibration_out"

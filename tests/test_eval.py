@@ -88,6 +88,22 @@ def test_build_prompts_is_deterministic_and_limited(tmp_path):
     assert build_prompts(files, tmp_path, count=64, max_chars=40) == []
 
 
+def test_build_prompts_puts_first_the_prompts_a_smaller_count_chooses(tmp_path):
+    """--first: a calibration set for batch B times the first 24 * B prompts, so the first 24 (batch 1's) must be
+    the ones `--count 24` chooses, spread over the corpus, not the first files'."""
+    for i in range(8):
+        (tmp_path / f"m{i}.py").write_text(SOURCE)
+    files = sorted(tmp_path.glob("*.py"))
+    small = build_prompts(files, tmp_path, count=4, per_file=3)
+    large = build_prompts(files, tmp_path, count=12, per_file=3, first=4)
+    key = [(p.file, p.name) for p in large]
+    assert key[:4] == [(p.file, p.name) for p in small] and len(set(key)) == 12
+    assert sorted(key) == sorted((p.file, p.name) for p in build_prompts(files, tmp_path, count=12, per_file=3))
+    assert [p.question_id for p in large] == list(range(12))
+    with pytest.raises(ValueError, match="must divide --count"):
+        build_prompts(files, tmp_path, count=10, per_file=3, first=4)
+
+
 def test_committed_prompt_set_is_well_formed():
     path = REPO_ROOT / "data/prompts/stdlib_heldout.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]

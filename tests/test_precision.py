@@ -273,6 +273,38 @@ def test_a_lone_survivor_ends_the_search_and_is_timed_on_the_prompts_kept_for_it
     assert record["prediction"]["prompts"] == 4 and record["spread"]["prompts"] == 4
 
 
+def test_a_batched_calibration_times_as_many_batches_as_batch_one_times_prompts(tmp_path, monkeypatch):
+    """At batch B calibration takes the first UNITS * B prompts, UNITS batches, so a batched prediction rests on as
+    many units as B = 1's (from the 24 prompts B = 1 takes, B = 4's rested on 3 batches, +-11%, and could not tell
+    4/4/1's 1.13x from plain decoding). The prompts past them are neither timed nor in the key."""
+    from mars.tuning import calibrate as C
+
+    monkeypatch.setattr(C, "UNITS", 6)
+    monkeypatch.setattr(C, "PREDICTION_UNITS", 3)
+    real, seen = C.decode, set()
+
+    def spy(gen, plain, group, *args, **kwargs):
+        seen.update(id(p) for p in group)
+        return real(gen, plain, group, *args, **kwargs)
+
+    monkeypatch.setattr(C, "decode", spy)
+    load, _ = tiny_pair_loader()
+    prompts = [random_prompt(random.Random(i), 16, 8) for i in range(16)]
+
+    def at(batch: int, given: list[torch.Tensor], cache: str) -> dict:
+        return calibrate(load, [Kernels("float32", False, False)], given, SamplingConfig(), CALIBRATED[:2],
+                         max_new_tokens=8, cache_dir=tmp_path / cache, log=lambda _: None, progress=False,
+                         batch=batch, budget=0.0)
+
+    two = at(2, prompts, "two")
+    assert seen <= {id(p) for p in prompts[:12]}  # 6 batches of 2
+    assert {id(p) for p in prompts[6:12]} <= seen  # the last 3 of them held out for the prediction
+    assert two["prediction"]["prompts"] == 3 and two["spread"]["prompts"] == 3 and two["prompts"] == 12
+    one = at(1, prompts, "one")
+    assert one["prediction"]["prompts"] == 3 and one["prompts"] == 6
+    assert at(1, prompts[:6], "one")["cached"]  # the same 6 prompts timed: the same record
+
+
 def test_arms_tied_with_the_fastest_go_on_past_the_half_until_more_prompts_settle_them(tmp_path, monkeypatch):
     """Halving keeps at most half of the arms; two left within the tie band of each other would be split by one
     prompt's noise (the embedded pair's MARS: 8/8/1 dropped 0.3% behind 6/6/1 after 7 timed prompts, then ran 6% faster

@@ -265,6 +265,10 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     chosen = [q.question_id for q in S.calibration_questions(run)]
     # the run's category (writing) first, then the benchmark's order, until 16 turns
     assert chosen == [15, 16, *range(3, 15), 17, 18]
+    # at batch 2 until 32 turns (as many batches as batch 1 times turns): every spare question, in that order
+    doubled = validate(config(standin, tmp_path / "out", "tree.calibration_prompts=bench", f"bench.questions={bench}",
+                              "num_prompts=3", "batch_size=2"))
+    assert [q.question_id for q in S.calibration_questions(doubled)] == [*chosen, 19]
     # the run's mix first: for each of the run's questions the next spare one of its kind, then the rest
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"

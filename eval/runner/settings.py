@@ -236,7 +236,8 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
 
 
 # tree.calibration_prompts=bench: the benchmark's questions the run does not answer, until their turns timed
-# (first and second) make this many: 8 MT-bench questions, 16 of a single-turn set
+# (first and second) make this many: 8 MT-bench questions, 16 of a single-turn set; at batch B, B times as
+# many, so that a batched run's calibration times as many batches (`mars.tuning.calibrate.UNITS`)
 BENCH_CALIBRATION_TURNS = 16
 
 
@@ -244,7 +245,7 @@ def calibration_questions(run: RunConfig) -> list[Question]:
     """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
     questions after the run's first `num_prompts` (never one the run answers) in the run's mix: for each of the
     run's questions in turn, the next spare one of its category; then the other spares, those of a category the
-    run answers first; until their turns make BENCH_CALIBRATION_TURNS. Successive halving times a prefix of
+    run answers first; until their turns make BENCH_CALIBRATION_TURNS * batch_size. Successive halving times a prefix of
     them (`calibration_prompts` keeps the order), so the first ones are of the kinds the run answers most."""
     if run.tree.calibration_prompts != "bench":
         return load_questions(run.tree.calibration_prompts)
@@ -259,7 +260,7 @@ def calibration_questions(run: RunConfig) -> list[Question]:
     rest = sorted((q for q in spare if id(q) not in taken), key=lambda q: q.category not in kinds)  # stable
     questions, turns = [], 0
     for q in mirrored + rest:
-        if turns >= BENCH_CALIBRATION_TURNS:
+        if turns >= BENCH_CALIBRATION_TURNS * run.batch_size:
             break
         questions.append(q)
         turns += min(len(q.turns), 2)

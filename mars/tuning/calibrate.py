@@ -221,6 +221,13 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
                                                            prepack=k.prepack, onednn=k.onednn)) for k in kernels}
 
 
+# The units calibration times at most: the search's and the prediction's (PREDICTION_UNITS). At batch B it
+# takes the first UNITS * B prompts, so a batched run's prediction rests on as many batches as B = 1's on
+# prompts (at B = 4 from 3 batches, +-11%, it could not tell 4/4/1's 1.13x from plain decoding); the
+# repository's calibration files hold UNITS * 4 prompts (more batches, fewer prompts each, are cycled).
+UNITS = 24
+
+
 def batches_of(prompts: list[torch.Tensor], batch: int) -> list[list[torch.Tensor]]:
     """The prompts in groups of `batch` (1: one each); too few prompts for a whole group are cycled."""
     if batch == 1:
@@ -626,11 +633,13 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], s
     the speedups and "spread" rest on: the prompts held out for it, `Halving.confirm`), "plain_kernels" (its kernels),
     "dropped": {candidate: when and at what speed}, "rounds", "seconds", "budget_s", "cache", "cached",
     ...}. cache_dir: default `default_cache()`. batch: the batch size the run decodes at (`generate` of a
-    list): candidates are timed on batches of that many prompts (the best tree shrinks as the batch grows).
+    list): candidates are timed on batches of that many prompts (the best tree shrinks as the batch grows),
+    the first UNITS * batch of `prompts`.
     exclusive: held while timing (not on a cache hit), e.g. a machine-wide lock that keeps other jobs from
     timing at once (eval.runner.locks).
     """
     shapes = candidate_shapes(kernels, trees, fixed_tree, batch, not sampling.greedy, drafting)
+    prompts = prompts[: UNITS * batch]  # the prompts timed: the key and the record count these
     started = time.perf_counter()  # the budget counts loading too
     held: dict[str, tuple] = {}
     first = held.setdefault(kernels[0].dtype, load(kernels[0].dtype))

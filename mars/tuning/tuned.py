@@ -71,8 +71,9 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     """A `SpeculativeGenerator` for `target` (a local directory or hub id) and its EAGLE `draft`, with
     the settings measured on this machine for decoding at `temperature` with `rule` (and `rule_params`,
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
-    prompts: token tensors [1, n] to time on (default: the repository's calibration prompts, encoded
-    with the target's tokenizer). budget: seconds for all the timing together (first use only; None: 120 s,
+    prompts: token tensors [1, n] to time on, the first 24 * batch_size of them (default: the repository's
+    calibration prompts, encoded with the target's tokenizer; `mars.tuning.calibrate.UNITS`).
+    budget: seconds for all the timing together (first use only; None: 120 s,
     more for turns longer than 64 tokens, `mars.tuning.calibrate.budget_for`).
     max_new_tokens: the length your calls decode, which candidates are timed at."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
