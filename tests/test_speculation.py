@@ -394,6 +394,8 @@ def test_speculation_is_on_only_where_the_tree_is_faster_beyond_its_prompt_to_pr
     spread = {"log_se": 0.05, "prompts": 8}
     unsure = C.speculation_of("strict", {**record, "spread": spread})
     assert not unsure.speculate and "1.03x the fastest" in unsure.reason and "(± 5% over 8 prompts)" in unsure.reason
+    batched = C.speculation_of("strict", {**record, "spread": spread, "batch": 4})
+    assert "(± 5% over 8 batches of 4 prompts)" in batched.reason  # a batched record's units are batches
     assert "not clearly faster" in unsure.reason
     assert unsure.predicted == 1.0  # plain decoding's own speed is what the run gets
     assert C.speculation_of("strict", {**record, "spread": {"log_se": 0.01, "prompts": 16}}).speculate

@@ -895,7 +895,11 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
     tree = TreeShape(**record["tree"])
     spread = record.get("spread")  # None: fewer than two prompts paired (or a record from before the field)
     se = spread["log_se"] if spread else 0.0
-    within = f" (± {100 * math.expm1(se):.0f}% over {spread['prompts']} prompts)" if spread else ""
+    within = ""
+    if spread:  # a batched record's units are batches
+        batch = record.get("batch", 1)
+        units = f"{spread['prompts']} batches of {batch} prompts" if batch > 1 else f"{spread['prompts']} prompts"
+        within = f" (± {100 * math.expm1(se):.0f}% over {units})"
     against = (f"{ratio:.2f}x the fastest plain decoding ({reference['label']}, "
                f"{reference['tokens_per_s']:.1f} tok/s) in calibration{within}")
     if forced:
