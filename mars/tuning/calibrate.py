@@ -224,7 +224,7 @@ def generators(target, head, kernels: list[Kernels], tree: TreeShape) -> Iterato
 # The units calibration times at most: the search's and the prediction's (PREDICTION_UNITS). At batch B it
 # takes the first UNITS * B prompts, so a batched run's prediction rests on as many batches as B = 1's on
 # prompts (at B = 4 from 3 batches, +-11%, it could not tell 4/4/1's 1.13x from plain decoding); the
-# repository's calibration files hold UNITS * 4 prompts (more batches, fewer prompts each, are cycled).
+# repository's calibration file holds UNITS * 4 prompts, so a larger batch gets fewer (B = 16: 6, 3 held out).
 UNITS = 24
 
 
