@@ -97,8 +97,8 @@ def build_prompts(
     first (in their order), so a prefix of the set is spread evenly too (the calibration prompts: a batch
     size of B times the first 24 * B)."""
     if first is not None and (first <= 0 or count % first):
-        raise ValueError(f"--first {first} must divide --count {count}: the first prompts are every "
-                         f"{count}/{first}-th of the count's; give a count that is a multiple of it")
+        raise ValueError(f"--first {first} must divide --count {count} (only then are the prompts --count {first} "
+                         f"chooses among those --count {count} chooses): give a count that is a multiple of it")
     candidates = []
     for path in files:
         source = read_source(path)
@@ -108,8 +108,10 @@ def build_prompts(
         found = [f for f in extract_prompts(source, rel) if len(f[2]) <= max_chars]
         candidates.extend((rel, *f) for f in _evenly(found, per_file))
     chosen = _evenly(candidates, count)
-    if first:  # `--count first`'s prompts lead: with count = k * first they are every k-th of these
-        chosen = chosen[:: count // first] + [c for i, c in enumerate(chosen) if i % (count // first)]
+    if first:  # `--count first`'s prompts lead (among `count`'s whenever `first` divides it), then the others
+        lead = _evenly(candidates, first)
+        led = set(lead)
+        chosen = lead + [c for c in chosen if c not in led]
     return [Prompt(i, rel, name, line, prompt) for i, (rel, name, line, prompt) in enumerate(chosen)]
 
 

@@ -100,6 +100,8 @@ def test_build_prompts_puts_first_the_prompts_a_smaller_count_chooses(tmp_path):
     assert key[:4] == [(p.file, p.name) for p in small] and len(set(key)) == 12
     assert sorted(key) == sorted((p.file, p.name) for p in build_prompts(files, tmp_path, count=12, per_file=3))
     assert [p.question_id for p in large] == list(range(12))
+    every = build_prompts(files, tmp_path, count=48, per_file=3, first=4)  # more asked than the 24 there are
+    assert [(p.file, p.name) for p in every[:4]] == [(p.file, p.name) for p in small] and len(every) == 24
     with pytest.raises(ValueError, match="must divide --count"):
         build_prompts(files, tmp_path, count=10, per_file=3, first=4)
 
