@@ -248,6 +248,12 @@ def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, 
     assert len(seconds[0]) > len(firsts[0]) + len(answers[0]) - 2  # the first exchange is the second turn's context
     monkeypatch.setattr(S, "load_target", lambda *a, **k: pytest.fail("the answers were not kept"))
     assert [t[0].tolist() for t in S.calibration_prompts(run, fmt)] == expected
+    # only the turns calibration times (UNITS per batch) are made: no answer decoded for question 0's second turn
+    monkeypatch.setattr(S, "UNITS", 2)
+    asked = []
+    monkeypatch.setattr(S, "first_answers", lambda run, prompts, *a: asked.append(prompts) or ["x"] * len(prompts))
+    cut = [t[0].tolist() for t in S.calibration_prompts(run, fmt)]
+    assert cut == [firsts[0], encode(tokenizer, questions[1], ["x"], fmt)] and asked == [[firsts[1]]]
 
 
 def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standin, tmp_path):

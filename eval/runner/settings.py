@@ -36,6 +36,7 @@ from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning.calibrate import (
+    UNITS,
     cache_path,
     kernel_candidates,
     plain_speed,
@@ -297,20 +298,23 @@ def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32
     a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`).
     Successive halving times a prefix of them, so they come in two passes over the questions in their order,
     the first pass taking even-numbered questions' first turns and odd-numbered ones' second turns, the second
-    pass the others: any prefix is of as many questions (kinds) as turns, and of both turns. A second turn
+    pass the others: any prefix is of as many questions (kinds) as turns, and of both turns. Only the first
+    UNITS * batch_size turns, which calibration times (`mars.tuning.calibrate.UNITS`), are made: no first answer
+    is decoded for a turn it would not time. A second turn
     carries the first exchange as context (MT-bench's: about 4x a first turn's tokens), which changes both plain
     decoding's cost (its prompt forward) and a tree's: timed on first turns alone, strict's verdict on MT-bench
     followed the wrong one; timed on pairs of turns of one question each, SmolLM2's 8-prompt prefix held 4 of
     MT-bench's 8 categories and predicted MARS at 1.08x where, forced, it ran 1.33x (docs/real-models.md)."""
     tokenizer = load_tokenizer(run)
     questions = calibration_questions(run)
-    firsts = [encode(tokenizer, q, [], fmt) for q in questions]
-    follow = [i for i, q in enumerate(questions) if len(q.turns) > 1]
+    order = [(i, (i + one) % 2) for one in (0, 1) for i, q in enumerate(questions)
+             if (i + one) % 2 == 0 or len(q.turns) > 1]  # (question, turn): the two passes
+    order = order[: UNITS * run.batch_size]  # what calibration times: no first answer decoded for more
+    firsts = {i: encode(tokenizer, questions[i], [], fmt) for i in sorted({i for i, _ in order})}
+    follow = sorted(i for i, turn in order if turn == 1)
     answers = first_answers(run, [firsts[i] for i in follow], tokenizer, dtype) if follow else []
     seconds = {i: encode(tokenizer, questions[i], [a], fmt) for i, a in zip(follow, answers, strict=True)}
-    both = [(first, seconds.get(i)) for i, first in enumerate(firsts)]
-    turns = [pair[(i + one) % 2] for one in (0, 1) for i, pair in enumerate(both)]
-    return [torch.tensor([ids]) for ids in turns if ids is not None]
+    return [torch.tensor([firsts[i] if turn == 0 else seconds[i]]) for i, turn in order]
 
 
 def first_answers(run: RunConfig, prompts: list[list[int]], tokenizer, dtype: str) -> list[str]:
