@@ -195,7 +195,7 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
     monkeypatch.setattr("mars.tuning.tuned.limited_references", lambda *args: [])
     prompts = tmp_path / "calibration.jsonl"
     prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def g{i}(x):\n    "}) + "\n"
-                               for i in range(2)))
+                               for i in range(3)))
     run = validate(config(standin, tmp_path / "out", "tree=calibrated", f"tree.calibration_prompts={prompts}",
                           "tree.calibration_budget=3", "model.dtype=float32", "method=mars",
                           "method.theta=0.9", "baselines=[vanilla]"))
@@ -204,6 +204,9 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
     settings = S.resolve_settings(run, fmt, log=logged.append)
     assert any(line.startswith("calibrating") for line in logged)  # timed the first time
     same = S.calibration_prompts(run, fmt)
+    # a file of single-turn prompts: the run times them in the file's order, as `mars.tuned` reads such a file
+    from mars.tuning.tuned import calibration_prompts as api_prompts
+    assert [t.tolist() for t in same] == [t.tolist() for t in api_prompts(S.load_tokenizer(run), prompts)]
     logged.clear()
     gen = tuned(standin / "target", standin / "draft", rule="mars", theta=0.9, dtype="float32", prompts=same,
                 budget=3.0, max_new_tokens=run.max_new_tokens, log=logged.append)  # the run's prompts and length

@@ -297,8 +297,9 @@ def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32
     """The turns calibration times, like the run's: each calibration question's first turn and, where it has
     a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`).
     Successive halving times a prefix of them, so they come in two passes over the questions in their order,
-    the first pass taking even-numbered questions' first turns and odd-numbered ones' second turns, the second
-    pass the others: any prefix is of as many questions (kinds) as turns, and of both turns. Only the first
+    the first pass taking even-numbered questions' first turns and odd-numbered ones' second turns (a single-turn
+    question's one turn), the second pass the others: any prefix is of as many questions (kinds) as turns, and of
+    both turns; a file of single-turn prompts keeps its order (the one `mars.tuned` times). Only the first
     UNITS * batch_size turns, which calibration times (`mars.tuning.calibrate.UNITS`), are made: no first answer
     is decoded for a turn it would not time. A second turn
     carries the first exchange as context (MT-bench's: about 4x a first turn's tokens), which changes both plain
@@ -307,8 +308,11 @@ def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32
     MT-bench's 8 categories and predicted MARS at 1.08x where, forced, it ran 1.33x (docs/real-models.md)."""
     tokenizer = load_tokenizer(run)
     questions = calibration_questions(run)
-    order = [(i, (i + one) % 2) for one in (0, 1) for i, q in enumerate(questions)
-             if (i + one) % 2 == 0 or len(q.turns) > 1]  # (question, turn): the two passes
+    two = [len(q.turns) > 1 for q in questions]
+    # (question, turn) in two passes: an odd-numbered question with a second turn gives it in the first pass and its
+    # first in the second; a single-turn question comes in the first (a single-turn file keeps its order)
+    order = [(i, i % 2 if two[i] else 0) for i in range(len(questions))]
+    order += [(i, 1 - i % 2) for i in range(len(questions)) if two[i]]
     order = order[: UNITS * run.batch_size]  # what calibration times: no first answer decoded for more
     firsts = {i: encode(tokenizer, questions[i], [], fmt) for i in sorted({i for i, _ in order})}
     follow = sorted(i for i, turn in order if turn == 1)
