@@ -80,20 +80,26 @@ class DraftHead(nn.Module):
 
     @torch.inference_mode()
     def propose(
-        self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ancestor_mask: torch.Tensor
+        self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ancestor_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One tentative tree level of k nodes.
 
         hidden [k, H]: the parents' draft outputs; tokens [k]: the nodes' draft ids; depth: their
         depth (1 = children of the root's prediction); ancestor_mask [k, t + k] bool over the t
-        tentative entries already in the cache plus these k (True = ancestor or self).
+        tentative entries already in the cache plus these k (True = ancestor or self), or None when
+        every node sees all of them (a chain's one new node: every entry before it is an ancestor).
         Returns (hidden [k, H], logprobs [k, V_d]).
         """
         k = tokens.shape[0]
         committed = self.cache.length
         positions = torch.full((1, k), committed + depth - 1, device=tokens.device)
-        mask = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=tokens.device), ancestor_mask], dim=1)
-        out = self._run(hidden.to(self.dtype)[None], tokens[None], positions, mask[None, None], commit=False)[0]
+        mask = None  # one query, no mask: attention over the whole cache (`DraftAttention`)
+        if ancestor_mask is not None:
+            mask = torch.cat([torch.ones(k, committed, dtype=torch.bool, device=tokens.device), ancestor_mask],
+                             dim=1)[None, None]
+        elif k > 1:
+            raise ValueError("ancestor_mask=None is for one node (a chain); pass the mask of several")
+        out = self._run(hidden.to(self.dtype)[None], tokens[None], positions, mask, commit=False)[0]
         return out, self.logprobs(out)
 
     # --- batched decoding: B sequences of different lengths (`eagle.rows`) --------------------
@@ -133,15 +139,20 @@ class DraftHead(nn.Module):
 
     @torch.inference_mode()
     def propose_rows(self, hidden: torch.Tensor, tokens: torch.Tensor, depth: int,
-                     ancestor_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     ancestor_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`propose` for every row at once: hidden [B, k, H], tokens [B, k], ancestor_mask [B, k, t + k]
-        (or [k, t + k], the same for every row). Returns (hidden [B, k, H], logprobs [B, k, V_d])."""
+        (or [k, t + k], the same for every row; None: k = 1, a chain's new node, which sees every tentative
+        entry). Returns (hidden [B, k, H], logprobs [B, k, V_d])."""
         if self.cache.rows is None:  # one sequence (`reset_rows(1)`)
-            mask = ancestor_mask if ancestor_mask.dim() == 2 else ancestor_mask[0]
+            mask = ancestor_mask if ancestor_mask is None or ancestor_mask.dim() == 2 else ancestor_mask[0]
             hidden, logprobs = self.propose(hidden[0], tokens[0], depth, mask)
             return hidden[None], logprobs[None]
         rows, committed = self.cache.rows, self.cache.length
         b, k = tokens.shape
+        if ancestor_mask is None:
+            if k > 1:
+                raise ValueError("ancestor_mask=None is for one node per row (a chain); pass the mask of several")
+            ancestor_mask = torch.ones(1, self.cache.total - committed + 1, dtype=torch.bool, device=tokens.device)
         positions = (rows.device + depth - 1)[:, None].expand(b, k)
         visible = rows.prefix_visible(committed)[:, None, :].expand(b, k, committed)
         mask = torch.cat([visible, ancestor_mask.expand(b, k, -1)], dim=2)

@@ -103,15 +103,19 @@ class DraftTree:
 
     @classmethod
     def forest(cls, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor,
-               levels: int, draft_probs: torch.Tensor | None = None, width: int | None = None) -> DraftTree:
+               levels: int, draft_probs: torch.Tensor | None = None, width: int | None = None,
+               own: torch.Tensor | None = None) -> DraftTree:
         """B trees of n nodes each, given row by row (tokens, parents with -1 at the root, depths,
-        scores [B, n], draft_probs [B, n, V]), as one forest."""
+        scores [B, n], draft_probs [B, n, V]), as one forest. own [B or 1, n, n]: each tree's ancestor
+        matrix where the caller knows it (None: computed from `parents`)."""
         b, n = tokens.shape
-        own = ancestor_matrix(parents)  # [B, n, n], tree by tree: (B n)^2 work, not (B n)^3
+        if own is None:
+            own = ancestor_matrix(parents)  # [B, n, n], tree by tree: (B n)^2 work, not (B n)^3
         if b == 1:  # one tree (decoding one sequence, the hot path): nothing to offset or lay out
             ancestors = own[0]
         else:
             parents = torch.where(parents < 0, -1, parents + torch.arange(b, device=parents.device)[:, None] * n)
+            own = own.expand(b, n, n)
             block = torch.eye(b, dtype=torch.bool, device=parents.device)[:, None, :, None] & own[:, :, None, :]
             ancestors = block.reshape(b * n, b * n)
         return cls(tokens.reshape(-1), parents.reshape(-1), depths.reshape(-1), scores.reshape(-1), levels,
@@ -161,8 +165,9 @@ def _stable_order(first: torch.Tensor, second: torch.Tensor, descending: tuple[b
     return order.gather(1, torch.sort(first.gather(1, order), dim=1, descending=descending[0], stable=True).indices)
 
 
-# propose(hidden [B, k, H], tokens [B, k], depth, ancestor_mask [B, k, t + k] or [k, t + k] for every row)
-#   -> (hidden [B, k, H], logprobs [B, k, V_d]): one tentative level of the head for every row.
+# propose(hidden [B, k, H], tokens [B, k], depth, ancestor_mask [B, k, t + k] or [k, t + k] for every row, or
+#   None for k = 1 seeing every tentative entry) -> (hidden [B, k, H], logprobs [B, k, V_d]): one tentative
+#   level of the head for every row.
 Propose = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -173,7 +178,7 @@ def row_proposer(head: DraftHead) -> Propose:
         return head.propose_rows
 
     def propose(hidden, tokens, depth, mask):
-        out, lp = head.propose(hidden[0], tokens[0], depth, mask.view(mask.shape[-2:]))
+        out, lp = head.propose(hidden[0], tokens[0], depth, None if mask is None else mask.view(mask.shape[-2:]))
         return out[None], lp[None]
 
     return propose
@@ -286,6 +291,32 @@ def _draft(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
     return candidates
 
 
+def _draft_chain(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor, logprobs: torch.Tensor,
+                 length: int) -> DraftTree:
+    """`_rerank(_draft(...))` at branching 1, in fewer operations: each row's chain of its head's most likely
+    token at each of `length` levels (`grow_trees` passes min(depth, total_tokens): with one child per node the
+    best `total_tokens` candidates are the shallowest). The newest node's ancestors are every node fed before
+    it, so the head needs no tree mask, and the chain's ancestor matrix is lower-triangular.
+    roots [B], hidden [B, H], logprobs [B, V_d] as in `grow_trees`. Leaves the head's tentative cache rolled back."""
+    propose, (b, _), device = row_proposer(head), logprobs.shape, logprobs.device
+    score, ids = confidence_logprobs(head, logprobs).topk(1, dim=-1)  # [B, 1]: `_draft`'s choice at k = 1
+    tokens, scores = [head.to_target_ids(ids)], [score]
+    node_hidden = hidden[:, None]  # [B, 1, H]: the head output that predicted the newest node
+    for level in range(2, length + 1):
+        node_hidden, out_lp = propose(node_hidden, tokens[-1], level - 1, None)
+        lp, ids = confidence_logprobs(head, out_lp[:, 0]).topk(1, dim=-1)
+        score = score + lp
+        tokens.append(head.to_target_ids(ids))
+        scores.append(score)
+    head.rollback()
+    n = length + 1
+    zero = torch.zeros(b, 1, device=device)
+    steps = torch.arange(n, device=device)
+    return DraftTree.forest(torch.cat([roots.to(device)[:, None], *tokens], dim=1), (steps - 1).expand(b, n),
+                            steps.expand(b, n), torch.cat([zero, *scores], dim=1), length,
+                            own=torch.ones(1, n, n, dtype=torch.bool, device=device).tril())
+
+
 def _rerank(c: Candidates, roots: torch.Tensor, total_tokens: int) -> DraftTree:
     """Each row's `total_tokens` best candidates by cumulative log-probability, as a tree below its
     root (roots [B], moved to the candidates' device), the rows a forest.
@@ -322,6 +353,8 @@ def grow_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor | None
     """
     if depth < 1 or total_tokens < 1:
         return DraftTree.roots_only(roots)
+    if branching == 1 and keep_growing is None:
+        return _draft_chain(head, roots, hidden, logprobs, min(depth, total_tokens))
     return _rerank(_draft(head, hidden, logprobs, depth, branching, keep_growing), roots, total_tokens)
 
 

@@ -73,6 +73,32 @@ def test_flash_attention_2_is_routed_not_given_tree_masks(monkeypatch, maskless)
     model.config._attn_implementation = "sdpa"
 
 
+def test_an_sdpa_gqa_model_on_cpu_scores_trees_without_repeated_keys_bit_for_bit(monkeypatch):
+    """The GQA route (`mars.adapter.routing.gqa_route`): a tree forward runs SDPA's GQA mode instead of
+    transformers' repeat_kv (a copy of the cache per layer) and gives its logits bit for bit; the model's
+    implementation is given back on close; a model without grouped-query attention keeps its own."""
+    import transformers.integrations.sdpa_attention as sdpa_module
+    repeats: list[int] = []
+    repeat_kv = sdpa_module.repeat_kv
+    monkeypatch.setattr(sdpa_module, "repeat_kv", lambda x, n: repeats.append(n) or repeat_kv(x, n))
+    model = tiny_model("llama")  # 4 query heads, 2 key-value heads
+    prompt = random_prompt(random.Random(2), model.config.vocab_size, 12)[0]
+    tree = DraftTree.checked([3, 4, 5, 6, 7], [-1, 0, 0, 1, 3])
+    target = TargetModel(model)
+    assert target.gqa and model.config._attn_implementation == "mars_gqa"
+    target.prefill(prompt, capacity=40)
+    routed, _ = target.score_tree(tree)
+    assert repeats == []
+    target.gqa = False  # the same forward through transformers' SDPA
+    own, _ = target.score_tree(tree)
+    assert repeats == [2] * 2 * model.config.num_hidden_layers  # keys and values of every layer
+    assert torch.equal(routed, own)
+    target.close()
+    assert model.config._attn_implementation == "sdpa"
+    plain = tiny_model("llama", num_key_value_heads=4)
+    assert not TargetModel(plain).gqa and plain.config._attn_implementation == "sdpa"
+
+
 def test_an_unregistered_implementation_gets_a_clear_error():
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         tree_route("no_such_kernel")

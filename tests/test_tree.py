@@ -11,7 +11,7 @@ import torch
 from helpers import tiny_model
 
 from eagle import Eagle3Head
-from eagle.tree import DraftTree, grow_tree, grow_trees
+from eagle.tree import DraftTree, _draft, _rerank, grow_tree, grow_trees
 from mars.decoding.adaptive import AdaptiveTree, CycleCosts
 from mars.diagnostics.syncs import SyncCounter
 
@@ -28,9 +28,12 @@ def eagle2_by_hand(head, root: int, hidden: torch.Tensor, logprobs: torch.Tensor
     newest nodes of highest cumulative log-probability each propose their k most likely children, all k
     in one head call (so that the head computes the floats the grower's call does), each seeing the fed
     nodes that are its ancestors. The tree: the `total_tokens` best candidates by score (ties: shallower,
-    then drafted first), breadth-first, by decreasing score within a level.
+    then drafted first), breadth-first, by decreasing score within a level. With one child per node (a
+    chain) and no decisions, levels past `total_tokens` are not grown: none of their nodes would be kept.
     """
     temperature = head.config.confidence_temperature
+    if branching == 1 and keep_growing is None:
+        depth = min(depth, total_tokens)
 
     def ranked(lp: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(draft id, log-probability at the confidence temperature) of the k best of lp [V_d], best first."""
@@ -200,6 +203,37 @@ def test_a_forest_is_each_row_grown_alone(depth):
         torch.testing.assert_close(forest.scores[rows], tree.scores, rtol=0, atol=1e-5)
         assert torch.equal(forest.row_ancestors[b], tree.ancestors)
     assert not forest.ancestors[:n, n:].any()  # no tree sees another's nodes
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_chain_is_the_general_growers_tree_with_fewer_operations(batch):
+    """At branching 1 `grow_trees` takes its chain path (no tree masks, a lower-triangular ancestor matrix):
+    the forest equals the general grower's (`_draft` then `_rerank`) bit for bit, for one sequence and for
+    B rows of different lengths (`propose_rows`), including total_tokens below and above the depth."""
+    model = tiny_model("llama")
+    torch.manual_seed(5)
+    head = Eagle3Head.for_target(model.config)
+    head.config.confidence_temperature = 0.3
+    lengths = [6, 2, 9][:batch]
+    if batch == 1:
+        head.reset()
+    else:
+        head.reset_rows(batch, torch.device("cpu"))
+    m = max(lengths)
+    features = torch.randn(batch, m, head.config.feature_size) * 3
+    tokens = torch.randint(0, model.config.vocab_size, (batch, m))
+    hidden, logprobs = head.extend_rows(features, tokens, lengths, torch.tensor(lengths))
+    roots = torch.arange(batch) + 7
+    for depth, total in [(1, 1), (4, 4), (6, 3), (3, 9)]:
+        chain = grow_trees(head, roots, hidden, logprobs, depth, 1, total)
+        general = _rerank(_draft(head, hidden, logprobs, min(depth, total), 1, None), roots, total)
+        for name in ("tokens", "parents", "depths", "scores", "ancestors"):
+            assert getattr(chain, name).dtype == getattr(general, name).dtype, name
+            assert torch.equal(getattr(chain, name), getattr(general, name)), (depth, total, name)
+        assert (chain.levels, chain.batch) == (min(depth, total), batch) == (general.levels, general.batch)
+        assert head.cache.total == head.cache.length  # tentative nodes dropped
+    with pytest.raises(ValueError, match="one node"):  # no mask says nothing of several nodes' ancestors
+        head.propose_rows(hidden[:, None].expand(batch, 2, -1), tokens[:, :2], 1, None)
 
 
 def test_forest_growth_decisions_are_one_per_level_for_all_rows():

@@ -22,7 +22,7 @@ from eagle.tree import DraftTree
 from mars.adapter.cache import StaticTreeCache, TreeCache, cache_keyword
 from mars.adapter.devices import route_devices
 from mars.adapter.exact import EXACT_ATTENTION, PLAN_KWARG, ExactPlan, exact_plan, exact_plan_rows, exact_route
-from mars.adapter.routing import ROUTE_KWARG, maskless_implementation, tree_route
+from mars.adapter.routing import GQA_KWARG, ROUTE_KWARG, gqa_route, maskless_implementation, tree_route
 from mars.adapter.static import StaticMasks, StaticShapes, check_static_settings
 from mars.adapter.taps import FeatureTaps
 
@@ -110,8 +110,12 @@ class TargetModel:
                                        compile=compile)
             self.cache = self.shapes.cache
         self._restore_attention: str | None = None
-        if exact_attention or self.maskless:
-            implementation = exact_route() if exact_attention else tree_route(self.maskless)
+        # An SDPA model with grouped-query attention on CPU: tree forwards without transformers' repeated keys.
+        gqa = None if exact_attention or self.maskless or static else \
+            gqa_route(model, model.config._attn_implementation, self.devices.inputs)
+        self.gqa = gqa is not None
+        if exact_attention or self.maskless or gqa:
+            implementation = exact_route() if exact_attention else tree_route(self.maskless) if self.maskless else gqa
             self._restore_attention = model.config._attn_implementation
             model.set_attn_implementation(implementation)
 
@@ -216,7 +220,7 @@ class TargetModel:
         """tokens, positions [B, q] -> (logits [B, kept, V] float32, features [B, q, F]).
         mask: an additive 4D mask (or one per layer type), or None for the model's own causal mask.
         logits_to_keep: 0 for every position, 1 for the last, or a tensor of positions (transformers')."""
-        extra = {ROUTE_KWARG: self.maskless} if self.maskless else {}
+        extra = {ROUTE_KWARG: self.maskless} if self.maskless else {GQA_KWARG: True} if self.gqa else {}
         if plan is not None:
             if self.model.config._attn_implementation != EXACT_ATTENTION:
                 raise RuntimeError("the target's attention implementation is no longer 'mars_exact' (was a "
