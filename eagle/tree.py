@@ -8,7 +8,8 @@ sequence of a batch with the same head calls (`grow_tree`: one sequence, the bat
 - reranking (`_rerank`): all candidates are ranked by cumulative log-probability and the best
   `total_tokens` form the tree that the target verifies.
 The log-probabilities that rank are the head's at its fitted confidence temperature
-(`confidence_logprobs`), so that they track acceptance.
+(`confidence_logprobs`), so that they track acceptance. At branching 1 (a chain, what calibration
+often picks on CPUs) `_draft_chain` grows the same tree in fewer operations: no tree masks, no reranking.
 
 Trees of sampled children, for temperature > 0, are `eagle.sampled_trees`'s; both growers return a
 `DraftTree` (a forest of B trees, one per sequence) and drive the head through `row_proposer`.
@@ -168,7 +169,7 @@ def _stable_order(first: torch.Tensor, second: torch.Tensor, descending: tuple[b
 # propose(hidden [B, k, H], tokens [B, k], depth, ancestor_mask [B, k, t + k] or [k, t + k] for every row, or
 #   None for k = 1 seeing every tentative entry) -> (hidden [B, k, H], logprobs [B, k, V_d]): one tentative
 #   level of the head for every row.
-Propose = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Propose = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 def row_proposer(head: DraftHead) -> Propose:

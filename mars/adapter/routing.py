@@ -63,8 +63,9 @@ def gqa_attention_forward(module, query, key, value, attention_mask, mars_tree_g
     """`attn_implementation="mars_gqa"`: an adapter forward with a tree mask (`mars_tree_gqa`) runs SDPA in its
     GQA mode on query [B, H, q, d], key and value [B, H_kv, kv, d] and the mask as given; any other call (the
     prefill, plain decoding's lone rows, the user's own calls) is transformers' SDPA unchanged."""
+    plain_sdpa = not kwargs.get("dropout") and kwargs.get("softcap") is None and kwargs.get("position_bias") is None
     if (mars_tree_gqa and attention_mask is not None and getattr(module, "num_key_value_groups", 1) > 1
-            and not kwargs.get("dropout") and kwargs.get("softcap") is None and kwargs.get("position_bias") is None):
+            and query.device.type == "cpu" and plain_sdpa):
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                                scale=kwargs.get("scaling"), enable_gqa=True)
         return out.transpose(1, 2).contiguous(), None
