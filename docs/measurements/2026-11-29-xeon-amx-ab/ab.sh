@@ -7,8 +7,9 @@
 # Set up: git clone -q REPO /work/ab/old && git -C /work/ab/old checkout -q OLD; git clone -q REPO /work/ab/new
 # && git -C /work/ab/new checkout -q NEW; mkdir -p /work/ab/runs; then ./ab.sh [KIND ...]. Ran with OLD/NEW =
 # c8e073a/c3ee45b (issue 49's commit against now, this folder), f600bda/fa257b4 (the calibration change,
-# ../2026-11-29-xeon-amx-calibration/) and e33c202/fadec20 (24 x B calibration prompts, `./ab.sh b4`,
-# ../2026-11-29-xeon-amx-b4-units/). Table: table.py.
+# ../2026-11-29-xeon-amx-calibration/), e33c202/fadec20 (24 x B calibration prompts, `./ab.sh b4`,
+# ../2026-11-29-xeon-amx-b4-units/), and c8e073a/eac83bb (issue 49's commit against the cycle cuts, `./ab.sh be`,
+# ../2026-11-29-xeon-amx-ab2/). Table: table.py.
 set -u
 R=/work/ab/runs
 run() {  # tag dir kind
