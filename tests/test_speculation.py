@@ -323,6 +323,29 @@ def test_rules_compared_at_one_tree_all_draft_stricts_tree_and_speculate(standin
     assert methods["strict"]["tree"] == methods[mars]["tree"] == TreeShape(**settings["tree"]).label
 
 
+def test_plain_decoding_changes_kernels_only_where_they_are_clearly_faster():
+    """Plain decoding at other kernels than the trees' rounds otherwise, so strict no longer reproduces it token for
+    token: it moves only for a gain beyond the tie band, on the figures beside the prediction where it was timed
+    there (the embedded pair's bfloat16+aten: 2.9% faster over 25 prompts, 0.5% slower on the prediction's 8)."""
+    from mars.tuning.calibrate import SLACK, TIE
+
+    float32, aten = Kernels("float32", False, False), Kernels("bfloat16", False, False, onednn=False)
+
+    def record(over_all: float, beside: float | None) -> dict:
+        plains = {"vanilla float32": 125.3, **({"vanilla bfloat16+aten": beside} if beside else {})}
+        return {"kernels": dataclasses.asdict(float32), "precisions_held_together": True,
+                "prediction": {"prompts": 8, "plains": plains},
+                "kernel_candidates": {k.label: {"kernels": dataclasses.asdict(k), "plain": speed, "trees": {}}
+                                      for k, speed in ((float32, 114.5), (aten, over_all))}}
+
+    assert C.plain_kernels_of(record(117.8, 124.7), float32) == float32  # faster over all, tied beside: stays
+    band = TIE * SLACK / 8 ** 0.5
+    assert C.plain_kernels_of(record(117.8, 125.3 * (1 + band / 2)), float32) == float32  # within the band
+    assert C.plain_kernels_of(record(117.8, 125.3 * (1 + 2 * band)), float32) == aten  # clearly faster: moves
+    assert C.plain_kernels_of(record(150.0, None), float32) == aten  # dropped before the prediction: over all
+    assert C.plain_kernels_of(record(116.0, None), float32) == float32  # ... where it is not clearly faster
+
+
 def test_plain_decoding_runs_at_the_fastest_plain_kernels_of_the_trees_precision_and_strict_is_checked_at_its_own():
     """Plain decoding's fastest kernels need not be the tree's (bf16 on the AVX-512 EPYC: torch's own one-row
     products, a tree packed): a run's vanilla and speculation-off methods decode at the fastest plain kernels of
