@@ -912,7 +912,7 @@ def speculation_of(method: str, record: dict, *, forced: bool = False, strict: d
     # Plain decoding is the run's: our fastest vanilla in strict's calibration (a rule's own timed only the run's
     # tree kernels), over the reference timed beside it there.
     source = record if strict is None else strict
-    plain = Kernels(**source["plain_kernels"])
+    plain = decoding_kernels(source, False)[1]  # the fastest vanilla, unless within a tie of the trees' kernels
     speed = plain_speed(source, plain.label)
     short = "" if ratio < 1 else ", not clearly faster"
     where = "" if source is record else " in strict's calibration"
