@@ -363,6 +363,8 @@ def retired(*args) -> tuple[int, float]:
 # few percent on an idle machine; a candidate 20% slower after one prompt, 10% after four, loses clearly.
 SLACK = 0.2
 TIE = 0.5  # arms left within TIE * SLACK / sqrt(prompts timed) of the fastest are a tie (`Halving.chosen`)
+
+
 DEFAULT_BUDGET = 120.0  # seconds for a run's calibrations on 2 cores (loading the models included) ...
 BUDGET_TOKENS = 64  # ... at turns of up to this many tokens; longer turns get more (`budget_for`)
 # The winner's prediction rests on this many prompts of its own (the last ones, at most half of them, never
@@ -379,6 +381,11 @@ def budget_for(max_new_tokens: int) -> float:
     at 128 tokens 120 s left strict's joint search (65 candidates on the embedded pair) two rounds of one prompt
     each, a verdict of +/- 24% that ran 30% below its prediction (AVX-512 EPYC, 2026-11-27)."""
     return DEFAULT_BUDGET * max(1.0, max_new_tokens / BUDGET_TOKENS)
+
+
+def tie_band(units: int) -> float:
+    """The relative gap within which two speeds timed on `units` prompts (or batches) are a tie."""
+    return TIE * SLACK / math.sqrt(max(units, 1))
 
 
 class Halving:
@@ -550,7 +557,7 @@ class Halving:
         writing, where 4/4/1 had run at 1.18x)."""
         alive = self.alive()
         best = max(alive, key=lambda a: a.speed)
-        tie = TIE * SLACK / math.sqrt(max(seen, 1))
+        tie = tie_band(seen)
         ties = [a for a in alive if a.speed >= (1 - tie) * best.speed]
         winner = min(ties, key=lambda a: (a.tree.adaptive, a.tree.total_tokens, a.tree.depth, -a.speed))
         winner.tied = {"candidates": [a.label for a in ties], "within": round(tie, 4)} if len(ties) > 1 else None
@@ -951,7 +958,7 @@ def plain_kernels_of(record: dict, kernels: Kernels) -> Kernels:
     prediction's 8, and decoded below float32 `generate` in the run). In another precision only where calibration
     held every precision's models at once (`precisions_held_together`: a second copy of the target fits); in the
     same precision (the same model) at exact attention only if the tree's is on."""
-    tie = TIE * SLACK / math.sqrt(max((record.get("prediction") or {}).get("prompts") or 1, 1))
+    tie = tie_band((record.get("prediction") or {}).get("prompts") or 1)
     best, speed = kernels, (plain_speed(record, kernels.label) or 0.0) * (1 + tie)
     for label, entry in record["kernel_candidates"].items():
         other = Kernels(**entry["kernels"]) if "kernels" in entry else None  # records before the field: none
