@@ -1,6 +1,6 @@
 """Which floating-point precision a model runs in, by a rule of the hardware, where nothing is measured.
 
-`eval.run` measures the precision on a CPU (`mars.tuning.calibrate`: the fastest kernels that keep strict
+`eval.run` measures the precision on a CPU (`mars.tuning.search`: the fastest kernels that keep strict
 greedy output equal to plain decoding), because no rule got it right: on an AVX-512 BF16 CPU bf16
 verification was 1.3x slower than float32 with torch's kernels and is the fastest on prepacked
 weights (`eagle.kernels`). This module's rule is what a library call with dtype "auto" gets and

@@ -94,8 +94,8 @@ def main() -> None:
             head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
             gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size,
                         max_new_tokens=args.tokens)
-            record = gen.calibration
-            verdicts = {name: v.record() for name, v in gen.speculation.items()}
+            record = {name: calibration.to_dict() for name, calibration in gen.calibration.items()}
+            verdicts = gen.speculation
             alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
                                           for p in prompts]
         else:
@@ -104,7 +104,7 @@ def main() -> None:
             alone = None if args.t1 else reference(settings)
             gen = pair.generator(settings)
             record = settings.record()
-            verdicts = record["speculation"]
+            verdicts = settings.speculation
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
         plain_ours, spec = gen.vanilla, gen.generate
         ours = {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded()),
@@ -147,9 +147,9 @@ def main() -> None:
             "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
             "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
             # calibration's prediction for strict (its tree, or plain decoding where speculation is off) beside it
-            "predicted_speedup_vs_fastest_plain": {"strict": verdicts.get("strict", {}).get(
-                "predicted_speedup_vs_fastest")},
-            "speculation": {name: v["state"] for name, v in verdicts.items()},
+            "predicted_speedup_vs_fastest_plain": {"strict": verdicts["strict"].predicted if "strict" in verdicts
+                                                   else None},
+            "speculation": {name: v.state for name, v in verdicts.items()},
         }
         row = result["batches"][str(size)]
         print(f"B={size}: " + ", ".join(f"{m} {v:.1f}" for m, v in speed.items()) + f" tok/s; tau {row['tau']}; "

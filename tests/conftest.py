@@ -67,8 +67,21 @@ def folder_of_its_own(variable: str, tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def calibration_cache(tmp_path_factory) -> Iterator[None]:
-    """Tree calibrations (mars.tuning.calibrate) made by tests go to a temporary directory, not ~/.cache."""
+    """Calibrations (mars.tuning.search) made by tests go to a temporary directory, not ~/.cache."""
     yield from folder_of_its_own("MARS_CACHE_DIR", tmp_path_factory)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def shared_machine() -> Iterator[None]:
+    """The suite's parallel workers load the machine on purpose: no timing waits for a quiet that never comes
+    (`mars.accounting.timing.FOREIGN_LOAD`); the retiming itself is tested with a scripted load."""
+    previous = os.environ.get("MARS_FOREIGN_LOAD")
+    os.environ["MARS_FOREIGN_LOAD"] = "off"
+    yield
+    if previous is None:
+        os.environ.pop("MARS_FOREIGN_LOAD", None)
+    else:
+        os.environ["MARS_FOREIGN_LOAD"] = previous
 
 
 @pytest.fixture(autouse=True, scope="session")

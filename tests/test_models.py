@@ -40,7 +40,7 @@ MODEL_CONFIGS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 DRAFTS = sorted(p.stem for p in FIXTURES.glob("*.json"))
 TOP_KEYS = {"name", "target", "target_sha256", "draft", "sampling_draft", "tokenizer", "dtype", "device", "device_map",
             "max_memory", "headroom_gib", "allow_offload", "prompt", "exact_attention", "prepack", "static", "compile",
-            "max_cache_len"}
+            "max_cache_len", "calibration_prompts"}
 
 
 def compose_run(name: str):
@@ -78,14 +78,16 @@ def test_model_config_composes_with_every_field(name):
     shape = fixed_tree(OmegaConf.to_object(cfg.tree), sampled=False)
     assert shape.drafting == "topk" and shape.label.startswith(f"{cfg.tree.total_tokens}/{cfg.tree.depth}/")
     assert model.exact_attention is None or isinstance(model.exact_attention, bool)  # None: auto
+    # the model's own calibration prompts (tree.calibration_prompts=model, and =bench's fallback): questions to load
+    assert load_questions(str(REPO_ROOT / model.calibration_prompts))
 
 
 def test_embedded_config_keeps_its_cpu_settings():
     cfg = compose_run("embedded")
     model = cfg.model
     assert prompt_format(model) == PromptFormat(kind="completion")
-    assert cfg.tree.calibrate is True  # the fastest tree on this machine (mars.tuning.calibrate), cached
-    # precision, exactness and kernels measured on the machine with the tree (mars.tuning.calibrate)
+    assert cfg.tree.calibrate is True  # the fastest tree on this machine (mars.tuning.search), cached
+    # precision, exactness and kernels measured on the machine with the tree (mars.tuning.search)
     assert model.dtype.value == "auto" and model.exact_attention is None and model.device == "cpu"
 
 

@@ -282,7 +282,7 @@ def test_plots_exist_and_are_linked(report, capsys):
         assert f"]({name})" in md
     assert (out / "keep.txt").read_text() == "not ours"
     assert MACHINE in md and "Legend" in md and "model.generate in the run's precision, temperature 0:" in md
-    assert "Speedup over the fastest plain decoding timed in the run, temperature 0:" in md
+    assert "Speedup over the fastest plain decoding timed in the run, paired per question" in md
 
 
 def test_duplicate_runs_are_an_error(tmp_path):
@@ -455,3 +455,82 @@ def test_speed_figures_timed_under_contention_are_marked(tmp_path):
     rows = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| model-a |")}
     assert "×†" in rows["strict"] and "†" not in rows["vanilla"]
     assert "`†`: timed while another process of ours computed" in text
+
+
+# --- the paired speedup over the fastest plain decoding -------------------------------------------
+
+def answers(rates: list[float], tokens: list[int]) -> list[dict]:
+    """Answer records (`test_tracking.record`) of one method: question i's `tokens[i]` new tokens at `rates[i]`
+    tokens/s."""
+    from test_tracking import record
+
+    return [record(q, [n], [max(n // 3, 1)], [n / rate]) for q, (rate, n) in enumerate(zip(rates, tokens, strict=True))]
+
+
+def test_paired_speedup_of_a_method_twice_as_fast_on_each_question_is_two():
+    from eval.reporting.metrics import paired_ratio, summarize
+
+    tokens = [40, 64, 17, 90, 33, 58, 71]
+    plain = [10.0, 12.0, 9.0, 11.0, 10.5, 8.0, 13.0]
+    figures = summarize({"vanilla": answers(plain, tokens), "strict": answers([2 * r for r in plain], tokens)},
+                        plain=["vanilla"])
+    assert figures["strict"]["speedup_vs_fastest_paired"] == pytest.approx(2.0, rel=1e-12)
+    assert figures["strict"]["speedup_vs_fastest_paired_n"] == len(tokens)
+    assert figures["vanilla"]["speedup_vs_fastest_paired"] == 1.0 and figures["vanilla"]["fastest_plain"] == "vanilla"
+    # Under five pairs nothing is trimmed; a pair with no rate has no log ratio; no pairs, no figure.
+    assert paired_ratio([2.0, 8.0], [1.0, 1.0]) == (pytest.approx(4.0), 2)
+    assert paired_ratio([2.0, 0.0], [1.0, 1.0]) == (pytest.approx(2.0), 1)
+    assert paired_ratio([], []) is None
+
+
+@pytest.mark.parametrize("n", [5, 8, 12])
+def test_one_burst_on_the_plain_decoding_moves_the_total_ratio_not_the_paired_figure(n):
+    """A plain-decoding answer slowed 5x (a burst of background load landed on it) inflates the total
+    ratio; the paired figure trims that question's ratio and stays at the true 2x."""
+    from eval.reporting.metrics import summarize
+
+    rng = random.Random(n)
+    tokens = [rng.randint(40, 128) for _ in range(n)]
+    plain = [rng.uniform(8.0, 12.0) for _ in range(n)]
+    fast = [2 * r for r in plain]
+    burst = max(range(n), key=lambda q: tokens[q])  # the longest answer: the burst costs the total ratio most
+    slowed = [r / 5 if q == burst else r for q, r in enumerate(plain)]
+    figures = summarize({"vanilla": answers(slowed, tokens), "strict": answers(fast, tokens)}, plain=["vanilla"])
+    strict = figures["strict"]
+    assert strict["speedup_vs_fastest"] > 2.0 * 1.1  # the total ratio moved by more than 10%
+    assert strict["speedup_vs_fastest_paired"] == pytest.approx(2.0, rel=0.01)
+    assert strict["speedup_vs_fastest_paired_n"] == n
+
+
+def test_the_report_quotes_the_paired_speedup_over_the_fastest_and_keeps_the_total_in_the_csv(tmp_path):
+    from eval.reporting.tables import TOTAL, fastest_cell
+
+    summary = fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict"])
+    summary["methods"]["strict"].update(speedup_vs_fastest_paired=1.75, speedup_vs_fastest_paired_n=12)
+    summary["methods"]["vanilla"].update(speedup_vs_fastest_paired=1.0, speedup_vs_fastest_paired_n=12)
+    write_run(tmp_path / "run", summary)
+    write_run(tmp_path / "sweep", fake_summary("model-a", "humaneval", 0.0, ["mars@0.9"]))
+    entries = {e.method: e for e in merge_runs(load_runs([tmp_path]))}
+    assert fastest_cell(entries["strict"]) == "1.75×"
+    total = entries["mars@0.9"].value("speedup_vs_fastest")  # against vanilla of another run dir: not paired
+    assert fastest_cell(entries["mars@0.9"]) == f"{total:.2f}×*{TOTAL}"
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "paired per question (20% trimmed geometric mean of the per-question tokens/s ratios" in md
+    with (tmp_path / "out" / "report.csv").open(newline="") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    strict = summary["methods"]["strict"]
+    assert float(rows["strict"]["speedup_vs_fastest"]) == pytest.approx(strict["speedup_vs_fastest"])
+    assert float(rows["strict"]["speedup_vs_fastest_paired"]) == 1.75
+    assert rows["strict"]["speedup_vs_fastest_paired_n"] == "12" and rows["mars@0.9"]["speedup_vs_fastest_paired"] == ""
+
+
+def test_the_run_table_shows_the_paired_speedup_in_its_own_column():
+    from eval.reporting.metrics import PAIRED_HEADER, PAIRED_NOTE, format_table
+
+    keys = ("tokens_per_s", "speedup_vs_fastest", "speedup_vs_fastest_paired")
+    speeds = {"vanilla": (10.0, 1.0, 1.0), "strict": (25.0, 2.5, 2.0)}
+    table = format_table({m: dict(zip(keys, v, strict=True)) for m, v in speeds.items()})
+    header, _, _, strict, note = table.splitlines()
+    assert header.index("vs fastest") < header.index(PAIRED_HEADER)
+    assert "2.50x" in strict and "2.00x" in strict and note == PAIRED_NOTE

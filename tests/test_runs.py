@@ -30,7 +30,8 @@ from eval.runner.job import run
 from eval.runner.models import check_offload, claim_gpus, load_head
 from eval.runner.settings import resolve_settings
 from eval.runs.layout import AnswerFile, read_answers
-from mars.tuning.calibrate import CANDIDATES, TreeShape
+from mars.decoding.settings import TreeShape
+from mars.tuning.candidates import CANDIDATES
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 # float32 on a CPU: model.generate is also timed in bf16, and on a CPU with more than AVX2 in bf16 under the
@@ -153,14 +154,14 @@ def test_calibrated_tree_is_timed_once_per_machine_and_names_the_run_directory(s
     monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
     prompts = tmp_path / "calibration.jsonl"
     prompts.write_text("".join(json.dumps({"question_id": i, "prompt": f"def f{i}(x):\n    "}) + "\n"
-                               for i in range(2)))
+                               for i in range(4)))  # calibration's least is 3 (mars.tuning.search.PROFILE_UNITS + 1)
     more = ("tree=calibrated", f"tree.calibration_prompts={prompts}", "method=strict", "baselines=[vanilla]")
     first = run(config(standin, tmp_path / "out", *more))
     record = first["settings"]["calibration"]
     assert not record["cached"] and record["cache"].startswith(str(tmp_path / "cache"))
     chosen = first["settings"]["tree"]
     assert chosen == record["tree"] and first["settings"]["tree_reason"].startswith("measured")
-    assert TreeShape(**record["tree"]) in CANDIDATES and record["tokens_per_s"]["plain"] > 0
+    assert TreeShape(**record["tree"]) in CANDIDATES and record["reference"]["tokens_per_s"] > 0
     # the directory is named by the tree chosen: the same as a run that asks for that tree explicitly, unless
     # no tree beat plain decoding in calibration (speculation off: plain decoding's answers, named so)
     explicit = [f"tree.{k}={v}" for k, v in record["tree"].items()]

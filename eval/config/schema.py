@@ -92,7 +92,7 @@ class ModelConfig:
     # null: `draft` at every temperature.
     sampling_draft: str | None = None
     tokenizer: str | None = None  # default: the target's
-    dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.tuning.calibrate); bf16 on GPUs (eagle.precision)
+    dtype: Dtype = Dtype.auto  # auto: measured on a CPU (mars.tuning.search); bf16 on GPUs (eagle.precision)
     device: str = "cpu"  # cpu | cuda | cuda:N (ignored with device_map)
     # auto: one GPU when the target and what decoding needs beside it fit, else spread over the job's GPUs
     # with that headroom kept free (eval/runner/placement.py); balanced / sequential / ...: transformers' own.
@@ -101,6 +101,11 @@ class ModelConfig:
     headroom_gib: float | None = None  # with device_map=auto: GiB kept free beside the weights (null: estimated)
     allow_offload: bool = False  # with device_map: accept layers placed on the CPU or disk (slow)
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    # The model's own calibration prompts (a JSONL file of "prompt" or "turns" records, encoded as the model's
+    # prompts are): what tree.calibration_prompts=model times, and where =bench falls back when the benchmark has
+    # no question to spare. A chat model names chat prompts (data/prompts/chat_calibration.jsonl), which
+    # `mars.tuned` times for any target with a chat template; a completion model the stdlib's functions.
+    calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"
     # Verification attention computed row by row over exactly the visible keys (mars/adapter/exact.py), so
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
     # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
@@ -142,7 +147,7 @@ class TreeConfig:
     # rejection sampling), "auto" whichever the calibration times faster here (sample where nothing is timed).
     # Greedy runs always draft top-k.
     drafting: str = "auto"
-    # Time mars.tuning.calibrate's candidate trees (jointly with the precision when model.dtype=auto) on these
+    # Choose among mars.tuning.candidates' trees (jointly with the precision when model.dtype=auto) on these
     # prompts (never one the run answers; "bench": the benchmark's spare questions) and use the fastest; cached
     # per machine, model, kind of decoding and method, so it runs once per method. Each method of a run (strict,
     # each rule) gets the tree measured for it.
@@ -151,12 +156,12 @@ class TreeConfig:
     # ("the speed you get"). false: every method drafts strict's calibrated tree and speculates (rules compared
     # at one tree, as the paper compares them: the rule zoo, the theta sweep, the paper scripts).
     per_method: bool = True
-    # A prompt file (default: train-split functions of the stdlib), or "bench": the benchmark's own questions that
-    # the run does not answer (the 8 after its first num_prompts), so that calibration times prompts like the
-    # run's (a chat head accepts more on its own kind of prompt than on another: its prediction follows).
-    calibration_prompts: str = "data/prompts/stdlib_calibration.jsonl"
-    # Seconds for a run's calibrations together (successive halving stops when they are spent); null: 120 s for
-    # turns of up to 64 tokens, grown in step with longer ones (mars.tuning.calibrate.budget_for)
+    # "model": the model's own (model.calibration_prompts); "bench": the benchmark's own questions that the run
+    # does not answer, so that calibration times prompts like the run's (a chat head accepts more on its own kind
+    # of prompt than on another: its prediction follows), the model's own where none is spare; or a prompt file.
+    calibration_prompts: str = "model"
+    # Seconds for a run's calibrations together (the paired finals stop when they are spent); null: 50 s for turns
+    # of up to 64 tokens, grown in step with longer ones (mars.tuning.search.budget_for)
     calibration_budget: float | None = None
 
 
@@ -289,7 +294,7 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
 TREES = {  # the fixed trees of mars.decoding.settings.NAMED_TREES, and the measured one
     **{name: TreeConfig(t.total_tokens, t.depth, t.branching, adaptive=t.adaptive, drafting=t.drafting)
        for name, t in NAMED_TREES.items()},  # each with its drafting mode, as mars.tuned reads it
-    "calibrated": TreeConfig(calibrate=True),  # the fastest candidate here (mars/tuning/calibrate.py), cached
+    "calibrated": TreeConfig(calibrate=True),  # the fastest candidate here (mars/tuning/search.py), cached
 }
 SAMPLINGS = {"t0": SamplingSchema(0.0), "t1": SamplingSchema(1.0), "t02": SamplingSchema(0.2)}
 

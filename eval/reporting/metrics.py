@@ -11,9 +11,15 @@ Definitions (all pooled over the questions every method answered):
   speedup_vs_fastest       tokens_per_s / the fastest plain decoding's tokens_per_s among those timed in
                            the run (model.generate in each precision timed, e.g. "generate@bfloat16", and
                            vanilla); `fastest_plain` names it
-  predicted_speedup_vs_fastest  a rule method's: the calibration's tokens/s of what it runs (its tree, or
+  speedup_vs_fastest_paired  the same comparison question by question: per question both answered, the
+                           method's tokens/s over the fastest plain decoding's on that question, pooled as the
+                           20% trimmed geometric mean (`paired_ratio`); a burst of background load that lands on
+                           one method's answer moves the total ratio but only one of these ratios, which the
+                           trim drops; speedup_vs_fastest_paired_n: the questions it pairs
+  predicted_speedup_vs_fastest  a rule method's: the calibration's paired ratio of what it runs (its tree, or
                            plain decoding where its speculation is off) over the fastest plain decoding
-                           timed in calibration, set by `eval.runner.job` beside the measured speedup_vs_fastest;
+                           timed in calibration, set by `eval.runner.job` beside the measured
+                           speedup_vs_fastest_paired (the same estimator), with its 90% predicted_interval;
                            `speculation` says "on", "off" (decoded plainly by vanilla's loop, tau 1; its
                            answers the run's vanilla's where it has them: `answers_of`) or
                            "forced" (a tree set explicitly, or strict's with tree.per_method=false)
@@ -58,6 +64,7 @@ from eval.runs.layout import CONTENDED_SHARE
 from eval.scoring.quality import token_prob
 from mars.accounting.stats import VerifyStats
 from mars.accounting.timing import ACCOUNTING
+from mars.tuning.pairs import TRIM, estimate
 
 # Histogram ranges per margin metric; values outside fall into the end bins.
 MARGIN_BINS = 40
@@ -95,6 +102,33 @@ def tau_by_turn(records: list[dict]) -> list[float]:
 
 def tokens_per_s(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds else 0.0
+
+
+def question_rates(records: list[dict]) -> dict:
+    """{question_id: tokens/s of that answer} of one method's answer records (`speed_counts`); answers
+    timed at zero seconds have no rate and are left out."""
+    return {r["question_id"]: t / s for r in records for t, s in [speed_counts(r)] if s > 0}
+
+
+def paired_ratio(values_a: Sequence[float], values_b: Sequence[float]) -> tuple[float, int] | None:
+    """The typical ratio a / b of paired values (the i-th of each belong together, e.g. two methods'
+    tokens/s on one question) and the number of pairs: the trimmed mean of the log ratios, exponentiated, as
+    the calibration computes what it predicts (`mars.tuning.pairs.estimate`: 20% dropped at each end, none
+    under 5 pairs), so a few pairs one of whose values was disturbed (a burst of background load on one answer)
+    do not move it. Pairs with a value that is not positive have no log ratio and are left out; None when no
+    pair is left."""
+    logs = [math.log(a / b) for a, b in zip(values_a, values_b, strict=True) if a > 0 and b > 0]
+    if not logs:
+        return None
+    found = estimate(logs)
+    return (found.ratio if found else math.exp(logs[0])), len(logs)
+
+
+def paired_speedup(records: list[dict], reference: list[dict]) -> tuple[float, int] | None:
+    """`paired_ratio` of a method's per-question tokens/s over `reference`'s, on the questions both answered."""
+    rates, base = question_rates(records), question_rates(reference)
+    both = [q for q in rates if q in base]
+    return paired_ratio([rates[q] for q in both], [base[q] for q in both])
 
 
 def tau(cycle_tokens: int, cycles: int) -> float:
@@ -221,9 +255,11 @@ def summarize(records: dict[str, list[dict]], baseline: str = VANILLA, generate:
     timed = [m for m in plain if m in figures]
     if timed:
         fastest = max(timed, key=lambda m: figures[m]["tokens_per_s"])
-        for fig in figures.values():
+        for method, fig in figures.items():
             fig["speedup_vs_fastest"] = ratio(fig["tokens_per_s"], figures[fastest]["tokens_per_s"])
             fig["fastest_plain"] = fastest
+            paired = paired_speedup(kept[method], kept[fastest])
+            fig["speedup_vs_fastest_paired"], fig["speedup_vs_fastest_paired_n"] = paired or (None, 0)
     # A speed figure is contended when its method's timing or the timing it is divided by was.
     compared = {m for m in (baseline, generate, fastest if timed else None) if m in figures}
     for method, fig in figures.items():
@@ -251,11 +287,17 @@ def _tokens(record: dict) -> list[list[int]]:
     return record["eval"]["token_ids"]
 
 
+PAIRED_HEADER = "vs fastest paired"
+PAIRED_NOTE = (f"{PAIRED_HEADER}: per question, tokens/s over the fastest plain decoding's on the same question, "
+               f"{TRIM:.0%} trimmed geometric mean; vs fastest: ratio of total tokens/s")
+
+
 def format_table(figures: dict[str, dict], quality_metric: str | None = None) -> str:
     """A plain-text table of the headline figures, one row per method (quality: `quality_metric`'s value)."""
     columns = [
         ("method", None, "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
         ("vs generate", "speedup_vs_generate", "{:.2f}x"), ("vs fastest", "speedup_vs_fastest", "{:.2f}x"),
+        (PAIRED_HEADER, "speedup_vs_fastest_paired", "{:.2f}x"),
         ("predicted", "predicted_speedup_vs_fastest", "{:.2f}x"), ("speculation", "speculation", "{}"),
         ("tau", "tau", "{:.2f}"),
         ("relaxed", "relaxed_frac", "{:.1%}"),
@@ -279,4 +321,6 @@ def format_table(figures: dict[str, dict], quality_metric: str | None = None) ->
 
     lines = [line(row) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
+    if any(fig.get("speedup_vs_fastest_paired") is not None for fig in figures.values()):
+        lines.append(PAIRED_NOTE)  # the two "vs fastest" columns differ in kind, not only in value
     return "\n".join(lines)

@@ -74,10 +74,12 @@ class Evaluator:
 
     def __init__(self, run: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
                  plain_models: dict[str, object] | None = None, timing_device: str = "cpu",
-                 trees: dict[str, TreeShape] | None = None, plain_methods: set[str] | None = None):
+                 trees: dict[str, TreeShape] | None = None, plain_methods: dict[str, str | None] | None = None):
         self.run, self.gen, self.tokenizer, self.fmt = run, gen, tokenizer, fmt
         self.trees = trees or {}  # {method: the tree it drafts} (DecodeSettings.tree_for); others: the generator's
-        self.plain_methods = plain_methods or set()  # rule methods whose speculation is off: decoded by `vanilla`
+        # {rule method whose speculation is off: the run's method that decodes as the fastest plain decoding (its
+        # answers are taken, `plain_answers`), or None where none of the run's does: it decodes with `vanilla`}
+        self.plain_methods = plain_methods or {}
         self.timing_device = timing_device  # the timing lock its answers hold (eval.runner.locks.timed)
         # generate@<dtype> baselines: the target loaded in that dtype, or a worker process (eval.runner.plain)
         self.plain_models = plain_models or {}
@@ -184,19 +186,16 @@ class Evaluator:
                              [round(w, 6) for w in wall], extra)
 
 
-def vanillas_answers(evaluator: Evaluator, methods: list[MethodConfig]) -> dict[str, str]:
-    """{method: the vanilla method whose answers it takes}: a rule whose speculation is off decodes with our
-    `vanilla`, the same loop, kernels, sampling and seeds as the run's own `vanilla`, so its answers are
-    that method's (token for token, and the same decoding timed). Decoding them again would cost the run as
-    long again and time nothing new: two timings of one loop differ only by the machine's noise (0.95-0.99x
-    in three SmolLM2 runs on a Zen 3). Only where that vanilla answers in this job, in-process. Every method
-    of a run samples at the run's one temperature, top-p and top-k (`sampling_of`); their rules differ, but
-    plain decoding verifies nothing (a MARS run whose speculation was off, made to decode again, timed the
-    same tokens at 0.96x vanilla's speed)."""
-    source = next((m for m in methods if m.kind == VANILLA and m.name not in evaluator.plain_models), None)
-    if source is None:
-        return {}
-    return {m.name: source.name for m in methods if m.name in evaluator.plain_methods}
+def plain_answers(evaluator: Evaluator, methods: list[MethodConfig]) -> dict[str, str]:
+    """{method: the plain method whose answers it takes}: a rule whose speculation is off decodes with the fastest
+    plain decoding calibration raced (`Speculation.plain`), which is one of the run's own plain methods (our
+    `vanilla`, or `generate` in a precision, in this process or in an AVX2-limited worker), so its answers are
+    that method's (token for token, and the same decoding timed). Decoding them again would cost the run as long
+    again and time nothing new: two timings of one decoding differ only by the machine's noise. Every method of a
+    run samples at the run's one temperature, top-p and top-k (`sampling_of`); plain decoding verifies nothing."""
+    answering = {m.name for m in methods}
+    return {name: source for name, source in evaluator.plain_methods.items()
+            if source is not None and source in answering and name in answering}
 
 
 def as_answer_of(record: dict, method: str, model_name: str, source: str) -> dict:
@@ -210,12 +209,12 @@ def as_answer_of(record: dict, method: str, model_name: str, source: str) -> dic
 def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig],
                      questions: list[tuple[int, Question]], directories: dict[str, Path], tracker) -> set[str]:
     """Every method on every question it has not answered yet, appending each answer as it is made; a rule
-    whose speculation is off takes the run's `vanilla`'s answer to each question (`vanillas_answers`).
+    whose speculation is off takes the answer of the run's fastest plain method to each question (`plain_answers`).
     Returns the methods that answered (or skipped) at least one question."""
     files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
     skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, SKIPPED)) for m in methods}
     samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
-    shared = vanillas_answers(evaluator, methods)
+    shared = plain_answers(evaluator, methods)
     decoding = [m for m in methods if m.name not in shared]
 
     def done(name: str, qid) -> bool:

@@ -12,7 +12,7 @@ import torch
 
 from eagle.files import write_atomic
 from eval.benchmarks import BENCHMARKS, resolved_source
-from eval.config.methods import GENERATE, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
+from eval.config.methods import GENERATE, VANILLA, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig
 from eval.runner.settings import on_cpu, run_device
@@ -64,6 +64,10 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
         identity.update(static=True, compile=m.compile, max_cache_len=m.max_cache_len)
     if resolved_source(run.bench.questions, run.bench.data_dir, run.bench.source) == "hub":  # other text, maybe
         identity["questions_from"] = BENCHMARKS[run.bench.questions].hub.describe()
+    if method.kind == VANILLA and settings.plain != settings.kernels:
+        # vanilla decodes at plain decoding's own kernels (named only where they are not the trees': earlier run
+        # directories keep their names)
+        identity.update(dtype=settings.plain.dtype, plain_kernels=settings.plain.label)
     if method.kind != GENERATE:  # our decoding loop: exact attention changes its reduction order
         identity["exact_attention"] = settings.exact_attention.value
         if settings.prepack.value and settings.dtype.value != "float32":

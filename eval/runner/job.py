@@ -212,7 +212,9 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
                  + ("; warm-up run first" if run.warmup else ""),
         "speedup": "ratio of total tokens/s to vanilla's (speedup), to model.generate's in the run's precision "
                    "(speedup_vs_generate) and to the fastest plain decoding timed in the run, model.generate in "
-                   "any precision or vanilla (speedup_vs_fastest); speedup_per_question: ratio of mean "
+                   "any precision or vanilla (speedup_vs_fastest); speedup_vs_fastest_paired: per question, "
+                   "tokens/s over the fastest plain decoding's on it, 20% trimmed geometric mean over the "
+                   "speedup_vs_fastest_paired_n questions; speedup_per_question: ratio of mean "
                    "per-question tokens/s (EAGLE tools); predicted_speedup_vs_fastest: calibration's prediction of "
                    "speedup_vs_fastest (speculation off: decoded plainly). Baselines answered by an earlier job of a "
                    "sweep were timed then, not interleaved with this method",
@@ -222,7 +224,8 @@ def settings_record(run: RunConfig, resolved: DecodeSettings, questions: int, di
 def speculation_figures(resolved: DecodeSettings, method: str) -> dict:
     """A rule method's summary entry on speculation: "speculation" ("on", "off": decoded plainly, "forced": a
     tree set explicitly) and, where calibration predicted it, "predicted_speedup_vs_fastest" (the calibration's
-    tokens/s over the fastest plain decoding's) beside the measured `speedup_vs_fastest`. A method with no verdict
+    paired ratio over the fastest plain decoding) and its 90% "predicted_interval" for this run's prompts, beside
+    the measured `speedup_vs_fastest_paired`. A method with no verdict
     of its own drafts a tree it did not choose (set explicitly with nothing timed, or strict's when rules are
     compared at one tree, `tree.per_method=false`), which always speculates: "forced"."""
     spec = resolved.speculation.get(method)
@@ -231,6 +234,7 @@ def speculation_figures(resolved: DecodeSettings, method: str) -> dict:
                 "speculation_reason": f"speculation forced for {method}: it drafts {resolved.tree_for(method).label}, "
                                       "set explicitly or strict's (rules compared at one tree), not timed for it"}
     return {"speculation": spec.state, "predicted_speedup_vs_fastest": spec.predicted,
+            "predicted_interval": list(spec.interval) if spec.interval else None, "verdict_certain": spec.certain,
             "speculation_reason": spec.reason}
 
 
@@ -330,7 +334,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
             fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
             fig.update(speculation_figures(resolved, m.name))
             sources = {r.get("answers_of") for r in records[m.name]}
-            if sources and None not in sources:  # speculation off: vanilla's answers (answering.vanillas_answers)
+            if sources and None not in sources:  # speculation off: the plain method's answers (answering.plain_answers)
                 fig["answers_of"] = ", ".join(sorted(sources))
                 fig["speculation_reason"] += (f"; its answers are {fig['answers_of']}'s in this run (the same "
                                               "decoding: timing it again would measure only the machine's noise)")
@@ -388,7 +392,8 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
                     if dtype not in copies:
                         copies[dtype] = load_target(config, DTYPES[dtype], gpus, rows)
                     plain_models[m.name] = copies[dtype]
-        off = {m.name for m in pending if isinstance(m, RuleMethod) and not resolved.speculates(m.name)}
+        off = {m.name: plain_method(resolved.speculation[m.name].plain, pending, resolved)
+               for m in pending if isinstance(m, RuleMethod) and not resolved.speculates(m.name)}
         evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees,
                               plain_methods=off)
         by_name = {m.name: m for m in pending}
@@ -399,6 +404,16 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
 
         locks.answer_in_turn({m.name: directories[m.name] for m in pending}, answer)
     return [m.name for m in pending if m.name in answered]
+
+
+def plain_method(label: str | None, methods: list[MethodConfig], resolved: DecodeSettings) -> str | None:
+    """The run's method that decodes as the plain decoding `label` names ("vanilla <kernels>",
+    "generate@<dtype>[+<isa>]"), else the run's vanilla, else None (the method then decodes with our vanilla)."""
+    for m in methods:
+        isa = f"+{m.isa}" if isinstance(m, GenerateConfig) and m.isa else ""
+        if isinstance(m, GenerateConfig) and label == f"generate@{method_dtype(m, resolved)}{isa}":
+            return m.name
+    return next((m.name for m in methods if m.kind == VANILLA), None)
 
 
 def chosen_launcher() -> str | None:

@@ -20,10 +20,11 @@ a no-op.
 Every timed answer also measures the CPU time the other processes of ours used while it ran (Linux
 `/proc`): the registered jobs, and the other worker processes of this job's sweep (`MARS_SWEEP_PID`),
 registered or not: a launcher's fresh worker imports torch and the engine before its job can take any
-lock. With the timing lock that is ~0 once every job is registered; otherwise (`exclusive_timing=false`,
-a sibling still starting, work that is not ours to lock) the answer is marked `contended`, and so are
-its figures downstream. Under the timing lock a contended answer is answered again (`run_timed`) once
-the others are quiet, at most `RETIMES` times; its record says how often.
+lock; and what any process not of this job took (`mars.accounting.timing.ForeignLoad`: background work
+that no lock keeps out). With the timing lock and a quiet machine that is ~0; otherwise
+(`exclusive_timing=false`, a sibling still starting, work that is not ours to lock) the answer is marked
+`contended`, and so are its figures downstream. Under the timing lock a contended answer is answered again
+(`run_timed`) once the others are quiet, at most `RETIMES` times; its record says how often.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import TypeVar
 
 from eagle.files import write_atomic
 from eval.runs.layout import CONTENDED_SHARE, LOCK
+from mars.accounting.timing import ForeignLoad
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SWEEP_PID = "MARS_SWEEP_PID"  # the process that started a sweep (set by eval.run), parent of its launcher's workers
@@ -161,6 +163,7 @@ class Timing:
     exclusive: bool = False
     wall_s: float = 0.0
     others_cpu_s: float | None = None
+    foreign_cpu_s: float | None = None  # CPU seconds any process not of this job took (background work included)
     contended: bool | None = None
     retimed: int = 0  # contended attempts answered again before this one (`run_timed`)
 
@@ -174,17 +177,18 @@ def timed(device: str, enabled: bool = True) -> Iterator[Timing]:
     other process of ours computed meanwhile; the yielded `Timing` is filled in on exit."""
     timing = Timing()
     start = time.perf_counter()
+    load = ForeignLoad(own_pids)
     with exclusive(device, enabled) as got:
         timing.exclusive, timing.waited_s = bool(got), time.perf_counter() - start
-        before, start = others_cpu(device), time.perf_counter()
+        before, start, outside = others_cpu(device), time.perf_counter(), load.sample()
         yield timing
         timing.wall_s = time.perf_counter() - start
-        after = others_cpu(device)
+        after, timing.foreign_cpu_s = others_cpu(device), load.seconds(outside, load.sample())
     if before is not None and after is not None:
         # A process registered meanwhile counts with all its CPU time so far (it may have started computing
         # just before registering: conservatively, contended); one that ended meanwhile drops out of `after`.
         timing.others_cpu_s = sum(after[p] - before.get(p, 0) for p in after) / TICK
-        timing.contended = _busy_share(timing.others_cpu_s, timing.wall_s)
+        timing.contended = _busy_share(max(timing.others_cpu_s, timing.foreign_cpu_s or 0.0), timing.wall_s)
 
 
 def _busy_share(cpu_s: float, wall_s: float) -> bool:
@@ -208,8 +212,8 @@ def run_timed(device: str, work: Callable[[], T], enabled: bool = True, retimes:
                 result = work()
             if not (enabled and timing.contended) or attempt == retimes:
                 break
-            log(f"timing: another process of ours used {timing.others_cpu_s:.2f} s of CPU in {timing.wall_s:.2f} s; "
-                "answering again once it is quiet")
+            log(f"timing: another process used {max(timing.others_cpu_s, timing.foreign_cpu_s or 0.0):.2f} s of CPU "
+                f"in {timing.wall_s:.2f} s; answering again once it is quiet")
             wait_quiet(device)
     timing.waited_s, timing.retimed = waited, attempt
     return result, timing
@@ -218,16 +222,24 @@ def run_timed(device: str, work: Callable[[], T], enabled: bool = True, retimes:
 def wait_quiet(device: str, window: float = 0.25, limit: float = QUIET_WAIT_S) -> bool:
     """Wait until the other processes of ours (`others_cpu`) use less than CONTENDED_SHARE of a CPU over
     `window` seconds; False if they did not within `limit` seconds (or /proc is missing)."""
-    end = time.monotonic() + limit
+    end, load = time.monotonic() + limit, ForeignLoad(own_pids)
     while time.monotonic() < end:
-        before = others_cpu(device)
+        before, outside = others_cpu(device), load.sample()
         time.sleep(window)
-        after = others_cpu(device)
+        after, foreign = others_cpu(device), load.seconds(outside, load.sample())
         if before is None or after is None:
             return False
-        if not _busy_share(sum(after[p] - before.get(p, 0) for p in after) / TICK, window):
+        if not _busy_share(max(sum(after[p] - before.get(p, 0) for p in after) / TICK, foreign or 0.0), window):
             return True
     return False
+
+
+def own_pids() -> list[int]:
+    """This job's processes: itself and the workers it registered (`registered`); their CPU time is its own."""
+    try:
+        return json.loads((_registry() / f"{os.getpid()}.json").read_text())["pids"]
+    except (OSError, ValueError, KeyError):
+        return [os.getpid()]
 
 
 # --- the registry of running jobs ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A job's decoding settings, resolved once (`mars.decoding.settings.DecodeSettings`).
 
 Explicit settings win (`model.dtype`, `model.exact_attention`, `model.prepack`, a fixed `tree`). What
-is left free is measured on this machine when there is a choice to make (`mars.tuning.calibrate`: on a CPU
+is left free is measured on this machine when there is a choice to make (`mars.tuning.search`: on a CPU
 the precision and prepacking with `model.dtype=auto`, the tree with `tree=calibrated`), cached per
 machine and model; on a GPU the precision follows the hardware (`eagle.precision.resolve_dtype`).
 Exact attention follows the precision: on where it is needed for strict greedy output to equal plain
@@ -35,16 +35,11 @@ from eval.runner.placement import parameter_count
 from mars.adapter.sources import cache_root
 from mars.decoding.reference import limited_references
 from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
-from mars.tuning.calibrate import (
-    UNITS,
-    cache_path,
-    kernel_candidates,
-    plain_speed,
-    speedup_over_reference,
-    tree_candidates,
-    untimed,
-)
-from mars.tuning.measure import measure
+from mars.tuning.candidates import kernel_candidates, tree_candidates
+from mars.tuning.finals import FLOOR
+from mars.tuning.measure import Request, measure
+from mars.tuning.record import Calibration, cache_path
+from mars.tuning.search import PROFILE_UNITS, UNITS
 
 
 def on_cpu(run: RunConfig) -> bool:
@@ -70,19 +65,19 @@ def fixed_tree(tree: TreeConfig, sampled: bool) -> TreeShape:
     return TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, tree.drafting).resolved(sampled)
 
 
-def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: dict | None) -> str:
+def drafting_reason(run: RunConfig, tree: TreeShape, sampled: bool, record: Calibration | None) -> str:
     if not sampled:
         return "greedy decoding drafts the head's top-k"
     if run.tree.drafting != "auto":
         return "set explicitly (tree.drafting)"
     if record is not None:
-        speeds = record["tokens_per_s"]
-        other = [(label, v) for label, v in speeds.items() if label not in ("plain", tree.label)
-                 and label.endswith(" sampled") != (tree.drafting == "sample")]
-        if other:
-            label, v = max(other, key=lambda item: item[1])
-            return f"measured: {tree.label} {speeds[tree.label]:.1f} tok/s, the best of the other mode {label} {v:.1f}"
-        return f"measured: {tree.label} {speeds[tree.label]:.1f} tok/s; no tree of the other mode was timed"
+        mode = tree.drafting == "sample"
+        other = [p for p in record.predictions if p.kernels == record.kernels and (p.tree.drafting == "sample") != mode]
+        mine = next((p for p in record.predictions if p.kernels == record.kernels and p.tree == tree), None)
+        if other and mine:
+            return (f"measured: {tree.label} predicted at {mine.tokens_per_s:.1f} tok/s, the other mode's best "
+                    f"{other[0].tree.label} at {other[0].tokens_per_s:.1f}")
+        return "measured: no tree of the other mode was profiled"
     if run.tree.adaptive:
         return "auto: the adaptive tree drafts top-k"
     return "auto: sampled children when sampling (accepted with probability sum min(p, q), not p's mass on k tokens)"
@@ -120,19 +115,15 @@ def exact_reason(run: RunConfig, kernels: Kernels) -> str:
     return f"auto: {kernels.dtype} tree verification already reproduces plain decoding"
 
 
-def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None,
-                   plain: bool = False) -> str:
-    """Why the run's prepacking; `plain`: strict does not speculate (the kernels are plain decoding's)."""
+def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: Calibration | None) -> str:
     m = run.model
     if m.prepack is not None:
         return "set explicitly"
     if m.compile is not None:
         return "auto: torch.compile chooses the kernels of the compiled forwards"
-    same = [k for k in options if k.dtype == kernels.dtype]
-    if len(same) > 1 and record and plain:
-        return plain_reason(record, kernels)
-    if len(same) > 1 and record and record.get("kernel_candidates"):
-        return measured_against(record, kernels, [k.label for k in same if k != kernels])
+    same = [k for k in options if k.dtype == kernels.dtype and k != kernels]
+    if same and record is not None:
+        return kernels_reason(record, kernels, same)
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
@@ -140,105 +131,50 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
     return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
 
 
-def standing(record: dict, kernels_label: str) -> tuple[float, int, str] | None:
-    """How far a kernel set's best tree got in calibration: (its speed over the fastest on the prompts both
-    decoded, those prompts, its tree), None where none of its arms was timed. An arm left at the end is judged
-    against the fastest of those left (all timed on the last round's prompts), one dropped against the round's
-    fastest that dropped it. Halving times most arms on a prompt or two, so their raw speeds (the record's
-    `kernel_candidates`) compare prompts, not kernels; this ratio is paired."""
-    timed = {arm: n for arm, n in record.get("timed_prompts", {}).items() if n}
-    dropped = record.get("dropped", {})
-    left = {arm: record["kernel_candidates"][arm.split(" ", 1)[0]]["trees"][arm.split(" ", 1)[1]]
-            for arm in timed if arm not in dropped}
-    mine = [arm for arm in left if arm.split(" ", 1)[0] == kernels_label]
-    if mine:
-        arm = max(mine, key=left.__getitem__)
-        return left[arm] / max(left.values()), timed[arm], arm.split(" ", 1)[1]
-    lasted = [(d["round"], d["tokens_per_s"] / d["best_tokens_per_s"], d["prompts"], arm.split(" ", 1)[1])
-              for arm, d in dropped.items()
-              if arm in timed and arm.split(" ", 1)[0] == kernels_label and d.get("best_tokens_per_s")]
-    return max(lasted)[1:] if lasted else None
-
-
-def measured_against(record: dict, kernels: Kernels, others: list[str]) -> str:
-    """The run's tree at its kernels and its speed in calibration, then each of `others` (kernel labels) as its
-    best tree's speed relative to the fastest on the same prompts (`standing`), or why it was not timed."""
-    tree = TreeShape(**record["tree"]).label
-    prompts = record.get("timed_prompts", {}).get(f"{kernels.label} {tree}", 0)
-    speed = record["kernel_candidates"][kernels.label]["trees"].get(tree)
-    shown = f"{kernels.label} {tree} {speed:.1f} tok/s over {prompts} prompts" if speed else kernels.label
+def kernels_reason(record: Calibration, kernels: Kernels, others: list[Kernels]) -> str:
+    """How the cost model ranked `kernels` against `others`: each one's best predicted tree, relative to the
+    chosen kernels' best, or why it was no candidate."""
+    best: dict[Kernels, float] = {}
+    for p in record.predictions:  # fastest first
+        best.setdefault(p.kernels, p.tokens_per_s)
+    mine = best.get(kernels)
     parts = []
-    for label in others:
-        got = standing(record, label)
-        plural = "" if got and got[1] == 1 else "s"
-        parts.append(f"{label} {got[0]:.2f}x ({got[2]}, {got[1]} prompt{plural})" if got else
-                     f"{label} not timed ({untimed_why(record, label)})")
-    return (f"measured: strict at {shown} in calibration; the others' best trees against the fastest candidate "
-            "on the prompts both decoded: " + (", ".join(parts) or "none"))
+    for k in others:
+        if k in best and mine:
+            parts.append(f"{k.label} {best[k] / mine:.2f}x")
+        elif record.identical.get(k.label) is False:
+            parts.append(f"{k.label} no candidate (its strict output differed from its plain decoding)")
+        else:
+            parts.append(f"{k.label} not calibrated")
+    return (f"measured: the cost model's fastest kernels for strict's trees ({kernels.label}); the others' best "
+            f"predicted trees against them: {', '.join(parts) or 'none'}")
 
 
-def untimed_why(record: dict, kernels_label: str) -> str:
-    """Why a kernel candidate of a calibration record has no speed."""
-    if record["kernel_candidates"][kernels_label]["identical"] is False:  # None: never checked
-        return "its output differed from plain decoding"
-    return "the budget ran out before it"
+def plain_kernels_reason(record: Calibration, kernels: Kernels, plain: Kernels) -> str:
+    """Why the run's plain decoding runs at other kernels than its trees: faster in calibration's plain race."""
+    raced = {p.kernels: p.relative for p in record.plains if p.ours}
+    ratio = f"{raced[plain] / raced[kernels]:.2f}x vanilla at the trees' kernels" if kernels in raced else \
+        "the fastest vanilla"
+    return (f"measured: vanilla {plain.label} ran at {ratio} in calibration's plain race (paired); strict "
+            "reproduces plain decoding at the trees' kernels")
 
 
-def measured_of(record: dict, offered: int) -> str:
-    """"the fastest of N candidates" (or the smallest of those tied for it, `Halving.chosen`), saying so when the
-    budget left some untimed (their count in kernel x tree runs, of all the record's)."""
-    left = untimed(record)
-    tied = record.get("tied")
-    chosen = (f"the smallest tree of {len(tied['candidates'])} candidates tied for fastest (within "
-              f"{100 * tied['within']:.1f}%)") if tied else "the fastest"
-    if not left:
-        return f"{chosen} of {offered} candidates"
-    return (f"{chosen} timed of {offered} candidates ({left} of {len(record['timed_prompts'])} candidate runs "
-            f"not timed within the {record['budget_s']:.0f} s budget)")
-
-
-def plain_reason(record: dict, kernels: Kernels) -> str:
-    """Why a run whose strict does not speculate has its trees (a rule's own, a forced one) at `kernels`: our
-    fastest plain decoding's precision, or, where calibration held both precisions' models, where trees ran
-    fastest (`mars.tuning.calibrate.decoding_kernels`)."""
-    fastest = record["fastest_plain"]
-    plain = f"vanilla {fastest['kernels']} {plain_speed(record, fastest['kernels']):.1f} tok/s in calibration"
-    if not fastest["kernels"].startswith(kernels.dtype):  # "bfloat16+aten" against float32 trees
-        return (f"measured: speculation off for strict, which decodes plainly at our fastest plain decoding "
-                f"({plain}); a tree (a rule's own, a forced one) verifies at {kernels.label}, where trees ran "
-                "fastest, both precisions' models held")
-    trees = "" if fastest["kernels"] == kernels.label else \
-        f"; a tree in that precision (a rule's own, a forced one) verifies at {kernels.label}, the fastest timed there"
-    return f"measured: speculation off for strict, so the precision of our fastest plain decoding ({plain}){trees}"
-
-
-def plain_kernels_reason(record: dict, kernels: Kernels, plain: Kernels) -> str:
-    """Why the run's plain decoding runs at other kernels than its trees: faster in calibration."""
-    speed = {k.label: plain_speed(record, k.label) for k in (plain, kernels)}
-    return (f"measured: vanilla {plain.label} {speed[plain.label]:.1f} tok/s against {speed[kernels.label]:.1f} at "
-            f"the trees' kernels in calibration; strict reproduces plain decoding at the trees' kernels")
-
-
-def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: dict | None,
-                 plain: bool = False) -> str:
-    """Why the run's precision; `plain`: strict does not speculate (the kernels are plain decoding's)."""
+def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], record: Calibration | None) -> str:
+    """Why the run's precision."""
     if run.model.dtype.value != "auto":
         return "set explicitly"
     if not on_cpu(run):
         return resolve_dtype("auto", run_device(run)).reason
-    if record and plain:
-        return plain_reason(record, kernels)
-    if record and record.get("kernel_candidates"):
-        verdict = "" if record.get("kernels_reproduce_plain", True) else \
+    if record is not None:
+        verdict = "" if any(record.identical.values()) else \
             " (NO candidate reproduced plain greedy decoding on the calibration prompts)"
-        others = [label for label in record["kernel_candidates"] if not label.startswith(kernels.dtype)]
-        return measured_against(record, kernels, others) + verdict
+        return kernels_reason(record, kernels, [k for k in options if k.dtype != kernels.dtype]) + verdict
     return f"auto: the only candidate here ({kernels.label})"
 
 
 # tree.calibration_prompts=bench: the benchmark's questions the run does not answer, until their turns timed
 # (first and second) make this many: 8 MT-bench questions, 16 of a single-turn set; at batch B, B times as
-# many, so that a batched run's calibration times as many batches (`mars.tuning.calibrate.UNITS`)
+# many, so that a batched run's calibration times as many batches (`mars.tuning.search.UNITS`)
 BENCH_CALIBRATION_TURNS = 16
 
 
@@ -246,8 +182,11 @@ def calibration_questions(run: RunConfig) -> list[Question]:
     """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
     questions after the run's first `num_prompts` (never one the run answers) in the run's mix: for each of the
     run's questions in turn, the next spare one of its category; then the other spares, those of a category the
-    run answers first; until their turns make BENCH_CALIBRATION_TURNS * batch_size. Successive halving times a prefix of
-    them (`calibration_prompts` keeps the order), so the first ones are of the kinds the run answers most."""
+    run answers first; until their turns make BENCH_CALIBRATION_TURNS * batch_size. Calibration's first units rank the
+    candidates (`calibration_prompts` keeps the order), so the first ones are of the kinds the run answers most.
+    Where the spare questions make too few turns (`too_few_spare`), the model's own prompts instead."""
+    if run.tree.calibration_prompts == "model" or (run.tree.calibration_prompts == "bench" and too_few_spare(run)):
+        return load_questions(run.model.calibration_prompts)
     if run.tree.calibration_prompts != "bench":
         return load_questions(run.tree.calibration_prompts)
     every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
@@ -265,12 +204,15 @@ def calibration_questions(run: RunConfig) -> list[Question]:
             break
         questions.append(q)
         turns += min(len(q.turns), 2)
-    if len(questions) < 2:
-        raise ValueError(f"tree.calibration_prompts=bench times the benchmark's questions the run does not answer, "
-                         f"but {run.bench.name} has {len(every)} and the run answers "
-                         f"{run.num_prompts or 'all'}: lower num_prompts, or give tree.calibration_prompts a "
-                         "prompt file (e.g. data/prompts/smollm2_calibration.jsonl)")
     return questions
+
+
+def too_few_spare(run: RunConfig) -> bool:
+    """Whether the benchmark's questions the run does not answer make too few turns for a calibration (its
+    profiles' and its paired finals' least): the model's own calibration prompts are timed instead."""
+    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    spare = every[run.num_prompts:] if run.num_prompts else []
+    return sum(min(len(q.turns), 2) for q in spare) < (PROFILE_UNITS + FLOOR) * run.batch_size
 
 
 def calibration_mix(run: RunConfig) -> str | None:
@@ -281,6 +223,9 @@ def calibration_mix(run: RunConfig) -> str | None:
     if run.tree.calibration_prompts != "bench":
         return None
     every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    if too_few_spare(run):
+        return (f"calibration times the model's own prompts ({run.model.calibration_prompts}): {run.bench.name} has "
+                f"{len(every)} questions and the run answers {run.num_prompts or 'all'}, too few to spare")
     asked = Counter(q.category for q in every[:run.num_prompts])
     timed = Counter(q.category for q in calibration_questions(run))
     line = (f"calibration times {sum(timed.values())} of {run.bench.name}'s questions the run does not answer "
@@ -293,19 +238,22 @@ def calibration_mix(run: RunConfig) -> str | None:
     return line
 
 
-def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32") -> list[torch.Tensor]:
+def calibration_prompts(run: RunConfig, fmt: PromptFormat, dtype: str = "float32",
+                        log: Callable[[str], None] | None = None) -> list[torch.Tensor]:
     """The turns calibration times, like the run's: each calibration question's first turn and, where it has
     a second, that turn after the target's plain greedy answer to the first (`first_answers`, in `dtype`).
-    Successive halving times a prefix of them, so they come in two passes over the questions in their order,
+    Calibration times a prefix of them, so they come in two passes over the questions in their order,
     the first pass taking even-numbered questions' first turns and odd-numbered ones' second turns (a single-turn
     question's one turn), the second pass the others: any prefix is of as many questions (kinds) as turns, and of
     both turns; a file of single-turn prompts keeps its order (the one `mars.tuned` times). Only the first
-    UNITS * batch_size turns, which calibration times (`mars.tuning.calibrate.UNITS`), are made: no first answer
+    UNITS * batch_size turns, which calibration times (`mars.tuning.search.UNITS`), are made: no first answer
     is decoded for a turn it would not time. A second turn
     carries the first exchange as context (MT-bench's: about 4x a first turn's tokens), which changes both plain
     decoding's cost (its prompt forward) and a tree's: timed on first turns alone, strict's verdict on MT-bench
     followed the wrong one; timed on pairs of turns of one question each, SmolLM2's 8-prompt prefix held 4 of
     MT-bench's 8 categories and predicted MARS at 1.08x where, forced, it ran 1.33x (docs/real-models.md)."""
+    if log is not None and (mix := calibration_mix(run)):
+        log(mix)
     tokenizer = load_tokenizer(run)
     questions = calibration_questions(run)
     two = [len(q.turns) > 1 for q in questions]
@@ -365,29 +313,28 @@ def rule_methods(run: RunConfig) -> list[RuleMethod]:
 
 
 def load_pair(run: RunConfig, head: Setting, dtype: str) -> tuple:
-    """The run's target and the draft head `head` in `dtype` (what `mars.tuning.calibrate.calibrate` times)."""
+    """The run's target and the draft head `head` in `dtype` (what `mars.tuning.search.calibrate` times)."""
     target = load_target(run, getattr(torch, dtype))
     return target, load_head(head, target)
 
 
-def calibrated_reason(record: dict, offered: int, strict: dict | None = None) -> str:
-    """How a calibrated tree was chosen: of how many candidates, and how fast against plain decoding (for a
-    rule's tree, against the reference its verdict uses: `speedup_over_reference` with strict's record)."""
-    ratio, reference = speedup_over_reference(record, strict)
-    carried = " carried from strict's calibration" if "carried" in reference else ""
-    return (f"{measured_of(record, offered)}, {record['speedup_over_plain']:.2f}x our plain decoding at the same "
-            f"kernels and {ratio:.2f}x the fastest plain decoding ({reference['label']} "
-            f"{reference['tokens_per_s']:.1f} tok/s{carried}) in calibration "
-            f"({'cached: ' if record['cached'] else 'saved to '}{record['cache']})")
+def calibrated_reason(record: Calibration, offered: int) -> str:
+    """How a calibrated tree was chosen: predicted among how many, which were timed end to end, and how fast
+    against the fastest plain decoding, paired."""
+    m, finals = record.measured, ", ".join(record.finals)
+    tied = f"; the cheaper of those tied ({', '.join(record.tied)})" if record.tied else ""
+    return (f"the cost model predicted {len(record.predictions)} kernels x trees of {offered} trees from parts and "
+            f"{len(record.profiles)} profiles, and {finals} ran against {record.reference.label}: {m.ratio:.2f}x "
+            f"[{m.low:.2f}, {m.high:.2f}] over {m.pairs} paired held-out prompts{tied} "
+            f"({'cached: ' if record.cached else 'saved to '}{record.cache})")
 
 
 def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], None] = print) -> DecodeSettings:
     """The job's `DecodeSettings` (see the module docstring); may time candidates the first time on a machine.
 
-    Calibrated (`tree=calibrated`), strict and each rule method speculate only where their best tree ran at
-    least as fast as the fastest plain decoding in calibration (`mars.tuning.calibrate.speculation_of`);
-    where strict does not, the run decodes with the kernels of our fastest plain decoding, and the rules'
-    trees are timed at those. A tree set explicitly always speculates."""
+    Calibrated (`tree=calibrated`), strict and each rule method speculate only where their chosen tree ran faster
+    than the fastest plain decoding in calibration, paired prompt by prompt (`mars.tuning.verdict`); a method that
+    does not decodes with that plain decoding. A tree set explicitly always speculates."""
     options = candidates(run)
     sampling = sampling_of(method_spec(STRICT), run.sampling)
     sampled = not sampling.greedy
@@ -403,19 +350,16 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         for reference in references:  # a worker process, started at its first timing: ended here
             stack.callback(reference.close)
         # the one door `mars.tuned` goes through too; calibrations time with no other job of ours timing
-        prompts = calibration_prompts(run, fmt, options[0].dtype) if timed else []
-        if timed and (mix := calibration_mix(run)):
-            log(mix)
-        found = measure(partial(load_pair, run, head), options, prompts,
-                        sampling, {m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
-                        fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
-                        budget=run.tree.calibration_budget, references=references, log=log,
-                        max_new_tokens=run.max_new_tokens,
-                        shared=run.tree.calibrate and not run.tree.per_method,
-                        exclusive=partial(locks.exclusive, timing_device(run, None), run.exclusive_timing))
+        prompts = calibration_prompts(run, fmt, options[0].dtype, log) if timed else []
+        request = Request(sampling, rules={m.name: sampling_of(m, run.sampling) for m in others}, trees=trees,
+                          fixed_tree=fixed_tree(run.tree, sampled), drafting=run.tree.drafting, batch=run.batch_size,
+                          budget=run.tree.calibration_budget, max_new_tokens=run.max_new_tokens, references=references,
+                          shared=run.tree.calibrate and not run.tree.per_method, run_prompts=run_units(run), log=log,
+                          exclusive=partial(locks.exclusive, timing_device(run, None), run.exclusive_timing))
+        found = measure(partial(load_pair, run, head), options, prompts, request)
     kernels, tree, record = found.kernels, found.tree, found.records.get(STRICT)
     method_trees = {name: Setting(shape, f"measured for {name} with {kernels.label}: "
-                                         f"{calibrated_reason(found.records[name], len(trees), record)}",
+                                         f"{calibrated_reason(found.records[name], len(trees))}",
                                          found.records[name])
                     for name, shape in found.method_trees.items()}
     if run.tree.calibrate:
@@ -424,16 +368,22 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
         tree_setting = Setting(tree, f"measured: {calibrated_reason(record, len(trees))}{shared}")
     else:
         tree_setting = Setting(tree, "set in the config (tree=...)")
-    plain = not found.strict_speculates
     plain_kernels = None
     if found.plain_kernels is not None and found.plain_kernels != kernels:
         plain_kernels = Setting(found.plain_kernels, plain_kernels_reason(record, kernels, found.plain_kernels))
     return DecodeSettings(
-        dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record, plain)),
+        dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),
         exact_attention=Setting(kernels.exact_attention, exact_reason(run, kernels)),
-        prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record, plain)),
+        prepack=Setting(kernels.prepack, prepack_reason(run, kernels, options, record)),
         tree=tree_setting, drafting_reason=drafting_reason(run, tree, sampled, record),
         placement=placement_of(run), head=head, calibration=record, method_trees=method_trees,
         speculation=found.speculation,
         onednn=Setting(kernels.onednn, "measured: with the kernels above" if record else "default"),
         plain_kernels=plain_kernels)
+
+
+def run_units(run: RunConfig) -> int | None:
+    """How many units (prompts, or batches of them) the run times: what widens its predicted intervals."""
+    if run.num_prompts is None:
+        return None
+    return max(1, run.num_prompts // run.batch_size)

@@ -119,6 +119,11 @@ class TargetModel:
             self._restore_attention = model.config._attn_implementation
             model.set_attn_implementation(implementation)
 
+    @property
+    def own_attention(self) -> str:
+        """The model's own attention implementation (what `model.generate` decodes with), before this adapter's."""
+        return self._restore_attention or self.model.config._attn_implementation
+
     # --- static mode's settings, as the adapter's (`self.shapes` holds them) --------------------
 
     @property

@@ -68,7 +68,7 @@ def _while_decoding(method):
     """Run a decoding method with the generator's feature hooks on the models, taken off again after
     (between calls the models are as the caller gave them), and the heap that exists at the call frozen
     out of garbage collections (`mars.accounting.timing.frozen_heap`). The kernels are entered per loop
-    (`SpeculativeGenerator._computing`)."""
+    (`SpeculativeGenerator.computing`)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self.target.tapped(), frozen_heap():
@@ -158,9 +158,12 @@ class SpeculativeGenerator:
         self.prompt_packed = self.plain_packed if plain_model is None or self.plain_packed is not None else (
             PackedLinears(plain_model) if choose_packing([plain_model], "auto")[0] else None)
         self.policy: AdaptiveTree | None = None  # measured on first use
-        # False: `generate` decodes plainly, exactly as `vanilla` does (`mars.tuned` sets it where calibration
-        # found no tree faster than the fastest plain decoding: `mars.tuning.calibrate.speculation_of`).
+        # False: `generate` decodes plainly (`mars.tuned` sets it where calibration found no tree faster than the
+        # fastest plain decoding: `mars.tuning.verdict`), with `plain_decoding` where that is not our vanilla
+        # (`model.generate` here or in a worker: `mars.decoding.reference`), else exactly as `vanilla` does.
         self.speculate = True
+        self.plain_decoding = None
+        self.held: list = []  # what `close` ends with the generator (a plain decoding's worker process)
 
     def _checked_plain(self, plain: Kernels | None, model) -> Kernels:
         if plain is None:
@@ -192,9 +195,17 @@ class SpeculativeGenerator:
         self.target.close()
         if self.plain_target is not self.target:
             self.plain_target.close()
+        for held in self.held:
+            held.close()
+        self.held = []
+
+    def hold(self, resource):
+        """Keep `resource` (anything with `close`, e.g. a worker process) until this generator closes."""
+        self.held.append(resource)
+        return resource
 
     @contextmanager
-    def _computing(self, plain: bool):
+    def computing(self, plain: bool):
         """Inside: plain decoding's adapter (`plain`) or the tree's, its linears multiplying as its kernels say
         (packed or not, oneDNN on or off) and its forwards making exact attention's plans or not."""
         target, kernels = (self.plain_target, self.plain_kernels) if plain else (self.target, self.tree_kernels)
@@ -209,7 +220,7 @@ class SpeculativeGenerator:
         """Inside: the prompts' forward of plain decoding on `target`. At kernels with oneDNN off it multiplies with
         oneDNN, on packed weights where the generator has them: torch's own bf16 products cost nearly per row (a
         40-token SmolLM2 prompt ~300 ms against ~55 ms packed, on the AVX-512 EPYC), the one-row steps after it are
-        where they are fastest. Elsewhere (oneDNN on: `_computing` set it from the loop's kernels) unchanged."""
+        where they are fastest. Elsewhere (oneDNN on: `computing` set it from the loop's kernels) unchanged."""
         if torch.backends.mkldnn.enabled:
             yield
             return
@@ -312,7 +323,7 @@ class SpeculativeGenerator:
         outputs = [GenerationOutput() for _ in prompts]
         if max_new_tokens > 0:
             try:
-                with self._computing(plain):
+                with self.computing(plain):
                     loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator,
                          outputs)
             finally:
@@ -348,6 +359,9 @@ class SpeculativeGenerator:
         fixed-size tree on the dynamic cache (`check_batching`). With `speculate` False, plain decoding:
         `vanilla`'s loop and outputs at `plain_kernels` (tau 1).
         """
+        if not self.speculate and self.plain_decoding is not None:
+            return self._decode(partial(_external, decoder=self.plain_decoding), input_ids, sampling, max_new_tokens,
+                                eos_token_id, generator, overrides, nodes=1, plain=True)
         if not self.speculate:
             return self._decode(partial(_plain, target=self.plain_target), input_ids, sampling, max_new_tokens,
                                 eos_token_id, generator, overrides, nodes=1, plain=True)
@@ -492,3 +506,13 @@ def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Sampling
         for row, token in enumerate(tokens.tolist()):
             rows.output(row).record_cycle(None, rows.emit(row, [token]), 0, sampled=not cfg.greedy)
     clock.lap("decode")
+
+
+def _external(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
+              eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput], *,
+              decoder) -> None:
+    """Plain decoding by `decoder` (`model.generate`, `mars.decoding.reference`), seeded from `generator`."""
+    seed = generator.initial_seed() if generator is not None else 0
+    done = decoder.decode([p.tolist() for p in prompts], cfg, max_new_tokens, sorted(eos), seed)
+    for out, got in zip(outputs, done, strict=True):
+        out.__dict__.update(got.__dict__)

@@ -1,7 +1,7 @@
 """transformers' own `model.generate`, the plain decoding every speedup is quoted against: in this
 process, or in a worker process whose torch and oneDNN are limited to an instruction set.
 
-Why here, under the engine and not in `eval/`: the calibration (`mars.tuning.calibrate`) judges every tree
+Why here, under the engine and not in `eval/`: the calibration (`mars.tuning.search`) judges every tree
 against the fastest plain decoding a user has on the machine, `model.generate` included, and both doors
 to it (`eval.run` and `mars.tuned`) must time the same configurations to reach the same record; `eval/`
 re-uses these (`eval.runner.plain`) for its `generate` baselines.
@@ -77,17 +77,26 @@ class GenerateWorker:
     (or the end of a `with` block) ends the process. The worker loads `target` (a local directory or hub
     id) on the CPU in `dtype`, with `threads` torch threads (default: this process's)."""
 
-    def __init__(self, target: str, dtype: str, isa: str, threads: int | None = None):
+    def __init__(self, target: str, dtype: str, isa: str, threads: int | None = None, wait: bool = True):
         self.isa = isa
         self.process = subprocess.Popen(
             [sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, env={**os.environ, **ISA_LIMITS[isa]})
         self._send({"target": str(target), "dtype": dtype, "threads": threads or torch.get_num_threads()})
+        self.ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has loaded torch and the target (seconds: `wait=False` lets it start meanwhile)."""
+        if self.ready:
+            return
         ready = self._receive()
-        if ready.get("capability") != ISA_LIMITS[isa]["ATEN_CPU_CAPABILITY"].upper():
+        if ready.get("capability") != ISA_LIMITS[self.isa]["ATEN_CPU_CAPABILITY"].upper():
             self.close()
-            raise RuntimeError(f"the {isa} worker's torch runs at CPU capability {ready.get('capability')}, not "
-                               f"{isa.upper()}: drop the generate@{dtype}+{isa} baseline on this machine")
+            raise RuntimeError(f"the {self.isa} worker's torch runs at CPU capability {ready.get('capability')}, not "
+                               f"{self.isa.upper()}: drop the generate@<dtype>+{self.isa} baseline on this machine")
+        self.ready = True
 
     def _send(self, message: dict) -> None:
         self.process.stdin.write(json.dumps(message) + "\n")
@@ -107,6 +116,7 @@ class GenerateWorker:
     def answer_batch(self, batch: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
                      seed: int) -> list[GenerationOutput]:
         """`hf_generate_batch` in the worker."""
+        self.wait_ready()
         self._send({"batch": batch, "temperature": sampling.temperature, "top_p": sampling.top_p,
                     "top_k": sampling.top_k, "max_new_tokens": max_new_tokens, "eos": eos, "seed": seed})
         done = self._receive()
@@ -133,7 +143,7 @@ def rows_of(unit: list[torch.Tensor]) -> list[list[int]]:
 
 class LimitedGenerate:
     """`model.generate` in a `GenerateWorker` under the limits of ISA_LIMITS[isa], as a plain configuration
-    a calibration times (`mars.tuning.calibrate`'s `references`): `label` names it as `eval.run` names that
+    a calibration races (`mars.tuning.search.Plan.references`): `label` names it as `eval.run` names that
     baseline (`generate@bfloat16+avx2`); `time` answers a unit of prompts and returns (tokens, seconds).
     The worker starts at the first `time` (a cached calibration starts none) and ends at `close`."""
 
@@ -142,17 +152,54 @@ class LimitedGenerate:
         self.label = f"generate@{dtype}+{isa}"
         self.worker: GenerateWorker | None = None
 
+    def pids(self) -> list[int]:
+        """The worker's process, once started (its CPU time is the calibration's own, not another's)."""
+        return [self.worker.process.pid] if self.worker is not None else []
+
+    def start(self) -> None:
+        """Start the worker without waiting for it (its torch import and load take seconds: they overlap what the
+        caller does next, e.g. loading the models, untimed)."""
+        if self.worker is None:
+            self.worker = GenerateWorker(self.target, self.dtype, self.isa, wait=False)
+
     def time(self, unit: list[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
              seed: int) -> tuple[int, float]:
-        if self.worker is None:
-            self.worker = GenerateWorker(self.target, self.dtype, self.isa)
+        self.start()
         outs = self.worker.answer_batch(rows_of(unit), sampling, max_new_tokens, [], seed)
         return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+
+    def decode(self, rows: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
+               seed: int) -> list[GenerationOutput]:
+        """`model.generate` in the worker as a generator's plain decoding (`SpeculativeGenerator.plain_decoding`)."""
+        self.start()
+        return self.worker.answer_batch(rows, sampling, max_new_tokens, eos, seed)
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+
+
+class InProcessGenerate:
+    """`model.generate` in this process as a generator's plain decoding (`SpeculativeGenerator.plain_decoding`,
+    where calibration found it the fastest plain decoding), with the model's own attention implementation while it
+    decodes (`attention`: a generator on the model switches it for tree attention)."""
+
+    def __init__(self, model, attention: str):
+        self.model, self.attention = model, attention
+        self.label = f"generate@{str(model.dtype).removeprefix('torch.')}"
+
+    def decode(self, rows: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, eos: list[int],
+               seed: int) -> list[GenerationOutput]:
+        current = self.model.config._attn_implementation
+        self.model.set_attn_implementation(self.attention)
+        try:
+            return hf_generate_batch(self.model, rows, sampling, max_new_tokens, eos, seed)
+        finally:
+            self.model.set_attn_implementation(current)
+
+    def close(self) -> None:
+        pass
 
 
 def limited_references(target: str, device: str | torch.device) -> list[LimitedGenerate]:

@@ -2,7 +2,7 @@
 with the reason it was chosen.
 
 A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve_settings`): from the
-run's explicit settings, from a measurement on this machine (`mars.tuning.calibrate`), or from a rule where
+run's explicit settings, from a measurement on this machine (`mars.tuning.search`), or from a rule where
 nothing was measured. Everything downstream reads that one object: the generator
 (its tree, kernels and exact attention), the run directories' names, the summary (`record`), the report, W&B, and the
 run's first lines (`describe`). Nothing re-derives a setting.
@@ -125,27 +125,31 @@ class Setting:
 
     value: Any
     reason: str
-    calibration: dict | None = None  # the measurement it came from (`mars.tuning.calibrate`'s record), if one
+    calibration: Any = None  # the measurement it came from (a `mars.tuning.record.Calibration`), if one
 
 
 @dataclass(frozen=True)
 class Speculation:
-    """Whether a method speculates, and why (`mars.tuning.calibrate.speculation_of` decides it from the method's
-    calibration record).
+    """Whether a method speculates, and why (`mars.tuning.verdict.speculation_of` decides it from the method's
+    calibration).
 
-    Off where its best tree ran slower than the fastest plain decoding timed in calibration: the method then
-    decodes plainly, with our vanilla loop at the run's plain kernels
-    (`DecodeSettings.plain`). `forced`: the tree was set explicitly, which
-    always speculates (the reason says when calibration found it slower). `predicted`: the calibration's
-    tokens/s of what the method will run (its tree, or plain decoding when off) over the fastest plain
-    decoding's, the figure the run's measured `speedup_vs_fastest` is set beside. `reference`: that fastest
-    plain decoding, {"label", "tokens_per_s"}."""
+    Off where its best tree was not faster than the fastest plain decoding timed in calibration, paired prompt by
+    prompt: the method then decodes with that plain decoding, `plain` (e.g. "vanilla bfloat16+aten",
+    "generate@bfloat16+avx2"), so its output is that decoding's by construction. `forced`: the tree was set
+    explicitly, which always speculates (the reason says when calibration found it slower). `predicted`: the
+    calibration's paired ratio of what the method will run (its tree, or 1.0 when off) over the fastest plain
+    decoding, the figure the run's measured paired speedup is set beside, and `interval` its 90% interval for a
+    run of that many prompts; `certain`: the verdict's interval lay on one side of 1 (False: the budget ended
+    first and the point estimate decided). `reference`: that fastest plain decoding, {"label", "tokens_per_s"}."""
 
     speculate: bool
-    reason: str  # one of the run's first lines: "speculation off for strict: the best tree (4/4/1) ran at ..."
+    reason: str  # one of the run's first lines: "speculation on for strict: 6/6/1 ran at ..."
     predicted: float | None = None
     forced: bool = False
     reference: dict | None = None
+    plain: str | None = None
+    interval: tuple[float, float] | None = None
+    certain: bool = True
 
     @property
     def state(self) -> str:
@@ -154,15 +158,17 @@ class Speculation:
 
     def record(self) -> dict:
         return {"speculate": self.speculate, "state": self.state, "reason": self.reason,
-                "predicted_speedup_vs_fastest": self.predicted, "reference": self.reference}
+                "predicted_speedup_vs_fastest": self.predicted,
+                "predicted_interval": list(self.interval) if self.interval else None, "certain": self.certain,
+                "reference": self.reference, "plain": self.plain}
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     """Everything a run decided about how it decodes (see the module docstring).
 
-    calibration: the measurement the choices came from (`mars.tuning.calibrate.calibrate`'s record: every
-    candidate's tokens/s and whether it reproduced plain decoding), None where nothing was measured.
+    calibration: the measurement the choices came from (`mars.tuning.record.Calibration`: every plain decoding
+    raced, the cost model's parts, profiles and predictions, the paired finals), None where nothing was measured.
     """
 
     dtype: Setting  # str, a key of DTYPES
@@ -172,7 +178,7 @@ class DecodeSettings:
     drafting_reason: str  # why the tree drafts as it does
     placement: Setting  # str: "cpu", "cuda:0", "device_map=auto over GPUs [0, 1]", ...
     head: Setting  # str: the draft head's directory or hub id (at temperature > 0 the model's sampling head, if any)
-    calibration: dict | None = None
+    calibration: Any = None  # mars.tuning.record.Calibration (typed there: the engine's settings sit below tuning)
     # {method name: Setting(TreeShape)}: a tree measured for that method's rule (a relaxed rule lengthens
     # deep chains more than wide trees); every other method drafts `tree`.
     method_trees: dict[str, Setting] = field(default_factory=dict)
@@ -231,7 +237,13 @@ class DecodeSettings:
                 "tree": asdict(self.tree.value), "tree_reason": self.tree.reason,
                 "drafting": self.tree.value.drafting, "drafting_reason": self.drafting_reason,
                 "placement": self.placement.value, "placement_reason": self.placement.reason,
-                "draft": self.head.value, "draft_reason": self.head.reason, "calibration": self.calibration,
-                "method_trees": {name: {"tree": asdict(t.value), "reason": t.reason, "calibration": t.calibration}
+                "draft": self.head.value, "draft_reason": self.head.reason, "calibration": _dumped(self.calibration),
+                "method_trees": {name: {"tree": asdict(t.value), "reason": t.reason,
+                                        "calibration": _dumped(t.calibration)}
                                  for name, t in self.method_trees.items()},
                 "speculation": {name: s.record() for name, s in self.speculation.items()}}
+
+
+def _dumped(calibration: Any) -> dict | None:
+    """A calibration record as JSON data (None where nothing was measured)."""
+    return None if calibration is None else calibration.to_dict()

@@ -10,18 +10,22 @@
 `SpeculativeGenerator` with the measured kernels (exact attention, prepacked linears, oneDNN; plain decoding
 at the fastest plain kernels of that precision, `gen.plain_kernels`) and tree: the
 calibration `eval.run` makes with `model.dtype=auto tree=calibrated`, through the same door
-(`mars.tuning.measure`: precision and tree searched together for strict verification, then the tree of `rule`
+(`mars.tuning.measure`: precision and tree chosen together for strict verification, then the tree of `rule`
 at those kernels; given the prompts `eval.run` times, the two share one record), cached
-per machine, models, kind of decoding, rule and batch size and shared with runs, so it is timed
-once. `gen.calibration` holds the records. A fixed tree by name (`tree="paper"`, `NAMED_TREES`) or
-as a `TreeShape` skips the tree's measurement; `dtype=` fixes the precision.
+per machine, models, decoding (every sampling parameter), rule and batch size and shared with runs, so it is
+timed once. The default prompts are those `eval.run` times for such a model: a tokenizer with a chat template
+gets the chat calibration prompts through that template (`CHAT_PROMPTS`), any other the standard library's
+functions as raw text (`COMPLETION_PROMPTS`). `gen.calibration` holds the records (`mars.tuning.record`). A
+fixed tree by name (`tree="paper"`, `NAMED_TREES`) or as a `TreeShape` skips the tree's measurement; `dtype=`
+fixes the precision.
 
-Speculation off: where the best tree of `rule` ran slower than the fastest plain decoding timed in
-calibration (our vanilla at every kernel candidate, `model.generate` in each precision, and on a CPU with
-more than AVX2 under the AVX2 limits: `mars.tuning.calibrate.speculation_of`), the generator's `generate`
-decodes plainly, exactly as `vanilla` does (`gen.speculate` is False), at the kernels of our fastest plain
-decoding, and `tuned` logs why; `gen.speculation` holds each verdict. `gen.speculate = True` speculates
-anyway. A fixed tree always speculates (the log says when calibration found it slower).
+Speculation off: where the best tree of `rule` was not faster than the fastest plain decoding raced in
+calibration (our vanilla, `model.generate` in each precision, and on a CPU with more than AVX2 under the AVX2
+limits in a worker), paired prompt by prompt (`mars.tuning.verdict`), the generator's `generate` decodes with
+that plain decoding (`gen.speculate` is False, `gen.plain_decoding` names it), and `tuned` logs why. Where that
+is `model.generate` in an AVX2-limited worker, the generator holds the worker (`gen.hold`) until `gen.close()`
+or the end of its `with` block. `gen.speculation` holds each verdict. `gen.speculate = True` speculates anyway.
+A fixed tree always speculates (the log says when calibration found it slower).
 
 `SpeculativeGenerator(target, head)` with no settings keeps EAGLE-2's GPU tree (60/6/10), which on
 a 2-core CPU is slower than plain decoding: on a CPU, use `tuned`.
@@ -35,23 +39,38 @@ from pathlib import Path
 import torch
 
 from mars.decoding.generate import SpeculativeGenerator
-from mars.decoding.reference import limited_references
+from mars.decoding.reference import InProcessGenerate, LimitedGenerate, limited_references
 from mars.decoding.settings import NAMED_TREES, TreeShape
 from mars.rules import make_rule
-from mars.tuning.calibrate import kernel_candidates, tree_candidates
-from mars.tuning.measure import measure
+from mars.tuning.candidates import kernel_candidates, tree_candidates
+from mars.tuning.measure import Measured, Request, measure
 from mars.verification.sampling import SamplingConfig
 
-# Train-split functions of the standard library: what `eval.run` calibrates on (never a benchmark's).
-CALIBRATION_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "stdlib_calibration.jsonl"
+PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts"
+# Train-split functions of the standard library, as raw text: what `eval.run` calibrates a completion model on.
+COMPLETION_PROMPTS = PROMPTS / "stdlib_calibration.jsonl"
+# Short chat requests of the kinds chat benchmarks ask (writing to humanities), none from a benchmark: what
+# `eval.run` calibrates a chat model on where its benchmark has no questions to spare.
+CHAT_PROMPTS = PROMPTS / "chat_calibration.jsonl"
 
 
-def calibration_prompts(tokenizer, path: Path = CALIBRATION_PROMPTS) -> list[torch.Tensor]:
-    """The calibration prompts as `eval.run` encodes a completion prompt: BOS, then the text."""
+def calibration_prompts(tokenizer, path: Path | None = None) -> list[torch.Tensor]:
+    """The calibration prompts as `eval.run` encodes them: a chat model's (a tokenizer with a chat template)
+    each first turn through its template, with the template's default system message; otherwise BOS, then the
+    text. `path`: a JSONL file of "prompt" or "turns" records (default: `CHAT_PROMPTS` or `COMPLETION_PROMPTS`)."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    path = path or (CHAT_PROMPTS if chat else COMPLETION_PROMPTS)
     prompts = []
-    for line in path.read_text().splitlines():
-        ids = tokenizer(json.loads(line)["prompt"], add_special_tokens=False)["input_ids"]
-        prompts.append(torch.tensor([[tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids]))
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        text = record["turns"][0] if "turns" in record else record["prompt"]
+        if chat:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = [tokenizer.bos_token_id, *ids] if tokenizer.bos_token_id is not None else ids
+        prompts.append(torch.tensor([list(ids)]))
     return prompts
 
 
@@ -67,15 +86,16 @@ def _parameters(target: str) -> int:
 def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, rule: str = "strict",
           batch_size: int = 1, device: str | None = None, dtype: str = "auto", tree: str | TreeShape = "auto",
           drafting: str = "auto", prompts: list[torch.Tensor] | None = None, budget: float | None = None,
-          max_new_tokens: int = 64, cache_dir: Path | None = None, log=print, **rule_params) -> SpeculativeGenerator:
+          max_new_tokens: int = 64, top_p: float = 1.0, top_k: int = 0, cache_dir: Path | None = None, log=print,
+          **rule_params) -> SpeculativeGenerator:
     """A `SpeculativeGenerator` for `target` (a local directory or hub id) and its EAGLE `draft`, with
     the settings measured on this machine for decoding at `temperature` with `rule` (and `rule_params`,
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
-    prompts: token tensors [1, n] to time on, the first 24 * batch_size of them (default: the repository's
-    calibration prompts, encoded with the target's tokenizer; `mars.tuning.calibrate.UNITS`).
-    budget: seconds for all the timing together (first use only; None: 120 s,
-    more for turns longer than 64 tokens, `mars.tuning.calibrate.budget_for`).
-    max_new_tokens: the length your calls decode, which candidates are timed at."""
+    prompts: token tensors [1, n] to time on, the first 24 * batch_size of them (default: `calibration_prompts`
+    with the target's tokenizer; `mars.tuning.search.UNITS`).
+    budget: seconds for all the timing together (first use only; None: `mars.tuning.search.budget_for`).
+    max_new_tokens: the length your calls decode, which candidates are timed at. top_p, top_k: the sampling
+    filters your calls use (each its own record)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle.checkpoint import load_draft
@@ -97,16 +117,24 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
         prompts = calibration_prompts(AutoTokenizer.from_pretrained(target))
     prompts = [p.to(device) for p in prompts]
     trees = tree_candidates(sampled, drafting) if fixed is None else None
-    rules = {rule: SamplingConfig(temperature=temperature, rule=make_rule(rule, **rule_params))} \
-        if rule != "strict" and fixed is None else {}
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+    rules = {rule: SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k,
+                                  rule=make_rule(rule, **rule_params))} if rule != "strict" and fixed is None else {}
     references = limited_references(target, device)  # a worker process, started at its first timing
     try:  # the one door `eval.run` goes through too
-        found = measure(load, options, prompts, SamplingConfig(temperature=temperature), rules, trees=trees,
-                        fixed_tree=fixed, drafting=drafting, batch=batch_size, budget=budget, references=references,
-                        max_new_tokens=max_new_tokens, cache_dir=cache_dir, log=log)
+        request = Request(sampling, rules=rules, trees=trees, fixed_tree=fixed, drafting=drafting, batch=batch_size,
+                          budget=budget, max_new_tokens=max_new_tokens, references=references, cache_dir=cache_dir,
+                          log=log)
+        found = measure(load, options, prompts, request)
     finally:
         for reference in references:
             reference.close()
+    return _generator(found, rule, load, target, log)
+
+
+def _generator(found: Measured, rule: str, load, target: str, log) -> SpeculativeGenerator:
+    """The generator `found` describes for `rule`, with the models `load` gives, and its plain decoding where its
+    speculation is off."""
     kernels, shape = found.kernels, found.method_trees.get(rule, found.tree)
     records, speculation = found.records, found.speculation
     model, head = load(kernels.dtype)
@@ -117,9 +145,29 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     gen.calibration, gen.speculation = records, speculation
     verdict = speculation.get(rule) or speculation.get("strict")  # a fixed tree: strict's record timed it
     gen.speculate = verdict.speculate if verdict else True
+    if verdict is not None and not verdict.speculate:
+        gen.plain_decoding = plain_decoding(verdict.plain, target, model, gen)
     plain = "" if gen.plain_kernels == kernels else f" (plain decoding at {gen.plain_kernels.label})"
     log(f"tuned for this machine: {kernels.label}{plain}, tree {shape.label}"
-        + "".join(f"; {name}: {'cached' if r['cached'] else 'measured'} ({r['cache']})" for name, r in records.items()))
+        + "".join(f"; {name}: {'cached' if r.cached else 'measured'} ({r.cache})" for name, r in records.items()))
     if verdict:
         log(verdict.reason)
     return gen
+
+
+def plain_decoding(label: str, target: str, model: torch.nn.Module, gen: SpeculativeGenerator):
+    """What a generator whose speculation is off decodes with: the fastest plain decoding calibration raced,
+    by its `label`. Our vanilla needs nothing (None: the generator's own plain loop at its plain kernels);
+    `model.generate` in this process runs on `model` when in its precision; under the AVX2 limits it runs in a
+    worker process the generator holds (`gen.hold`, ended by `gen.close()`)."""
+    if label.startswith("vanilla"):
+        return None
+    dtype, _, isa = label.removeprefix("generate@").partition("+")
+    if isa:
+        return gen.hold(LimitedGenerate(target, dtype, isa))
+    if dtype == str(model.dtype).removeprefix("torch."):
+        return InProcessGenerate(model, gen.target.own_attention)
+    from transformers import AutoModelForCausalLM
+
+    copy = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).to(model.device).eval()
+    return InProcessGenerate(copy, copy.config._attn_implementation)

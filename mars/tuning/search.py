@@ -1,0 +1,438 @@
+"""The calibration: the fastest kernels and tree for strict and each rule on this machine, and whether each
+beats the fastest plain decoding, in four steps.
+
+1. Plain race: every plain decoding a user has here (our vanilla at the kernel sets with the cheapest steps,
+   `model.generate` in each precision loaded, and the caller's `references`, e.g. `model.generate` under the
+   AVX2 limits in a worker) decodes the first units in rotated blocks (`mars.tuning.pairs`); the fastest by the
+   paired ratios is the reference every method is judged against.
+2. Parts (`mars.tuning.cost_model.measure_parts`), once per kernel set: a plain step, forwards by rows, each
+   tree's drafting. Kernel sets whose strict greedy output differs from their own plain greedy output are never
+   candidates (the exactness every strict run promises), though their plain decoding still races.
+3. Profiles, per method: each tree decoded on the first units with the method's rule, at the kernels whose trees
+   the parts make cheapest, which gives its tau; a tree that could not catch the best so far even with every
+   draft accepted is skipped. Every kernels x tree pair is then predicted (`cost_model.predict`).
+4. Finals (`mars.tuning.finals`): strict's best predicted candidate and any the model cannot separate from it
+   (within SEPARATION, at most MAX_FINALISTS), and each rule's best at those kernels, decode the held-out units
+   with the reference in rotated blocks until every verdict is decided, the units run out, or the budget does.
+The verdict (`mars.tuning.verdict`): on where the winner's interval lies above 1, off where below; where it
+straddles 1 when the budget ends, the point estimate decides and the record says the verdict is uncertain.
+
+The held-out units chose nothing before the finals, so the finals' ratio is the prediction of the run; the
+prompts that ranked the candidates would flatter the winner. A method calibrated before (its record cached)
+is not timed again; a rule calibrated after strict's record was cached is timed alone at strict's kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import KW_ONLY, dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from eagle.files import write_atomic
+from eagle.kernels import packed_copy_fits
+from mars.accounting.timing import ForeignLoad
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.reference import hf_generate_batch, rows_of
+from mars.decoding.settings import Kernels, TreeShape
+from mars.rules.strict import Strict
+from mars.tuning import record as records
+from mars.tuning.candidates import batchable
+from mars.tuning.cost_model import (
+    Parts,
+    Prediction,
+    Profile,
+    measure_parts,
+    predict,
+    profile_tree,
+    speed_bound,
+    typical_overhead,
+)
+from mars.tuning.finals import Arm, Finals, no_pairs
+from mars.tuning.pairs import Contender, Unit, compare, time_block
+from mars.tuning.record import Calibration, PlainSpeed
+from mars.verification.sampling import SamplingConfig
+
+Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
+
+STRICT = Strict.name
+UNITS = 24  # units of prompts calibration times at most (at batch B, the first UNITS * B prompts)
+PROFILE_UNITS = 2  # the first units: the profiles' (the race's: the first RACE_UNITS); the rest are the finals'
+RACE_UNITS = 2
+SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
+MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
+PLAIN_TIE = 0.03  # our plain decoding moves off the trees' kernels only where that is faster by more than this
+RACE_VANILLAS = 2  # our vanilla races at this many kernel sets, those of the cheapest plain steps
+DEFAULT_BUDGET = 57.0  # seconds for a run's calibrations on 2 cores, at turns of up to BUDGET_TOKENS ...
+BUDGET_TOKENS = 64  # ... longer turns get more (`budget_for`)
+
+
+class Reference(Protocol):
+    """A plain decoding out of this process that calibration races (`mars.decoding.reference.LimitedGenerate`):
+    `label` names it in the record and the cache key; `start` begins its start-up without waiting; `pids` are its
+    processes (their CPU time is ours, not foreign load); `time` decodes a unit: (tokens, seconds)."""
+
+    label: str
+
+    def start(self) -> None: ...
+
+    def pids(self) -> list[int]: ...
+
+    def time(self, unit: list[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
+             seed: int) -> tuple[int, float]: ...
+
+
+def budget_for(max_new_tokens: int) -> float:
+    """The default budget for turns of `max_new_tokens`: DEFAULT_BUDGET, grown in step with longer turns (every
+    decode is at the run's length)."""
+    return DEFAULT_BUDGET * max(1.0, max_new_tokens / BUDGET_TOKENS)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a calibration runs: what the door (`mars.tuning.measure`) carries inward.
+
+    trees: the candidates (a fixed tree: its drafting modes, `forced`); deadline: `time.perf_counter()` by which
+    the finals stop (after `mars.tuning.finals.FLOOR` blocks); budget_s: the budget it came from (recorded);
+    max_new_tokens: the run's length; batch: prompts per unit; references: plain decodings out of this process;
+    exclusive: held while timing (a machine-wide lock)."""
+
+    trees: tuple[TreeShape, ...]
+    deadline: float
+    budget_s: float
+    _: KW_ONLY
+    forced: bool = False
+    max_new_tokens: int = 64
+    batch: int = 1
+    references: Sequence[Reference] = ()
+    drafting: str = "auto"
+    cache_dir: Path | None = None
+    log: Callable[[str], None] = print
+    exclusive: Callable[[], AbstractContextManager] = nullcontext
+
+
+def batches_of(prompts: list[torch.Tensor], batch: int) -> list[Unit]:
+    """The prompts in groups of `batch` (1: one each); too few prompts for a whole group are cycled."""
+    if batch == 1:
+        return [[p] for p in prompts]
+    count = max(len(prompts), batch)
+    cycled = [prompts[i % len(prompts)] for i in range(count - count % batch)]
+    return [cycled[i: i + batch] for i in range(0, len(cycled), batch)]
+
+
+def cache_key(first: tuple, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
+              methods: dict[str, SamplingConfig], method: str) -> dict:
+    """Everything one method's calibration depends on (`mars.tuning.record`): the machine and models, the
+    candidates, the prompts, the length and batch, strict's decoding (a rule's kernels and reference are strict's)
+    and the method's own, every sampling parameter; not the method's name (`eval.run`'s "mars@0.9" and
+    `mars.tuned`'s "mars" at θ = 0.9 are one record)."""
+    def decoding(s: SamplingConfig) -> dict:
+        return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                "rule": {"name": s.rule.name, **s.rule.params()}}
+    return {**records.fingerprint(*first), "schema": records.SCHEMA,
+            "kernels": [k.label for k in kernels], "trees": [t.label for t in plan.trees], "forced": plan.forced,
+            "strict": decoding(methods[STRICT]), "decoding": decoding(methods[method]), "drafting": plan.drafting,
+            "batch": plan.batch, "max_new_tokens": plan.max_new_tokens, "prompts": len(prompts),
+            "prompt_ids": records.prompt_digest(prompts),
+            "references": ["generate", *(r.label for r in plan.references)]}
+
+
+def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
+              methods: dict[str, SamplingConfig]) -> dict[str, Calibration]:
+    """Each of `methods`' ({name: its sampling, rule included}; strict's under "strict") calibration among
+    `kernels` x `plan.trees`, judged against the fastest plain decoding (see the module docstring); each cached
+    under `plan.cache_dir` (default `mars.tuning.record.default_cache()`) by `cache_key`."""
+    if not kernels:
+        raise ValueError("no kernel candidates to calibrate")
+    if not plan.trees:
+        raise ValueError("give the candidate trees, or the fixed tree to time the kernels at")
+    if STRICT not in methods:
+        raise ValueError("a calibration starts from strict's (its kernels and reference are every rule's)")
+    if plan.batch > 1:  # what batched decoding drafts (`SpeculativeGenerator.check_batching`): fixed trees
+        if not any(batchable(t) for t in plan.trees):
+            raise ValueError(f"tree {plan.trees[0].label} cannot decode a batch: batched decoding drafts fixed trees "
+                             "(no adaptive tree); give a fixed tree or batch_size=1")
+        plan = replace(plan, trees=tuple(t for t in plan.trees if batchable(t)))
+    prompts = prompts[: UNITS * plan.batch]
+    least = PROFILE_UNITS + 2  # the profiles' units and two held out: a paired ratio needs two pairs
+    if len(prompts) < least * plan.batch:
+        raise ValueError(f"calibration needs at least {least * plan.batch} prompts ({least} units of {plan.batch}), "
+                         f"got {len(prompts)}: give more calibration prompts")
+    started = time.perf_counter()
+    held = {kernels[0].dtype: load(kernels[0].dtype)}
+    paths = {name: records.cache_path(cache_key(held[kernels[0].dtype], kernels, prompts, plan, methods, name),
+                                      plan.cache_dir or records.default_cache()) for name in methods}
+    found: dict[str, Calibration] = {}
+    for name, path in paths.items():
+        if path.exists():
+            try:
+                found[name] = records.load(path)
+            except (records.SchemaError, KeyError, TypeError) as error:
+                plan.log(f"calibration record {path} is unreadable ({error}): calibrating again")
+    todo = [name for name in methods if name not in found]
+    if not todo:
+        return found
+    if STRICT in todo:
+        for reference in plan.references:  # its start-up overlaps the loading and checks, untimed
+            reference.start()
+    with plan.exclusive():
+        made = Search(load, held, kernels, batches_of(prompts, plan.batch), plan, methods, strict=found.get(STRICT),
+                      started=started).run(todo)
+    for name, record in made.items():
+        record = replace(record, cache=str(paths[name]))
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(paths[name], json.dumps(record.to_dict(), indent=1))
+        found[name] = record
+    return found
+
+
+@contextmanager
+def _generators(held: dict[str, tuple], kernels: list[Kernels], tree: TreeShape) -> Iterator[dict]:
+    """One generator per kernel set on the loaded model of its precision (closed in reverse order, so each model
+    gets its own attention implementation back)."""
+    with ExitStack() as stack:
+        yield {k: stack.enter_context(SpeculativeGenerator(*held[k.dtype], tree, exact_attention=k.exact_attention,
+                                                           prepack=k.prepack, onednn=k.onednn)) for k in kernels}
+
+
+def _seeded(gen: SpeculativeGenerator, sampling: SamplingConfig, seed: int) -> torch.Generator | None:
+    return None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
+
+
+def vanilla_contender(kernels: Kernels, gen: SpeculativeGenerator, sampling: SamplingConfig) -> Contender:
+    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
+        outs = gen.vanilla(unit, sampling, max_new_tokens=tokens, generator=_seeded(gen, sampling, seed))
+        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+    return Contender(f"vanilla {kernels.label}", timed)
+
+
+def generate_contender(model: torch.nn.Module, dtype: str, attention: str, sampling: SamplingConfig) -> Contender:
+    """transformers' `model.generate`, with the model's own attention implementation while it decodes (the
+    generators on the model switch it for tree attention, which plain decoding with `generate` is not)."""
+    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
+        current = model.config._attn_implementation
+        model.set_attn_implementation(attention)
+        try:
+            outs = hf_generate_batch(model, rows_of(unit), sampling, tokens, [], seed)
+        finally:
+            model.set_attn_implementation(current)
+        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+    return Contender(f"generate@{dtype}", timed)
+
+
+def reference_contender(reference: Reference, sampling: SamplingConfig) -> Contender:
+    return Contender(reference.label, lambda unit, seed, tokens: reference.time(unit, sampling, tokens, seed))
+
+
+def arm_contender(kernels: Kernels, tree: TreeShape, gen: SpeculativeGenerator, sampling: SamplingConfig) -> Contender:
+    """Speculation at `tree` with `kernels`."""
+    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
+        gen.use_tree(tree)
+        outs = gen.generate(unit, sampling, max_new_tokens=tokens, generator=_seeded(gen, sampling, seed))
+        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+    return Contender(f"{kernels.label} {tree.label}", timed)
+
+
+def check_kernels(gens: dict[Kernels, SpeculativeGenerator], unit: Unit, max_new_tokens: int = 16) -> dict[str, bool]:
+    """Whether strict greedy output equals plain greedy output at each kernel set on `unit` (untimed; also the
+    first warm-up of every generator)."""
+    greedy = SamplingConfig()
+    return {k.label: [o.tokens for o in gen.vanilla(unit, greedy, max_new_tokens=max_new_tokens)]
+            == [o.tokens for o in gen.generate(unit, greedy, max_new_tokens=max_new_tokens)]
+            for k, gen in gens.items()}
+
+
+class Search:
+    """The four steps of the module docstring for the methods not cached, over the models in `held` (loaded per
+    precision by `load`; every precision at once where their copies fit in memory, else only the first). With
+    strict's record given (`strict`: cached), the rules are timed at its kernels against its reference."""
+
+    def __init__(self, load: Load, held: dict[str, tuple], kernels: list[Kernels], units: list[Unit], plan: Plan,
+                 methods: dict[str, SamplingConfig], *, strict: Calibration | None, started: float):
+        self.load, self.held, self.units, self.plan, self.methods = load, held, units, plan, methods
+        self.strict, self.started, self.log = strict, started, plan.log
+        # A rule timed after strict's record also loads what strict's reference decodes with: our vanilla at its
+        # kernels, or `model.generate` in its precision.
+        extra: list[Kernels] = []
+        wanted = [k.dtype for k in kernels]
+        if strict is not None:
+            kernels = [strict.kernels]
+            extra = [strict.reference.kernels] if strict.reference.ours else []
+            wanted = [strict.kernels.dtype, *(k.dtype for k in extra)]
+            if not strict.reference.ours and "+" not in strict.reference.label:
+                wanted.append(strict.reference.label.removeprefix("generate@"))
+        dtypes = list(dict.fromkeys(wanted))
+        weights = sum(p.numel() for model in held[kernels[0].dtype] for p in model.parameters())
+        if len(dtypes) > 1 and not packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in dtypes)):
+            self.log(f"calibration: the target's copies in {', '.join(dtypes)} do not fit in memory together; "
+                     f"only {dtypes[0]} is calibrated")
+            dtypes = dtypes[:1]
+        self.dtypes = dtypes
+        self.tree_kernels = [k for k in kernels if k.dtype in dtypes]  # the candidates' (a rule's: strict's)
+        self.kernels = list(dict.fromkeys([*self.tree_kernels, *(k for k in extra if k.dtype in dtypes)]))
+        self.tokens = plan.max_new_tokens
+        # what retimes a call another process contended (a worker of ours being timed is not another process)
+        self.meter = ForeignLoad(lambda: [pid for r in plan.references for pid in r.pids()])
+        self.short = max(16, plan.max_new_tokens // 2)  # the race's length (tau needs the run's: self.tokens)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def say(self, what: str) -> None:
+        self.log(f"calibrating ({self.elapsed():.0f} s): {what}")
+
+    def run(self, todo: list[str]) -> dict[str, Calibration]:
+        for dtype in self.dtypes:
+            if dtype not in self.held:
+                self.held[dtype] = self.load(dtype)
+        attention = {d: self.held[d][0].config._attn_implementation for d in self.dtypes}  # before the generators'
+        with _generators(self.held, self.kernels, self.plan.trees[0]) as gens:
+            return self._run(gens, attention, todo)
+
+    def _run(self, gens: dict[Kernels, SpeculativeGenerator], attention: dict[str, str],
+             todo: list[str]) -> dict[str, Calibration]:
+        plan, strict, first = self.plan, self.strict, self.units[:PROFILE_UNITS]
+        if strict is None:
+            identical = check_kernels(gens, self.units[0])
+            candidates = [k for k in self.tree_kernels if identical[k.label]] or self.tree_kernels
+            self.say(f"parts of {len(gens)} kernel sets x {len(plan.trees)} trees")
+            parts = measure_parts(gens, plan.trees, self.units[0], self.methods[STRICT], set(candidates))
+            plains, reference, contender = self._race(gens, parts, attention, self.units[:RACE_UNITS])
+        else:
+            identical, candidates = strict.identical, self.tree_kernels
+            parts = {p.kernels: p for p in strict.parts}
+            plains, reference = list(strict.plains), strict.reference
+            contender = self._contender(gens, attention, reference)
+        profiles = {name: self._profiles(gens, parts, candidates, first, self.methods[name]) for name in todo}
+        predictions = {name: predict({k: parts[k] for k in candidates if k in parts}, profiles[name]) for name in todo}
+        arms = self._arms(gens, predictions)
+        finals = Finals(contender, arms, strict.kernels if strict is not None else None, self.meter)
+        held_out = self.units[PROFILE_UNITS:]
+        self.say(f"timing {', '.join(f'{a.method} {a.contender.label}' for a in arms)} against the fastest plain "
+                 f"decoding ({reference.label}) on up to {len(held_out)} held-out prompts, paired")
+        for arm in arms:
+            arm.contender.time(held_out[0], 0, 8)  # warm: its kernels' first tree shapes
+        finals.run(held_out, PROFILE_UNITS, self.tokens, plan.deadline, self.say)
+        kernels = finals.kernels()
+        plain = strict.plain_kernels if strict is not None else self._plain_kernels(plains, kernels)
+        found = {}
+        for name in todo:
+            chosen = finals.choose(name)
+            mine = [a for a in finals.racing if a.method == name and a.kernels == kernels]
+            measured = finals.ratio(chosen)
+            model = chosen.prediction.tokens_per_s / reference.tokens_per_s
+            self.say(f"{name}: {chosen.contender.label} at {measured.ratio:.2f}x [{measured.low:.2f}, "
+                     f"{measured.high:.2f}] the fastest plain decoding ({reference.label}) over {measured.pairs} "
+                     f"paired prompts; the cost model said {model:.2f}x")
+            sampling = self.methods[name]
+            forced = plan.forced and name == STRICT
+            found[name] = Calibration(
+                method=name, rule={"name": sampling.rule.name, **sampling.rule.params()},
+                sampling={"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
+                batch=plan.batch, max_new_tokens=plan.max_new_tokens, kernels=kernels, tree=chosen.prediction.tree,
+                plain_kernels=plain, reference=reference, plains=tuple(plains), identical=identical,
+                parts=tuple(parts.values()), profiles=tuple(profiles[name]), predictions=tuple(predictions[name]),
+                finals={a.contender.label: finals.ratio(a) for a in arms if a.method == name}, measured=measured,
+                tied=tuple(a.contender.label for a in mine if a is not chosen and finals.tied(chosen, a)),
+                speculate=(measured.pairs > 0 and measured.ratio >= 1.0) or forced, certain=measured.decided,
+                forced=forced,
+                seconds=self.elapsed(), budget_s=plan.budget_s, machine=records.machine())
+        return found
+
+    # --- 1. the plain race ------------------------------------------------------------------------------
+    def _plain_contenders(self, gens, attention: dict[str, str], vanillas: list[Kernels]) -> dict[str, tuple]:
+        """{label: (our kernels or None, its contender)} for our vanilla at `vanillas`, `model.generate` in each
+        precision loaded, and the references."""
+        sampling = self.methods[STRICT]  # plain decoding verifies nothing: strict's sampling is every method's
+        found = {f"vanilla {k.label}": (k, vanilla_contender(k, gens[k], sampling)) for k in vanillas}
+        for dtype in self.dtypes:
+            found[f"generate@{dtype}"] = (None, generate_contender(self.held[dtype][0], dtype, attention[dtype],
+                                                                   sampling))
+        for r in self.plan.references:
+            found[r.label] = (None, reference_contender(r, sampling))
+        return found
+
+    def _contender(self, gens, attention: dict[str, str], reference: PlainSpeed) -> Contender:
+        """Strict's reference, to time again beside a rule calibrated after strict's record."""
+        vanillas = [reference.kernels] if reference.ours and reference.kernels in gens else []
+        found = self._plain_contenders(gens, attention, vanillas)
+        if reference.label not in found:
+            raise ValueError(f"strict's fastest plain decoding {reference.label} cannot be timed in this calibration "
+                             f"(it has {', '.join(found)}): delete strict's record to calibrate both again")
+        return found[reference.label][1]
+
+    def _race(self, gens, parts: dict[Kernels, Parts], attention: dict[str, str],
+              units: list[Unit]) -> tuple[list[PlainSpeed], PlainSpeed, Contender]:
+        """Every plain decoding raced, the fastest, and its contender for the finals."""
+        by_step = sorted(gens, key=lambda k: parts[k].step_s)
+        contenders = self._plain_contenders(gens, attention, by_step[:RACE_VANILLAS])
+        self.say(f"racing {len(contenders)} plain decodings on {len(units)} prompts")
+        racers = [c for _, c in contenders.values()]
+        for c in racers:
+            c.time(units[0], 0, 8)  # a first call pays one-time costs (a worker's start, allocations)
+        for index, unit in enumerate(units):
+            time_block(racers, unit, index, self.short, self.meter)
+        anchor = racers[0]  # every plain decoding against one, on the same units: ratios that compose
+        relative = {c.label: 1.0 if c is anchor else (compare(c, anchor) or no_pairs()).ratio for c in racers}
+        top = max(relative.values())
+        plains = [PlainSpeed(label, k, c.speed, relative[label] / top) for label, (k, c) in contenders.items()]
+        fastest = max(plains, key=lambda p: p.relative)
+        return sorted(plains, key=lambda p: -p.relative), fastest, contenders[fastest.label][1]
+
+    # --- 3. the profiles ---------------------------------------------------------------------------------
+    def _profiles(self, gens, parts: dict[Kernels, Parts], candidates: list[Kernels], units: list[Unit],
+                  sampling: SamplingConfig) -> list[Profile]:
+        """Each tree's profile under `sampling` at the kernel set whose trees the parts make cheapest, in the order
+        of the prior; a tree whose bound (every draft accepted) cannot reach the best predicted speed so far is
+        skipped."""
+        fixed = [t for t in self.plan.trees if not t.adaptive]
+        timed = [k for k in candidates if parts.get(k) is not None and parts[k].rows]
+
+        def typical(k: Kernels) -> float:
+            return statistics.median(parts[k].cycle_s(t) for t in fixed)
+        home = min(timed, key=typical) if timed and fixed else candidates[0]
+        self.say(f"profiling {len(self.plan.trees)} trees for {sampling.rule.name} at {home.label} on "
+                 f"{len(units)} prompts")
+        profiles: list[Profile] = []
+        for tree in self.plan.trees:
+            if profiles and timed:
+                overhead = typical_overhead(parts[home], profiles)
+                best = predict({home: parts[home]}, profiles)[0].tokens_per_s
+                bounds = [b for k in timed if (b := speed_bound(parts[k], tree, overhead)) is not None]
+                if bounds and max(bounds) < best:
+                    continue
+            profiles.append(profile_tree(gens[home], tree, units, sampling, self.tokens, home, self.meter))
+        return profiles
+
+    # --- 4. the finals ----------------------------------------------------------------------------------
+    def _arms(self, gens, predictions: dict[str, list[Prediction]]) -> list[Arm]:
+        """Strict's finalists (its best prediction and those within SEPARATION of it, at most MAX_FINALISTS; or
+        strict's record's kernels), then each rule's best at each of their kernels."""
+        if STRICT in predictions:
+            best = predictions[STRICT][0]
+            close = [p for p in predictions[STRICT][1:] if p.tokens_per_s >= (1 - SEPARATION) * best.tokens_per_s]
+            chosen = {STRICT: [best, *close[: MAX_FINALISTS - 1]]}
+            kernels = list(dict.fromkeys(p.kernels for p in chosen[STRICT]))
+        else:
+            chosen, kernels = {}, [self.strict.kernels]
+        for name, found in predictions.items():
+            if name != STRICT:
+                chosen[name] = [next(p for p in found if p.kernels == k) for k in kernels]
+        return [Arm(name, p, arm_contender(p.kernels, p.tree, gens[p.kernels], self.methods[name]))
+                for name, ps in chosen.items() for p in ps]
+
+    def _plain_kernels(self, plains: list[PlainSpeed], tree_kernels: Kernels) -> Kernels:
+        """Our plain decoding's kernels: the fastest vanilla raced, unless the trees' kernels' vanilla was raced
+        and is within PLAIN_TIE of it (strict then reproduces our plain decoding token for token)."""
+        ours = [p for p in plains if p.ours]
+        fastest = max(ours, key=lambda p: p.relative)
+        at_trees = next((p for p in ours if p.kernels == tree_kernels), None)
+        if at_trees is not None and at_trees.relative * (1 + PLAIN_TIE) >= fastest.relative:
+            return tree_kernels
+        return fastest.kernels
