@@ -10,7 +10,9 @@ beats the fastest plain decoding, in four steps.
    candidates (the exactness every strict run promises), though their plain decoding still races.
 3. Profiles, per method: each tree decoded on the first units with the method's rule, at the kernels whose trees
    the parts make cheapest, which gives its tau; a tree that could not catch the best so far even with every
-   draft accepted is skipped. Every kernels x tree pair is then predicted (`cost_model.predict`).
+   draft accepted is skipped, and so are those left when the profiles' share of the budget (PROFILE_SHARE) is
+   spent (the prior puts the likely winners first). Every kernels x tree pair is then predicted
+   (`cost_model.predict`).
 4. Finals (`mars.tuning.finals`): strict's best predicted candidate and any the model cannot separate from it
    (within SEPARATION, at most MAX_FINALISTS), and each rule's best at those kernels, decode the held-out units
    with the reference in rotated blocks until every verdict is decided, the units run out, or the budget does.
@@ -25,6 +27,7 @@ is not timed again; a rule calibrated after strict's record was cached is timed 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,8 +57,8 @@ from mars.tuning.cost_model import (
     speed_bound,
     typical_overhead,
 )
-from mars.tuning.finals import Arm, Finals, no_pairs
-from mars.tuning.pairs import Contender, Unit, compare, time_block
+from mars.tuning.finals import Arm, Finals
+from mars.tuning.pairs import Contender, Unit, log_ratios, time_block
 from mars.tuning.record import Calibration, PlainSpeed
 from mars.verification.sampling import SamplingConfig
 
@@ -64,7 +67,10 @@ Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name ->
 STRICT = Strict.name
 UNITS = 24  # units of prompts calibration times at most (at batch B, the first UNITS * B prompts)
 PROFILE_UNITS = 2  # the first units: the profiles' (the race's: the first RACE_UNITS); the rest are the finals'
-RACE_UNITS = 2
+RACE_UNITS = 1  # plain decodings differ little from prompt to prompt: one block ranks them (the finals time the
+# fastest again beside every tree, on every held-out prompt)
+PROFILE_SHARE = 0.65  # of the budget, from its start, by which every method's profiles end (the finals get the rest)
+MIN_PROFILES = 2  # trees profiled per method whatever the budget
 SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
 MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
 PLAIN_TIE = 0.03  # our plain decoding moves off the trees' kernels only where that is faster by more than this
@@ -239,7 +245,7 @@ def arm_contender(kernels: Kernels, tree: TreeShape, gen: SpeculativeGenerator, 
     return Contender(f"{kernels.label} {tree.label}", timed)
 
 
-def check_kernels(gens: dict[Kernels, SpeculativeGenerator], unit: Unit, max_new_tokens: int = 16) -> dict[str, bool]:
+def check_kernels(gens: dict[Kernels, SpeculativeGenerator], unit: Unit, max_new_tokens: int = 12) -> dict[str, bool]:
     """Whether strict greedy output equals plain greedy output at each kernel set on `unit` (untimed; also the
     first warm-up of every generator)."""
     greedy = SamplingConfig()
@@ -309,7 +315,12 @@ class Search:
             parts = {p.kernels: p for p in strict.parts}
             plains, reference = list(strict.plains), strict.reference
             contender = self._contender(gens, attention, reference)
-        profiles = {name: self._profiles(gens, parts, candidates, first, self.methods[name]) for name in todo}
+        # the profiles' share of the budget, split between the methods; the finals get the rest
+        ends = self.started + PROFILE_SHARE * plan.budget_s
+        profiles = {}
+        for i, name in enumerate(todo):
+            deadline = time.perf_counter() + max(0.0, ends - time.perf_counter()) / (len(todo) - i)
+            profiles[name] = self._profiles(gens, parts, candidates, first, self.methods[name], deadline)
         predictions = {name: predict({k: parts[k] for k in candidates if k in parts}, profiles[name]) for name in todo}
         arms = self._arms(gens, predictions)
         finals = Finals(contender, arms, strict.kernels if strict is not None else None, self.meter)
@@ -379,7 +390,7 @@ class Search:
         for index, unit in enumerate(units):
             time_block(racers, unit, index, self.short, self.meter)
         anchor = racers[0]  # every plain decoding against one, on the same units: ratios that compose
-        relative = {c.label: 1.0 if c is anchor else (compare(c, anchor) or no_pairs()).ratio for c in racers}
+        relative = {c.label: math.exp(statistics.fmean(log_ratios(c, anchor) or [0.0])) for c in racers}
         top = max(relative.values())
         plains = [PlainSpeed(label, k, c.speed, relative[label] / top) for label, (k, c) in contenders.items()]
         fastest = max(plains, key=lambda p: p.relative)
@@ -387,10 +398,10 @@ class Search:
 
     # --- 3. the profiles ---------------------------------------------------------------------------------
     def _profiles(self, gens, parts: dict[Kernels, Parts], candidates: list[Kernels], units: list[Unit],
-                  sampling: SamplingConfig) -> list[Profile]:
+                  sampling: SamplingConfig, deadline: float) -> list[Profile]:
         """Each tree's profile under `sampling` at the kernel set whose trees the parts make cheapest, in the order
         of the prior; a tree whose bound (every draft accepted) cannot reach the best predicted speed so far is
-        skipped."""
+        skipped, and so are those left at `deadline` (after MIN_PROFILES: the prior puts the likely winners first)."""
         fixed = [t for t in self.plan.trees if not t.adaptive]
         timed = [k for k in candidates if parts.get(k) is not None and parts[k].rows]
 
@@ -400,7 +411,10 @@ class Search:
         self.say(f"profiling {len(self.plan.trees)} trees for {sampling.rule.name} at {home.label} on "
                  f"{len(units)} prompts")
         profiles: list[Profile] = []
-        for tree in self.plan.trees:
+        for n, tree in enumerate(self.plan.trees):
+            if len(profiles) >= MIN_PROFILES and time.perf_counter() > deadline:
+                self.say(f"budget: {len(self.plan.trees) - n} trees left unprofiled for {sampling.rule.name}")
+                break
             if profiles and timed:
                 overhead = typical_overhead(parts[home], profiles)
                 best = predict({home: parts[home]}, profiles)[0].tokens_per_s
