@@ -34,7 +34,7 @@ from mars.decoding.drafting import Drafter
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.rows import prompts_behind
 from mars.decoding.settings import Kernels, TreeShape
-from mars.tuning.pairs import Unit
+from mars.tuning.pairs import Unit, quietly
 from mars.verification.sampling import SamplingConfig
 
 REPEATS = 2  # timed rounds of the parts (after one untimed round that warms every shape); the median over them
@@ -240,17 +240,12 @@ def profile_tree(gen: SpeculativeGenerator, tree: TreeShape, units: list[Unit], 
 
 
 def _quiet_decode(gen: SpeculativeGenerator, unit: Unit, sampling: SamplingConfig, max_new_tokens: int, seed: int,
-                  load: ForeignLoad | None, retimes: int = 3) -> list:
+                  load: ForeignLoad | None) -> list:
     """`gen.generate` on `unit`, seeded, decoded again (once quiet) while another process contended it."""
-    for attempt in range(retimes + 1):
+    def decode() -> list:
         rng = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-        before = load.sample() if load is not None else None
-        outs = gen.generate(unit, sampling, max_new_tokens=max_new_tokens, generator=rng)
-        wall = max(o.seconds for o in outs)
-        if load is None or attempt == retimes or not load.contended(load.seconds(before, load.sample()), wall):
-            return outs
-        load.wait_quiet()
-    raise AssertionError("unreachable")
+        return gen.generate(unit, sampling, max_new_tokens=max_new_tokens, generator=rng)
+    return quietly(decode, lambda outs: max(o.seconds for o in outs), load)[0]
 
 
 def overhead_s(parts: Parts, profile: Profile) -> float | None:

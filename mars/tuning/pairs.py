@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from mars.accounting.timing import ForeignLoad
 
+T = TypeVar("T")
 Unit = list[torch.Tensor]  # the prompts decoded together in one timed call (one at batch 1)
 # A contender's timed call: (unit, seed, new tokens) -> (tokens decoded, seconds). Seeded per unit, so every
 # contender samples with the same seed on the same unit.
@@ -70,19 +72,27 @@ def time_block(contenders: Sequence[Contender], unit: Unit, index: int, tokens: 
             c.rates[index] = decoded / seconds
 
 
-def timed_call(c: Contender, unit: Unit, index: int, tokens: int, load: ForeignLoad | None) -> tuple[int, float]:
-    """One call of `c`, timed again (after waiting for quiet) while another process contended it."""
+def quietly(call: Callable[[], T], seconds_of: Callable[[T], float], load: ForeignLoad | None) -> tuple[T, int, bool]:
+    """`call()`, done again (after waiting for quiet) while another process contended it, at most RETIMES times:
+    (the last result, how many times it was redone, whether that one was still contended). `seconds_of` reads a
+    result's wall time, which the contention is judged against."""
     for attempt in range(RETIMES + 1):
         before = load.sample() if load is not None else None
-        decoded, seconds = c.time(unit, index, tokens)
-        if load is None or not load.contended(load.seconds(before, load.sample()), seconds):
-            return decoded, seconds
+        result = call()
+        if load is None or not load.contended(load.seconds(before, load.sample()), seconds_of(result)):
+            return result, attempt, False
         if attempt == RETIMES:
-            c.contended += 1
-            return decoded, seconds
-        c.retimed += 1
+            return result, attempt, True
         load.wait_quiet()
     raise AssertionError("unreachable")
+
+
+def timed_call(c: Contender, unit: Unit, index: int, tokens: int, load: ForeignLoad | None) -> tuple[int, float]:
+    """One call of `c`, timed again (after waiting for quiet) while another process contended it."""
+    (decoded, seconds), retimed, contended = quietly(lambda: c.time(unit, index, tokens), lambda r: r[1], load)
+    c.retimed += retimed
+    c.contended += contended
+    return decoded, seconds
 
 
 def log_ratios(a: Contender, b: Contender) -> list[float]:

@@ -42,7 +42,7 @@ from eagle.files import write_atomic
 from eagle.kernels import packed_copy_fits
 from mars.accounting.timing import ForeignLoad
 from mars.decoding.generate import SpeculativeGenerator
-from mars.decoding.reference import hf_generate_batch, rows_of
+from mars.decoding.reference import InProcessGenerate, rows_of
 from mars.decoding.settings import Kernels, TreeShape
 from mars.rules.strict import Strict
 from mars.tuning import record as records
@@ -221,13 +221,10 @@ def vanilla_contender(kernels: Kernels, gen: SpeculativeGenerator, sampling: Sam
 def generate_contender(model: torch.nn.Module, dtype: str, attention: str, sampling: SamplingConfig) -> Contender:
     """transformers' `model.generate`, with the model's own attention implementation while it decodes (the
     generators on the model switch it for tree attention, which plain decoding with `generate` is not)."""
+    generate = InProcessGenerate(model, attention)
+
     def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
-        current = model.config._attn_implementation
-        model.set_attn_implementation(attention)
-        try:
-            outs = hf_generate_batch(model, rows_of(unit), sampling, tokens, [], seed)
-        finally:
-            model.set_attn_implementation(current)
+        outs = generate.decode(rows_of(unit), sampling, tokens, [], seed)
         return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
     return Contender(f"generate@{dtype}", timed)
 
