@@ -10,15 +10,17 @@ one. torch's default CPU paths are slow for both on the AMD EPYC CPUs this proje
   limited to AVX2 (`ATEN_CPU_CAPABILITY=avx2`, another kernel), which made plain bf16 decoding of
   the embedded target 1.2-1.6x faster under those limits than natively; on prepacked weights the
   native decode is the fastest of all (`../shared/notes/cpu-performance.md`).
-oneDNN's packed product is also row-invariant for the target's shapes (a row's result does not
-depend on how many rows are multiplied with it; `tests/test_kernels.py`), which MKL's float32 is not,
-with one exception: for some shapes oneDNN multiplies a single row through another kernel, whose sums
-run in another order. SmolLM2's down projection (1,536 -> 576, bf16, AVX-512 BF16 EPYC) is one: a row
-alone came out one bf16 step away from the same row among 2 to 64 rows (any count of 2 or more agreed),
-in about one row in sixteen, which was enough to make strict greedy verification leave plain bf16
-decoding. `one_row_differs` finds such shapes once per process by trying them; their one-row
-products (plain decoding) then multiply the row twice and keep one, the kernel a tree's rows get.
-
+oneDNN's packed product is also row-invariant for most shapes (a row's result does not depend on how many
+rows are multiplied with it; `tests/test_kernels.py`), which MKL's float32 is not. Two exceptions are known,
+both by row count, and `row_blocks` finds them once per process by trying each shape:
+- a single row through another kernel than two or more: SmolLM2's down projection (1,536 -> 576, bf16, AVX-512
+  BF16 EPYC) came out one bf16 step away from the same row among 2 to 64 rows, in about one row in sixteen,
+  which was enough to make strict greedy verification leave plain bf16 decoding. Such a shape's lone row (plain
+  decoding) is multiplied twice and one kept: the kernel a tree's rows get.
+- more than some number of rows through another kernel: on a Xeon with AMX (2026-12-02, `AVX512`), bf16
+  products of 1 to 32 rows agreed and 33 or more came out of another kernel (AMX tiles) for every shape but
+  384 -> 1,024; a tree of 48 nodes would then verify with other sums than plain decoding's. Such a shape
+  multiplies more rows in blocks of the largest count that agreed.
 Packed is not fastest everywhere: on the AVX-512 BF16 EPYC, in a real decoding step (weights streamed from
 memory, not cache), a packed one-row bf16 product of SmolLM2 took ~76 us per call against ~57 us for torch's
 own kernel with oneDNN off, so plain bf16 decoding with oneDNN off (`onednn(False)`) ran 1.3x faster than
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -56,33 +59,61 @@ def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Te
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _two_row_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """`_packed_forward`, with a lone row multiplied as two rows (itself twice) and one kept: the kernel that
-    several rows get, for the shapes where one row gets another (`one_row_differs`)."""
-    if x.numel() != x.shape[-1]:
+@dataclass(frozen=True)
+class RowBlocks:
+    """How to multiply rows through a packed weight so that each row's product does not depend on how many
+    rows come with it (`row_blocks`). lone_row_differs: a single row gets another kernel than two, so it is
+    multiplied as two (itself twice) and one kept. most_rows: above this many rows another kernel takes over,
+    so more rows are multiplied in blocks of at most this many (None: every count tried agreed)."""
+
+    lone_row_differs: bool = False
+    most_rows: int | None = None
+
+
+AS_TORCH_DOES = RowBlocks()  # every count in one call (what `_packed_forward` alone does)
+
+
+def _invariant_forward(blocks: RowBlocks, packed: torch.Tensor, bias: torch.Tensor | None,
+                       x: torch.Tensor) -> torch.Tensor:
+    """`_packed_forward` of x: [..., fan_in], each row multiplied by a kernel that every count of rows gets."""
+    rows = x.numel() // x.shape[-1]
+    if rows == 1 and blocks.lone_row_differs:
+        row = x.reshape(1, -1)
+        return _packed_forward(packed, bias, torch.cat([row, row]))[:1].reshape(*x.shape[:-1], -1)
+    if blocks.most_rows is None or rows <= blocks.most_rows:
         return _packed_forward(packed, bias, x)
-    row = x.reshape(1, -1)
-    return _packed_forward(packed, bias, torch.cat([row, row]))[:1].reshape(*x.shape[:-1], -1)
+    flat = x.reshape(rows, -1)
+    parts = [_invariant_forward(blocks, packed, bias, flat[i : i + blocks.most_rows])
+             for i in range(0, rows, blocks.most_rows)]
+    return torch.cat(parts).reshape(*x.shape[:-1], -1)
 
 
-PROBE_ROWS, PROBE_TRIALS = 64, 2  # 128 rows tried: a shape whose lone rows differ one time in 16 is missed ~0.03%
+# Row counts tried against the same rows two at a time: both sides of the block sizes kernels switch at, up to 128
+# rows (a tree's verification and draft training's batches stay below; a longer prompt's forward is split into blocks
+# only where a count up to 128 already disagreed).
+PROBE_COUNTS = (3, 4, 8, 9, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128)
+PROBE_ROWS = 128  # a shape whose lone rows differ one time in 16 is missed ~0.03% of the time
 
 
 @functools.cache
-def one_row_differs(fan_in: int, fan_out: int, dtype: torch.dtype) -> bool:
-    """Whether oneDNN's packed product of one row differs here from the same row among several, for a
-    weight of this shape and dtype (tried on seeded random rows; the kernel is chosen by shape, not values)."""
+def row_blocks(fan_in: int, fan_out: int, dtype: torch.dtype) -> RowBlocks:
+    """How oneDNN's packed product of a weight of this shape and dtype keeps rows invariant here, found by trying
+    (on seeded random rows: the kernel is chosen by shape and row count, not values): lone rows, and each count of
+    `PROBE_COUNTS`, against the same rows multiplied two at a time."""
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(fan_out, fan_in, generator=generator) * fan_in ** -0.5).to(dtype)
+    x = torch.randn(PROBE_ROWS, fan_in, generator=generator).to(dtype)
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        for _ in range(PROBE_TRIALS):
-            x = torch.randn(PROBE_ROWS, fan_in, generator=generator).to(dtype)
-            many = _packed_forward(packed, None, x)
-            if any(not torch.equal(_packed_forward(packed, None, x[r : r + 1]), many[r : r + 1])
-                   for r in range(PROBE_ROWS)):
-                return True
-    return False
+        twos = torch.cat([_packed_forward(packed, None, x[r : r + 2]) for r in range(0, PROBE_ROWS, 2)])
+        lone_differs = any(not torch.equal(_packed_forward(packed, None, x[r : r + 1]), twos[r : r + 1])
+                           for r in range(PROBE_ROWS))
+        agreed = 2
+        for count in PROBE_COUNTS:
+            if not torch.equal(_packed_forward(packed, None, x[:count]), twos[:count]):
+                return RowBlocks(lone_differs, agreed)
+            agreed = count
+    return RowBlocks(lone_differs, None)
 
 
 @contextmanager
@@ -189,8 +220,8 @@ class PackedLinears:
         for linear in covered:
             bias = None if linear.bias is None else linear.bias.detach()
             fan_out, fan_in = linear.weight.shape
-            product = _two_row_forward if one_row_differs(fan_in, fan_out, linear.weight.dtype) else _packed_forward
-            linear.forward = partial(product, self._pack(linear), bias)
+            blocks = row_blocks(fan_in, fan_out, linear.weight.dtype)
+            linear.forward = partial(_invariant_forward, blocks, self._pack(linear), bias)
         try:
             yield self
         finally:

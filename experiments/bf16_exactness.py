@@ -5,11 +5,12 @@
 Verification multiplies every weight by the tree's rows at once, plain decoding by one row; the
 attention is already made row-exact (`mars/adapter/exact.py`), so what is left are the products.
 For each distinct linear shape of the target (and head), in the run's precision:
-  - `one_row_differs`: whether oneDNN's packed product of a lone row differs from the same row among
-    several (`eagle.kernels`: such shapes get the two-row product in plain decoding);
+  - `lone_row_differs` / `most_rows`: whether oneDNN's packed product of a lone row differs from the same row
+    among several, and above how many rows another kernel takes over (`eagle.kernels.row_blocks`: such shapes
+    get a lone row as two and many rows in blocks);
 Then strict greedy with the model's head against our plain decoding, in bf16 with exact attention and
 packed weights, on the held-out chat prompts, twice, interleaved per prompt: with the two-row product
-where the probe asks for it (the engine as it is), and with every lone row multiplied alone (as before).
+and blocks where the probe asks for them (the engine as it is), and with every count in one call (as before).
 A prompt counts as identical when strict's tokens equal plain decoding's, token for token.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -40,24 +42,24 @@ def shapes(*models: torch.nn.Module) -> dict[str, dict]:
                 fan_out, fan_in = module.weight.shape
                 found.setdefault((fan_in, fan_out, module.weight.dtype), []).append(name)
     return {f"{i}->{o} {str(d).removeprefix('torch.')}": {
-        "one_row_differs": kernels.packs(d) and kernels.one_row_differs(i, o, d),
+        **asdict(kernels.row_blocks(i, o, d) if kernels.packs(d) else kernels.AS_TORCH_DOES),
         "modules": len(names), "example": names[0]} for (i, o, d), names in found.items()}
 
 
 def compare(model, head, tree: TreeShape, prompts: list[list[int]], tokens: int, eos: list[int]) -> dict:
-    """Strict greedy vs plain decoding per prompt, with the engine's products and with lone rows alone."""
-    real = kernels.one_row_differs
-    result = {"fixed": {"identical": 0, "differing": []}, "lone_rows_alone": {"identical": 0, "differing": []}}
+    """Strict greedy vs plain decoding per prompt, with the engine's products and with every count in one call."""
+    real = kernels.row_blocks
+    result = {"fixed": {"identical": 0, "differing": []}, "one_call": {"identical": 0, "differing": []}}
     with SpeculativeGenerator(model, head, tree, exact_attention=True, prepack=True) as gen:
         for i, ids in enumerate(prompts):
             ids = torch.tensor([ids])
             for variant in result:  # interleaved per prompt
-                kernels.one_row_differs = real if variant == "fixed" else (lambda *_: False)
+                kernels.row_blocks = real if variant == "fixed" else (lambda *_: kernels.AS_TORCH_DOES)
                 try:
                     plain = gen.vanilla(ids, max_new_tokens=tokens, eos_token_id=eos)
                     spec = gen.generate(ids, max_new_tokens=tokens, eos_token_id=eos)
                 finally:
-                    kernels.one_row_differs = real
+                    kernels.row_blocks = real
                 same = spec.tokens == plain.tokens
                 result[variant]["identical"] += same
                 if not same:

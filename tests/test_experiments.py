@@ -131,4 +131,4 @@ def test_bf16_exactness_probes_the_shapes_and_checks_strict_against_plain(tmp_pa
     run_script(*args, monkeypatch=monkeypatch)
     report = json.loads(out.read_text())
     assert report["strict_vs_plain"]["fixed"]["identical"] == 1
-    assert all(isinstance(s["one_row_differs"], bool) for s in report["shapes"].values())
+    assert all(isinstance(s["lone_row_differs"], bool) for s in report["shapes"].values())

@@ -56,6 +56,27 @@ def test_packed_products_match_torch_and_do_not_depend_on_the_number_of_rows(dty
     error = (packed.float() - reference.float()).abs()
     assert (error <= product_tolerance(layer, x, reference)).all(), error.max()
     assert torch.equal(packed, rows)  # a row's product is the same alone or among 128
+    for count in (2, 17, 33, 60, 100):  # and among any other count (AMX Xeon: a kernel of its own above 32 rows)
+        with torch.inference_mode(), K.PackedLinears(layer).active():
+            assert torch.equal(layer(x[:, :count]), packed[:, :count]), count
+
+
+def test_rows_go_to_the_kernel_only_in_counts_that_agreed(monkeypatch):
+    """Whatever this CPU's probe found, a product is made of calls of counts the probe saw agree: a lone row
+    as two where lone rows differ, more rows than agreed in blocks of at most that many, in order."""
+    counts = []
+    real = K._packed_forward
+    monkeypatch.setattr(K, "_packed_forward", lambda p, b, x: counts.append(x.numel() // x.shape[-1]) or real(p, b, x))
+    layer = torch.nn.Linear(16, 8)
+    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), None)
+    x = torch.randn(1, 13, 16)
+    blocks = K.RowBlocks(lone_row_differs=True, most_rows=4)
+    out = K._invariant_forward(blocks, packed, layer.bias.detach(), x)
+    assert counts == [4, 4, 4, 2] and out.shape == (1, 13, 8)  # the 13th row alone goes in as two
+    torch.testing.assert_close(out, layer(x).detach())
+    counts.clear()
+    K._invariant_forward(K.RowBlocks(), packed, None, x)
+    assert counts == [13]
 
 
 def test_bf16_packing_is_what_the_cpu_offers():
