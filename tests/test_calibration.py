@@ -274,7 +274,11 @@ def test_the_prediction_for_a_run_widens_the_interval_by_the_runs_own_spread_and
     assert alone.ratio == run.ratio == 1.8
     assert run.low < alone.low <= 1.7 and run.high > alone.high >= 1.9  # the run's 12 prompts vary too
     sd = math.sqrt((16 * 0.12 ** 2 + records.PRIOR_PAIRS * records.PRIOR_SD ** 2) / (16 + records.PRIOR_PAIRS))
-    assert run.log_se == pytest.approx(math.hypot(sd / 4, sd / math.sqrt(12)))
+    # each a trimmed mean (16 pairs keep 10, 12 prompts keep 8): its error is the winsorised spread over 0.625 sqrt(16)
+    # and 0.667 sqrt(12), not over sqrt(n) (which made a run's interval ~1.5x too narrow)
+    assert run.log_se == pytest.approx(math.hypot(sd / (0.625 * 4), sd / (8 / 12 * math.sqrt(12))))
+    # its t quantile has the two errors' Welch-Satterthwaite degrees of freedom (of 9 and 7): 15, not 9 alone
+    assert math.log(run.high / run.ratio) / run.log_se == pytest.approx(t_quantile(15))
 
 
 def test_the_verdict_says_on_off_uncertain_or_forced_and_names_what_an_off_method_decodes_with():

@@ -19,12 +19,13 @@ from eagle import precision as P
 from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
-from mars.tuning import finals, search
+from mars.tuning import finals, plain_race, search
 from mars.tuning import record as records
 from mars.tuning.candidates import CANDIDATES as CALIBRATED
 from mars.tuning.candidates import SAMPLED_CANDIDATES, fixed_candidates, kernel_candidates, tree_candidates
+from mars.tuning.plan import Plan
 from mars.tuning.record import Calibration
-from mars.tuning.search import PROFILE_UNITS, Plan, calibrate
+from mars.tuning.search import PROFILE_UNITS, calibrate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -286,7 +287,7 @@ def test_a_batched_calibration_times_batches_as_its_units(tmp_path, monkeypatch)
     rests on as many units as batch 1's. The prompts past them are neither timed nor in the key."""
     monkeypatch.setattr(search, "UNITS", 4)
     blocks: list[list[torch.Tensor]] = []
-    for module in (search, finals):  # the plain race's blocks and the finals'
+    for module in (plain_race, finals):  # the plain race's blocks and the finals'
         real = module.time_block
         monkeypatch.setattr(module, "time_block", lambda contenders, unit, *rest, real=real:
                             blocks.append(unit) or real(contenders, unit, *rest))

@@ -23,6 +23,7 @@ from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning import search
 from mars.tuning.candidates import kernel_candidates
 from mars.tuning.measure import Request, measure
+from mars.tuning.plan import DEFAULT_BUDGET
 from mars.tuning.search import PROFILE_UNITS
 from mars.tuning.verdict import speculation_of
 
@@ -326,7 +327,7 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     from eval.runner import settings as S
 
     bench = tmp_path / "bench.jsonl"
-    kinds = ["writing"] * 3 + ["math"] * 12 + ["writing"] * 2 + ["coding"] * 8
+    kinds = ["writing"] * 3 + ["math"] * 12 + ["writing"] * 2 + ["coding"] * 10
     bench.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
                              for i, c in enumerate(kinds)))
 
@@ -339,13 +340,13 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     assert chosen == [15, 16, *range(3, 15), 17, 18]
     # at batch 2 until 32 turns (as many batches as batch 1 times turns): every spare question, in that order
     assert [q.question_id for q in S.calibration_questions(at("num_prompts=3", "batch_size=2"))] == [
-        *chosen, *range(19, 25)]
+        *chosen, *range(19, 27)]
     # the run's mix first: for each of the run's questions the next spare one of its kind, then the rest
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]}) + "\n"
-                             for i, c in enumerate("abbaaabbbcc")))
+                             for i, c in enumerate("abbaaabbbccdd")))  # 10 spare: a calibration's least
     interleaved = at("num_prompts=3", questions=mixed)
-    assert [q.question_id for q in S.calibration_questions(interleaved)] == [3, 6, 7, 4, 5, 8, 9, 10]
+    assert [q.question_id for q in S.calibration_questions(interleaved)] == [3, 6, 7, 4, 5, 8, 9, 10, 11, 12]
     assert S.calibration_mix(run) == (f"calibration times 16 of {run.bench.name}'s questions the run does not answer "
                                       "(writing 2, math 12, coding 2); the run answers writing 3")
     # every writing and math question answered: the run's first lines say what the predictions are of
@@ -354,7 +355,7 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
                                              "the predicted speedups are the other categories'")
     # too few spare turns for the profiles and the finals' floor: the model's own prompts, said so
     assert not S.too_few_spare(spent)
-    drained = at("num_prompts=19")
+    drained = at("num_prompts=19")  # 8 spare: fewer than the profiles' 2 and the finals' floor of 8
     assert S.too_few_spare(drained)
     own = load_questions(drained.model.calibration_prompts)
     assert [q.question_id for q in S.calibration_questions(drained)] == [q.question_id for q in own] and own
@@ -498,4 +499,4 @@ def test_the_default_calibration_budget_grows_with_the_turns_it_times(tmp_path):
         request = Request(SamplingConfig(), trees=CANDIDATES[:1], budget=budget, max_new_tokens=tokens,
                           cache_dir=tmp_path / f"{tokens}-{budget}", log=lambda _: None)
         budgets[tokens, budget] = measure(load, kernels, prompts, request).records["strict"].budget_s
-    assert budgets == {(8, None): search.DEFAULT_BUDGET, (128, None): 2 * search.DEFAULT_BUDGET, (128, 3.0): 3.0}
+    assert budgets == {(8, None): DEFAULT_BUDGET, (128, None): 2 * DEFAULT_BUDGET, (128, 3.0): 3.0}

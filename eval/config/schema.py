@@ -161,7 +161,7 @@ class TreeConfig:
     # of prompt than on another: its prediction follows), the model's own where none is spare; or a prompt file.
     calibration_prompts: str = "model"
     # Seconds for a run's calibrations together (the paired finals stop when they are spent); null: 50 s for turns
-    # of up to 64 tokens, grown in step with longer ones (mars.tuning.search.budget_for)
+    # of up to 64 tokens, grown in step with longer ones (mars.tuning.plan.budget_for)
     calibration_budget: float | None = None
 
 

@@ -143,7 +143,7 @@ def rows_of(unit: list[torch.Tensor]) -> list[list[int]]:
 
 class LimitedGenerate:
     """`model.generate` in a `GenerateWorker` under the limits of ISA_LIMITS[isa], as a plain configuration
-    a calibration races (`mars.tuning.search.Plan.references`): `label` names it as `eval.run` names that
+    a calibration races (`mars.tuning.plan.Plan.references`): `label` names it as `eval.run` names that
     baseline (`generate@bfloat16+avx2`); `time` answers a unit of prompts and returns (tokens, seconds).
     The worker starts at the first `time` (a cached calibration starts none) and ends at `close`."""
 

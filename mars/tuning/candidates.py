@@ -13,7 +13,10 @@ import torch
 
 from eagle.kernels import packed_copy_fits, packs
 from eagle.precision import needs_exact_attention, resolve_dtype
+from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
+from mars.tuning.pairs import Unit
+from mars.verification.sampling import SamplingConfig
 
 # From a narrow chain-like tree to EAGLE-2's GPU default; the adaptive policy (mars.decoding.adaptive) as the
 # candidate that can fall back to plain decoding steps where no fixed tree pays.
@@ -83,3 +86,12 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
             # which a lone row does not need. Its trees are timed only if they reproduce its plain decoding.
             found.append(Kernels(name, exact if exact_attention is not None else False, False, onednn=False))
     return found
+
+
+def check_kernels(gens: dict[Kernels, SpeculativeGenerator], unit: Unit, max_new_tokens: int = 12) -> dict[str, bool]:
+    """Whether strict greedy output equals plain greedy output at each kernel set on `unit` (untimed; also the
+    first warm-up of every generator)."""
+    greedy = SamplingConfig()
+    return {k.label: [o.tokens for o in gen.vanilla(unit, greedy, max_new_tokens=max_new_tokens)]
+            == [o.tokens for o in gen.generate(unit, greedy, max_new_tokens=max_new_tokens)]
+            for k, gen in gens.items()}

@@ -18,11 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mars.accounting.timing import ForeignLoad
-from mars.decoding.settings import Kernels
+from mars.decoding.generate import SpeculativeGenerator
+from mars.decoding.settings import Kernels, TreeShape
 from mars.tuning.cost_model import Prediction
 from mars.tuning.pairs import Contender, Estimate, Unit, compare, time_block
+from mars.tuning.plain_race import seeded
+from mars.verification.sampling import SamplingConfig
 
-FLOOR = 6  # blocks timed whatever the budget: a verdict from one or two prompts is noise
+# Blocks timed whatever the budget: a verdict from one or two prompts is noise, and a trimmed mean of 6 keeps 4
+# (t = 2.35 for its 90% interval, against 1.94 at 8: a loaded machine's prediction for a run then spans +-27%
+# against +-18%).
+FLOOR = 8
 LEAST = 4  # blocks before an arm or kernel set may stop, or the finals end early
 TARGET_SE = 0.04  # the finals end once every method's lead is decided at this standard error of the log ratio
 TIE = 0.04  # an arm within this of the fastest (paired) is tied with it: the cheaper cycle wins
@@ -149,3 +155,12 @@ def cost(arm: Arm) -> tuple[bool, int, int]:
     """How dear an arm's cycle is, to break a tie: an adaptive tree last, then rows verified, then levels drafted."""
     tree = arm.prediction.tree
     return tree.adaptive, tree.total_tokens, tree.depth
+
+
+def arm_contender(kernels: Kernels, tree: TreeShape, gen: SpeculativeGenerator, sampling: SamplingConfig) -> Contender:
+    """Speculation at `tree` with `kernels`."""
+    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
+        gen.use_tree(tree)
+        outs = gen.generate(unit, sampling, max_new_tokens=tokens, generator=seeded(gen, sampling, seed))
+        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
+    return Contender(f"{kernels.label} {tree.label}", timed)

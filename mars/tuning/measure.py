@@ -21,8 +21,9 @@ import torch
 
 from mars.decoding.settings import Kernels, Speculation, TreeShape
 from mars.tuning.candidates import fixed_candidates
+from mars.tuning.plan import Load, Plan, Reference, budget_for
 from mars.tuning.record import Calibration
-from mars.tuning.search import STRICT, Load, Plan, Reference, budget_for, calibrate
+from mars.tuning.search import STRICT, calibrate
 from mars.tuning.verdict import speculation_of
 from mars.verification.sampling import SamplingConfig
 

@@ -122,11 +122,13 @@ class Estimate:
         """The interval's larger relative distance from the point estimate."""
         return max(self.high / self.ratio - 1.0, 1.0 - self.low / self.ratio)
 
-    def widened(self, other_se: float) -> Estimate:
-        """This estimate with another independent error (log scale) added to its interval, e.g. the run's own
-        prompt-to-prompt spread: what a prediction of a run's figure carries."""
+    def widened(self, other_se: float, other_df: int) -> Estimate:
+        """This estimate with another independent error (log scale, `other_df` degrees of freedom) added to its
+        interval, e.g. the run's own prompt-to-prompt spread: what a prediction of a run's figure carries. The
+        t quantile takes the Welch-Satterthwaite degrees of freedom of the two errors together."""
         se = math.hypot(self.log_se, other_se)
-        t = t_quantile(max(self.pairs - 2 * trimmed(self.pairs) - 1, 1))
+        mine = self.log_se ** 4 / degrees_of_freedom(self.pairs) + (other_se ** 4 / other_df if other_se else 0.0)
+        t = t_quantile(max(round(se ** 4 / mine), 1)) if mine else t_quantile(degrees_of_freedom(self.pairs))
         mean = math.log(self.ratio)
         return Estimate(self.ratio, math.exp(mean - t * se), math.exp(mean + t * se), self.pairs, se, self.log_sd)
 
@@ -142,6 +144,16 @@ class Estimate:
 def trimmed(n: int) -> int:
     """How many pairs the trimmed mean drops at each end: none below 5 pairs."""
     return int(TRIM * n) if n >= 5 else 0
+
+
+def degrees_of_freedom(pairs: int) -> int:
+    """Of a trimmed mean over `pairs` units (the pairs it keeps, less one), at least 1."""
+    return max(pairs - 2 * trimmed(pairs) - 1, 1)
+
+
+def trimmed_se(sd: float, n: int) -> float:
+    """The standard error of a trimmed mean over n units whose winsorised spread is `sd` (Tukey-McLaughlin)."""
+    return sd / ((1 - 2 * trimmed(n) / n) * math.sqrt(n))
 
 
 def t_quantile(df: int, level: float = LEVEL) -> float:
@@ -164,8 +176,8 @@ def estimate(logs: Sequence[float]) -> Estimate | None:
     winsorised = [min(max(x, xs[g]), xs[n - g - 1]) for x in xs]
     w_mean = sum(winsorised) / n
     sd = math.sqrt(sum((x - w_mean) ** 2 for x in winsorised) / (n - 1))
-    se = sd / ((1 - 2 * g / n) * math.sqrt(n))
-    t = t_quantile(max(n - 2 * g - 1, 1))
+    se = trimmed_se(sd, n)
+    t = t_quantile(degrees_of_freedom(n))
     return Estimate(math.exp(mean), math.exp(mean - t * se), math.exp(mean + t * se), n, se, sd)
 
 

@@ -19,8 +19,11 @@ import torch
 
 from eagle.precision import cpu_name
 from mars.decoding.settings import Kernels, TreeShape
+from mars.rules.strict import Strict
 from mars.tuning.cost_model import Parts, Prediction, Profile
-from mars.tuning.pairs import Estimate
+from mars.tuning.pairs import Estimate, degrees_of_freedom, trimmed_se
+from mars.tuning.plan import Plan
+from mars.verification.sampling import SamplingConfig
 
 SCHEMA = 2  # 1: the successive-halving records (an untyped dict, no "schema" field), never read again
 # A prior for the prompt-to-prompt spread of the log speedup, pooled with what the finals measured as PRIOR_PAIRS
@@ -109,14 +112,16 @@ class Calibration:
 
     def predicted_for(self, prompts: int | None) -> Estimate:
         """What a run of `prompts` prompts like the calibration's should measure (the per-prompt paired ratio's
-        trimmed mean): `measured`, its spread pooled with the prior (PRIOR_SD), its interval widened by the run's
-        own prompt-to-prompt spread (None: the mean over many prompts)."""
+        trimmed mean): `measured`, its spread pooled with the prior (PRIOR_SD), its interval widened by the error
+        of the run's own trimmed mean over that spread (None: the mean over many prompts)."""
         m = self.measured
         if m.pairs < 2:
             return m
         sd = math.sqrt((m.pairs * m.log_sd ** 2 + PRIOR_PAIRS * PRIOR_SD ** 2) / (m.pairs + PRIOR_PAIRS))
-        floor = Estimate(m.ratio, m.low, m.high, m.pairs, max(m.log_se, sd / math.sqrt(m.pairs)), sd)
-        return floor.widened(sd / math.sqrt(prompts) if prompts else 0.0)
+        floor = Estimate(m.ratio, m.low, m.high, m.pairs, max(m.log_se, trimmed_se(sd, m.pairs)), sd)
+        if not prompts:  # the mean over many prompts: the calibration's own error alone
+            return floor.widened(0.0, 1)
+        return floor.widened(trimmed_se(sd, prompts), degrees_of_freedom(prompts))
 
     def parts_of(self, kernels: Kernels) -> Parts | None:
         return next((p for p in self.parts if p.kernels == kernels), None)
@@ -215,3 +220,20 @@ def prompt_digest(prompts: list[torch.Tensor]) -> str:
 def cache_path(key: dict, cache_dir: Path) -> Path:
     text = json.dumps(key, sort_keys=True, default=str)
     return Path(cache_dir) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+
+
+def cache_key(first: tuple, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
+              methods: dict[str, SamplingConfig], method: str) -> dict:
+    """Everything one method's calibration depends on (what a record is cached by): the machine and models, the
+    candidates, the prompts, the length and batch, strict's decoding (a rule's kernels and reference are strict's)
+    and the method's own, every sampling parameter; not the method's name (`eval.run`'s "mars@0.9" and
+    `mars.tuned`'s "mars" at θ = 0.9 are one record)."""
+    def decoding(s: SamplingConfig) -> dict:
+        return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                "rule": {"name": s.rule.name, **s.rule.params()}}
+    return {**fingerprint(*first), "schema": SCHEMA,
+            "kernels": [k.label for k in kernels], "trees": [t.label for t in plan.trees], "forced": plan.forced,
+            "strict": decoding(methods[Strict.name]), "decoding": decoding(methods[method]), "drafting": plan.drafting,
+            "batch": plan.batch, "max_new_tokens": plan.max_new_tokens, "prompts": len(prompts),
+            "prompt_ids": prompt_digest(prompts),
+            "references": ["generate", *(r.label for r in plan.references)]}

@@ -1,10 +1,8 @@
 """The calibration: the fastest kernels and tree for strict and each rule on this machine, and whether each
 beats the fastest plain decoding, in four steps.
 
-1. Plain race: every plain decoding a user has here (our vanilla at the kernel sets with the cheapest steps,
-   `model.generate` in each precision loaded, and the caller's `references`, e.g. `model.generate` under the
-   AVX2 limits in a worker) decodes the first units in rotated blocks (`mars.tuning.pairs`); the fastest by the
-   paired ratios is the reference every method is judged against.
+1. Plain race (`mars.tuning.plain_race`): every plain decoding a user has here decodes the first units in rotated
+   blocks; the fastest by the paired ratios is the reference every method is judged against.
 2. Parts (`mars.tuning.cost_model.measure_parts`), once per kernel set: a plain step, forwards by rows, each
    tree's drafting. Kernel sets whose strict greedy output differs from their own plain greedy output are never
    candidates (the exactness every strict run promises), though their plain decoding still races.
@@ -27,14 +25,11 @@ is not timed again; a rule calibrated after strict's record was cached is timed 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import KW_ONLY, dataclass, replace
-from pathlib import Path
-from typing import Protocol
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -42,11 +37,10 @@ from eagle.files import write_atomic
 from eagle.kernels import packed_copy_fits
 from mars.accounting.timing import ForeignLoad
 from mars.decoding.generate import SpeculativeGenerator
-from mars.decoding.reference import InProcessGenerate, rows_of
 from mars.decoding.settings import Kernels, TreeShape
 from mars.rules.strict import Strict
 from mars.tuning import record as records
-from mars.tuning.candidates import batchable
+from mars.tuning.candidates import batchable, check_kernels
 from mars.tuning.cost_model import (
     Parts,
     Prediction,
@@ -57,12 +51,12 @@ from mars.tuning.cost_model import (
     speed_bound,
     typical_overhead,
 )
-from mars.tuning.finals import Arm, Finals
-from mars.tuning.pairs import Contender, Unit, log_ratios, time_block
+from mars.tuning.finals import Arm, Finals, arm_contender
+from mars.tuning.pairs import Contender, Unit
+from mars.tuning.plain_race import RACE_VANILLAS, plain_contenders, plain_kernels, race
+from mars.tuning.plan import Load, Plan, batches_of
 from mars.tuning.record import Calibration, PlainSpeed
 from mars.verification.sampling import SamplingConfig
-
-Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
 
 STRICT = Strict.name
 UNITS = 24  # units of prompts calibration times at most (at batch B, the first UNITS * B prompts)
@@ -73,80 +67,6 @@ PROFILE_SHARE = 0.65  # of the budget, from its start, by which every method's p
 MIN_PROFILES = 2  # trees profiled per method whatever the budget
 SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
 MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
-PLAIN_TIE = 0.03  # our plain decoding moves off the trees' kernels only where that is faster by more than this
-RACE_VANILLAS = 2  # our vanilla races at this many kernel sets, those of the cheapest plain steps
-DEFAULT_BUDGET = 57.0  # seconds for a run's calibrations on 2 cores, at turns of up to BUDGET_TOKENS ...
-BUDGET_TOKENS = 64  # ... longer turns get more (`budget_for`)
-
-
-class Reference(Protocol):
-    """A plain decoding out of this process that calibration races (`mars.decoding.reference.LimitedGenerate`):
-    `label` names it in the record and the cache key; `start` begins its start-up without waiting; `pids` are its
-    processes (their CPU time is ours, not foreign load); `time` decodes a unit: (tokens, seconds)."""
-
-    label: str
-
-    def start(self) -> None: ...
-
-    def pids(self) -> list[int]: ...
-
-    def time(self, unit: list[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
-             seed: int) -> tuple[int, float]: ...
-
-
-def budget_for(max_new_tokens: int) -> float:
-    """The default budget for turns of `max_new_tokens`: DEFAULT_BUDGET, grown in step with longer turns (every
-    decode is at the run's length)."""
-    return DEFAULT_BUDGET * max(1.0, max_new_tokens / BUDGET_TOKENS)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a calibration runs: what the door (`mars.tuning.measure`) carries inward.
-
-    trees: the candidates (a fixed tree: its drafting modes, `forced`); deadline: `time.perf_counter()` by which
-    the finals stop (after `mars.tuning.finals.FLOOR` blocks); budget_s: the budget it came from (recorded);
-    max_new_tokens: the run's length; batch: prompts per unit; references: plain decodings out of this process;
-    exclusive: held while timing (a machine-wide lock)."""
-
-    trees: tuple[TreeShape, ...]
-    deadline: float
-    budget_s: float
-    _: KW_ONLY
-    forced: bool = False
-    max_new_tokens: int = 64
-    batch: int = 1
-    references: Sequence[Reference] = ()
-    drafting: str = "auto"
-    cache_dir: Path | None = None
-    log: Callable[[str], None] = print
-    exclusive: Callable[[], AbstractContextManager] = nullcontext
-
-
-def batches_of(prompts: list[torch.Tensor], batch: int) -> list[Unit]:
-    """The prompts in groups of `batch` (1: one each); too few prompts for a whole group are cycled."""
-    if batch == 1:
-        return [[p] for p in prompts]
-    count = max(len(prompts), batch)
-    cycled = [prompts[i % len(prompts)] for i in range(count - count % batch)]
-    return [cycled[i: i + batch] for i in range(0, len(cycled), batch)]
-
-
-def cache_key(first: tuple, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
-              methods: dict[str, SamplingConfig], method: str) -> dict:
-    """Everything one method's calibration depends on (`mars.tuning.record`): the machine and models, the
-    candidates, the prompts, the length and batch, strict's decoding (a rule's kernels and reference are strict's)
-    and the method's own, every sampling parameter; not the method's name (`eval.run`'s "mars@0.9" and
-    `mars.tuned`'s "mars" at θ = 0.9 are one record)."""
-    def decoding(s: SamplingConfig) -> dict:
-        return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-                "rule": {"name": s.rule.name, **s.rule.params()}}
-    return {**records.fingerprint(*first), "schema": records.SCHEMA,
-            "kernels": [k.label for k in kernels], "trees": [t.label for t in plan.trees], "forced": plan.forced,
-            "strict": decoding(methods[STRICT]), "decoding": decoding(methods[method]), "drafting": plan.drafting,
-            "batch": plan.batch, "max_new_tokens": plan.max_new_tokens, "prompts": len(prompts),
-            "prompt_ids": records.prompt_digest(prompts),
-            "references": ["generate", *(r.label for r in plan.references)]}
 
 
 def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
@@ -172,7 +92,7 @@ def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], p
                          f"got {len(prompts)}: give more calibration prompts")
     started = time.perf_counter()
     held = {kernels[0].dtype: load(kernels[0].dtype)}
-    paths = {name: records.cache_path(cache_key(held[kernels[0].dtype], kernels, prompts, plan, methods, name),
+    paths = {name: records.cache_path(records.cache_key(held[kernels[0].dtype], kernels, prompts, plan, methods, name),
                                       plan.cache_dir or records.default_cache()) for name in methods}
     found: dict[str, Calibration] = {}
     for name, path in paths.items():
@@ -205,50 +125,6 @@ def _generators(held: dict[str, tuple], kernels: list[Kernels], tree: TreeShape)
     with ExitStack() as stack:
         yield {k: stack.enter_context(SpeculativeGenerator(*held[k.dtype], tree, exact_attention=k.exact_attention,
                                                            prepack=k.prepack, onednn=k.onednn)) for k in kernels}
-
-
-def _seeded(gen: SpeculativeGenerator, sampling: SamplingConfig, seed: int) -> torch.Generator | None:
-    return None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-
-
-def vanilla_contender(kernels: Kernels, gen: SpeculativeGenerator, sampling: SamplingConfig) -> Contender:
-    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
-        outs = gen.vanilla(unit, sampling, max_new_tokens=tokens, generator=_seeded(gen, sampling, seed))
-        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
-    return Contender(f"vanilla {kernels.label}", timed)
-
-
-def generate_contender(model: torch.nn.Module, dtype: str, attention: str, sampling: SamplingConfig) -> Contender:
-    """transformers' `model.generate`, with the model's own attention implementation while it decodes (the
-    generators on the model switch it for tree attention, which plain decoding with `generate` is not)."""
-    generate = InProcessGenerate(model, attention)
-
-    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
-        outs = generate.decode(rows_of(unit), sampling, tokens, [], seed)
-        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
-    return Contender(f"generate@{dtype}", timed)
-
-
-def reference_contender(reference: Reference, sampling: SamplingConfig) -> Contender:
-    return Contender(reference.label, lambda unit, seed, tokens: reference.time(unit, sampling, tokens, seed))
-
-
-def arm_contender(kernels: Kernels, tree: TreeShape, gen: SpeculativeGenerator, sampling: SamplingConfig) -> Contender:
-    """Speculation at `tree` with `kernels`."""
-    def timed(unit: Unit, seed: int, tokens: int) -> tuple[int, float]:
-        gen.use_tree(tree)
-        outs = gen.generate(unit, sampling, max_new_tokens=tokens, generator=_seeded(gen, sampling, seed))
-        return sum(len(o.tokens) for o in outs), max(o.seconds for o in outs)
-    return Contender(f"{kernels.label} {tree.label}", timed)
-
-
-def check_kernels(gens: dict[Kernels, SpeculativeGenerator], unit: Unit, max_new_tokens: int = 12) -> dict[str, bool]:
-    """Whether strict greedy output equals plain greedy output at each kernel set on `unit` (untimed; also the
-    first warm-up of every generator)."""
-    greedy = SamplingConfig()
-    return {k.label: [o.tokens for o in gen.vanilla(unit, greedy, max_new_tokens=max_new_tokens)]
-            == [o.tokens for o in gen.generate(unit, greedy, max_new_tokens=max_new_tokens)]
-            for k, gen in gens.items()}
 
 
 class Search:
@@ -328,7 +204,7 @@ class Search:
             arm.contender.time(held_out[0], 0, 8)  # warm: its kernels' first tree shapes
         finals.run(held_out, PROFILE_UNITS, self.tokens, plan.deadline, self.say)
         kernels = finals.kernels()
-        plain = strict.plain_kernels if strict is not None else self._plain_kernels(plains, kernels)
+        plain = strict.plain_kernels if strict is not None else plain_kernels(plains, kernels)
         found = {}
         for name in todo:
             chosen = finals.choose(name)
@@ -353,18 +229,11 @@ class Search:
                 seconds=self.elapsed(), budget_s=plan.budget_s, machine=records.machine())
         return found
 
-    # --- 1. the plain race ------------------------------------------------------------------------------
+    # --- 1. the plain race (mars.tuning.plain_race) -----------------------------------------------------
     def _plain_contenders(self, gens, attention: dict[str, str], vanillas: list[Kernels]) -> dict[str, tuple]:
-        """{label: (our kernels or None, its contender)} for our vanilla at `vanillas`, `model.generate` in each
-        precision loaded, and the references."""
-        sampling = self.methods[STRICT]  # plain decoding verifies nothing: strict's sampling is every method's
-        found = {f"vanilla {k.label}": (k, vanilla_contender(k, gens[k], sampling)) for k in vanillas}
-        for dtype in self.dtypes:
-            found[f"generate@{dtype}"] = (None, generate_contender(self.held[dtype][0], dtype, attention[dtype],
-                                                                   sampling))
-        for r in self.plan.references:
-            found[r.label] = (None, reference_contender(r, sampling))
-        return found
+        targets = {d: (self.held[d][0], attention[d]) for d in self.dtypes}
+        # plain decoding verifies nothing: strict's sampling is every method's
+        return plain_contenders(gens, vanillas, targets, list(self.plan.references), self.methods[STRICT])
 
     def _contender(self, gens, attention: dict[str, str], reference: PlainSpeed) -> Contender:
         """Strict's reference, to time again beside a rule calibrated after strict's record."""
@@ -378,20 +247,11 @@ class Search:
     def _race(self, gens, parts: dict[Kernels, Parts], attention: dict[str, str],
               units: list[Unit]) -> tuple[list[PlainSpeed], PlainSpeed, Contender]:
         """Every plain decoding raced, the fastest, and its contender for the finals."""
-        by_step = sorted(gens, key=lambda k: parts[k].step_s)
-        contenders = self._plain_contenders(gens, attention, by_step[:RACE_VANILLAS])
+        cheapest = sorted(gens, key=lambda k: parts[k].step_s)[:RACE_VANILLAS]
+        contenders = self._plain_contenders(gens, attention, cheapest)
         self.say(f"racing {len(contenders)} plain decodings on {len(units)} prompts")
-        racers = [c for _, c in contenders.values()]
-        for c in racers:
-            c.time(units[0], 0, 8)  # a first call pays one-time costs (a worker's start, allocations)
-        for index, unit in enumerate(units):
-            time_block(racers, unit, index, self.short, self.meter)
-        anchor = racers[0]  # every plain decoding against one, on the same units: ratios that compose
-        relative = {c.label: math.exp(statistics.fmean(log_ratios(c, anchor) or [0.0])) for c in racers}
-        top = max(relative.values())
-        plains = [PlainSpeed(label, k, c.speed, relative[label] / top) for label, (k, c) in contenders.items()]
-        fastest = max(plains, key=lambda p: p.relative)
-        return sorted(plains, key=lambda p: -p.relative), fastest, contenders[fastest.label][1]
+        plains, fastest = race(contenders, units, self.short, self.meter)
+        return plains, fastest, contenders[fastest.label][1]
 
     # --- 3. the profiles ---------------------------------------------------------------------------------
     def _profiles(self, gens, parts: dict[Kernels, Parts], candidates: list[Kernels], units: list[Unit],
@@ -437,13 +297,3 @@ class Search:
                 chosen[name] = [next(p for p in found if p.kernels == k) for k in kernels]
         return [Arm(name, p, arm_contender(p.kernels, p.tree, gens[p.kernels], self.methods[name]))
                 for name, ps in chosen.items() for p in ps]
-
-    def _plain_kernels(self, plains: list[PlainSpeed], tree_kernels: Kernels) -> Kernels:
-        """Our plain decoding's kernels: the fastest vanilla raced, unless the trees' kernels' vanilla was raced
-        and is within PLAIN_TIE of it (strict then reproduces our plain decoding token for token)."""
-        ours = [p for p in plains if p.ours]
-        fastest = max(ours, key=lambda p: p.relative)
-        at_trees = next((p for p in ours if p.kernels == tree_kernels), None)
-        if at_trees is not None and at_trees.relative * (1 + PLAIN_TIE) >= fastest.relative:
-            return tree_kernels
-        return fastest.kernels
