@@ -24,9 +24,9 @@ from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
 from eval.config.schema import RunConfig, run_config
 from eval.runner.job import machine
+from eval.runner.job_settings import resolve_settings
 from eval.runner.models import load_head, load_target, load_tokenizer, make_generator, target_source
 from eval.runner.plain import GenerateWorker, hf_generate_batch
-from eval.runner.settings import resolve_settings
 from mars.decoding.generate import GenerationOutput, SpeculativeGenerator
 from mars.decoding.settings import DecodeSettings
 from mars.verification.sampling import SamplingConfig
@@ -86,7 +86,7 @@ class JobPair:
         return encode(self.tokenizer, Question(0, [text]), [], self.fmt)
 
     def settings(self, *overrides: str) -> DecodeSettings:
-        """What a job of this config with `overrides` added resolves (`eval.runner.settings.resolve_settings`:
+        """What a job of this config with `overrides` added resolves (`eval.runner.job_settings.resolve_settings`:
         read from the calibration cache, or timed first where a job times)."""
         config = run_config(*self.overrides, *overrides) if overrides else self.config
         return resolve_settings(config, self.fmt)

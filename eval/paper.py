@@ -16,7 +16,7 @@ drops out at T=0), one Hydra job per combination of the other settings, then one
 or eval.zoo for the rule zoo) over the experiment's output directory.
 
 Each job's method is MARS but in the rule zoo, whose method is strict with every rule point of
-`eval.reporting.zoo.SWEEP` as a baseline. `eval.run` answers a job's `baselines` (generate, vanilla, strict by
+`eval.reporting.zoo_sweep.SWEEP` as a baseline. `eval.run` answers a job's `baselines` (generate, vanilla, strict by
 default) alongside it question by question, in run directories shared across jobs, so "strict vs
 MARS" needs no strict jobs of its own and a θ sweep times vanilla (and strict, at one tree) once per
 model × bench × temperature. A rerun skips finished jobs and resumes unfinished ones.

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 
 from eval.benchmarks import BENCHMARKS, benchmark
-from eval.benchmarks.scoring import read_answer_file, score
+from eval.benchmarks.score_files import read_answer_file, score
 
 
 def _describe(result: dict) -> list[str]:

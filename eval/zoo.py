@@ -8,7 +8,7 @@ Runs of one temperature that differ in drafting mode (tree.drafting=topk, tree.d
 their table, and share one panel of the plot with a Pareto front each (scripts/rule_zoo_embedded.sh with
 DRAFTING=both runs both at T=1).
 
-What the zoo sweeps and why: `eval.reporting.zoo`; the report's layout: `eval.reporting.zoo_tables`.
+What the zoo sweeps and why: `eval.reporting.zoo_sweep`; the report's layout: `eval.reporting.zoo_tables`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.reporting.summaries import ReportError
-from eval.reporting.zoo import baselines, groups, hydra_list, load
+from eval.reporting.zoo_sweep import baselines, groups, hydra_list, load
 from eval.reporting.zoo_tables import plot, report_markdown, slug, zoo_json
 
 

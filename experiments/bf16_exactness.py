@@ -29,7 +29,7 @@ from eagle.checkpoint import load_draft
 from eagle.config import eos_token_ids
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 from mars import SpeculativeGenerator, TreeShape
 
 

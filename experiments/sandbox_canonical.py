@@ -16,7 +16,7 @@ import statistics
 import time
 
 from eval.config.paths import bench_dir
-from eval.scoring import humaneval, sandbox
+from eval.scoring import sandbox, unit_tests
 
 
 def main() -> None:
@@ -26,13 +26,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N problems")
     parser.add_argument("--costs", type=int, default=30, help="trivial programs timed for the cost per sample")
     args = parser.parse_args()
-    tasks = humaneval.load_tasks(args.bench_dir or bench_dir())
+    tasks = unit_tests.load_tasks(args.bench_dir or bench_dir())
     tasks = dict(list(tasks.items())[: args.limit]) if args.limit else tasks
     records = [{"question_id": q, "choices": [{"index": 0, "turns": [t["canonical_solution"]]}]}
                for q, t in tasks.items()]
     with sandbox.use_isolation(args.level):
         start = time.monotonic()
-        result = humaneval.score_humaneval(records, tasks=tasks, workers=2)
+        result = unit_tests.score_humaneval(records, tasks=tasks, workers=2)
         wall = time.monotonic() - start
         costs = [sandbox.run_sandboxed("pass").seconds for _ in range(args.costs)]
     print(json.dumps({"uid": os.geteuid(), "level": result["sandbox"], "n": result["n"], "pass@1": result["pass@1"],

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle import load_draft
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 from mars import SpeculativeGenerator, TreeShape
 
 TREE = dict(total_tokens=8, depth=4, branching=2)  # the embedded pair's calibrated greedy tree

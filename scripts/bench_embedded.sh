@@ -9,7 +9,7 @@
 # speedup_vs_fastest, tau, relaxed_frac, quality_recovery, ...}}} to OUT.json (default
 # results/bench_embedded.json); each method's answers go to its run directory,
 # results/bench_embedded/<method>-T<temperature>-<run id>/answers/<method>.jsonl (the layout:
-# eval/runs/layout.py; out_dir=... to change). speedup is the ratio of total tokens/s to vanilla's;
+# eval/rundirs/layout.py; out_dir=... to change). speedup is the ratio of total tokens/s to vanilla's;
 # speedup_vs_fastest to the fastest plain decoding timed (model.generate in the run's precision and,
 # in a float32 run on a CPU, in bf16; vanilla); speedup_per_question is the EAGLE tools' ratio of mean
 # per-question tokens/s. Precision, exact attention and the tree are the embedded config's: chosen

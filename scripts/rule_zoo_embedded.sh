@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rule zoo on the embedded pair (data/models/{target,draft}), on a CPU: every verification rule swept
-# over its parameter range (eval/reporting/zoo.py SWEEP, and why: mars theta 0.98-0.6, typical epsilon 0.5-0.15 at
+# over its parameter range (eval/reporting/zoo_sweep.py SWEEP, and why: mars theta 0.98-0.6, typical epsilon 0.5-0.15 at
 # delta 100 then Medusa's 0.09 / 0.3, topm (m, alpha) (2, 0.7)-(3, 0.2), entropy h 5-1 nats, ears beta
 # 0.05-0.6) at temperature 0 and 1 (ears at 1 only: it has no greedy form). One eval.run job per temperature: strict
 # with model.generate (float32 and bf16), vanilla and every other rule point as baselines, all answered
@@ -47,7 +47,7 @@ case "${DRAFTING:-}" in
     both) t1_drafting=(tree.drafting=topk) ;;
     *) echo "rule_zoo_embedded: DRAFTING must be topk, sample or both, got '$DRAFTING'" >&2; exit 2 ;;
 esac
-# The sweep lives in eval/reporting/zoo.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
+# The sweep lives in eval/reporting/zoo_sweep.py: its eval.run baselines=[...] value at T=0 (first line) and T=1.
 lists="$(python -m eval.zoo --baselines 0 1)"
 # Every rule at strict's calibrated tree for that temperature and drafting mode (tree.per_method=false), as the
 # paper compares rules: their tau and speed are comparable with strict's, which is on every panel.

@@ -24,7 +24,7 @@ PACKAGES = ("eagle", "mars", "eval")
 ALLOWED = {"eval": {"eval", "mars", "eagle"}, "mars": {"mars", "eagle"}, "eagle": {"eagle"}}
 # eval's layers, top first: a module imports its own layer and those below it. The top layer is the
 # commands (eval/*.py: python -m eval.run, eval.score, ...); every package below them has one place.
-EVAL_LAYERS = ("", "runner", "reporting", "benchmarks", "scoring", "runs", "config")
+EVAL_LAYERS = ("", "runner", "reporting", "benchmarks", "scoring", "rundirs", "config")
 # mars's rooms, top first, the same way: the package's face (mars/__init__.py) over measured settings, the
 # diagnostics, the loop, verification, its books, the rules and the target adapter at the ground.
 MARS_LAYERS = ("", "tuning", "diagnostics", "decoding", "verification", "accounting", "rules", "adapter")

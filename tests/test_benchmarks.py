@@ -26,7 +26,7 @@ from eval.benchmarks import (
     question_records,
     register_benchmark,
 )
-from eval.benchmarks.scoring import score
+from eval.benchmarks.score_files import score
 from eval.config.paths import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")

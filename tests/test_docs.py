@@ -56,6 +56,18 @@ def test_every_module_is_named_in_the_docs_and_every_module_named_exists():
     assert sorted(m for m in modules if f"`{m}`" not in layout) == []  # each one has its line on the page
 
 
+def test_no_module_name_repeats_across_the_packages():
+    # A file name says one thing (docs/architecture.md): `rows.py` is the decoding call's rows, so the
+    # cache's ragged rows are `eagle/ragged.py`; only a package's `__init__.py` may repeat.
+    paths: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for p in sorted((REPO_ROOT / package).rglob("*.py")):
+            if p.name != "__init__.py":
+                paths.setdefault(p.name, []).append(str(p.relative_to(REPO_ROOT)))
+    assert len(paths) > 50
+    assert {name: where for name, where in paths.items() if len(where) > 1} == {}
+
+
 def test_the_check_would_catch_a_missing_or_stale_module():
     assert MODULE_PATH.findall("`mars/decoding/generate.py` and eval/runner/job.py:run") == [
         "mars/decoding/generate.py", "eval/runner/job.py"]

@@ -20,7 +20,7 @@ from eval.config.paths import BENCH_DIR_ENV, DEFAULT_BENCH_DIR, REPO_ROOT, bench
 from eval.config.schema import sampling_of, validate
 from eval.prompts import build_prompts, extract_prompts
 from eval.reporting.metrics import format_table
-from eval.runs.layout import AnswerFile, answer_record, read_answers
+from eval.rundirs.layout import AnswerFile, answer_record, read_answers
 from eval.scoring import quality
 
 SOURCE = '''"""A module."""

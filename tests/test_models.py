@@ -27,7 +27,7 @@ from eval.benchmarks.prompting import PromptFormat, encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import LLAMA3_SYSTEM_PROMPT, PROMPTS, ModelConfig
-from eval.runner.settings import fixed_tree
+from eval.runner.job_settings import fixed_tree
 from mars import SpeculativeGenerator
 from mars.decoding.settings import TreeShape
 

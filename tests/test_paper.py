@@ -21,7 +21,7 @@ from eval import paper
 from eval.config.methods import method_spec
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import SAMPLINGS, TREES, validate
-from eval.reporting import experiments, paper_jobs, zoo
+from eval.reporting import experiments, paper_jobs, zoo_sweep
 
 CONFIGS = REPO_ROOT / "configs"
 SCRIPTS = REPO_ROOT / "scripts" / "paper"
@@ -109,7 +109,7 @@ def test_dry_run_prints_jobs_that_compose_and_validate(name, capsys, tmp_path):
             assert (run.max_new_tokens, run.num_prompts, run.logging.group) == (1024, None, name)
             assert run.batch_size == int(batch)
             temperature = run.sampling.temperature
-            assert run.baselines == (zoo.baselines(temperature) if split else ["generate", "vanilla", "strict"])
+            assert run.baselines == (zoo_sweep.baselines(temperature) if split else ["generate", "vanilla", "strict"])
             seen.add((model, bench, value, depth, batch, temperature))
     assert len(seen) == JOBS[name]  # no job twice
     assert {m for m, *_ in seen} == set(exp.models) and {b for _, b, *_ in seen} == set(exp.benches)
@@ -139,7 +139,7 @@ def test_the_zoo_is_one_strict_job_per_temperature_with_every_rule_point_beside_
     assert ("sampling.temperature=0" in runs[0]) and ("sampling.temperature=1" in runs[1])
     assert '"topm@2[alpha=0.3]"' in t0 and "ears@0.1" in t1 and "ears" not in t0
     assert [job[2:] for job in jobs] == [["strict", "-", "7", "1", "T=0"]] * 2 + [["strict", "-", "7", "1", "T=1"]] * 2
-    assert f"# command 2/2 (llama31_8b, T=1; baselines {', '.join(zoo.baselines(1.0))}):" in text
+    assert f"# command 2/2 (llama31_8b, T=1; baselines {', '.join(zoo_sweep.baselines(1.0))}):" in text
     assert report == ["python", "-m", "eval.zoo", str(tmp_path / "llama31_8b"), "--out", str(tmp_path / "report")]
 
 

@@ -257,7 +257,7 @@ def test_calibration_never_times_kernels_whose_strict_output_differs_from_plain_
     """Kernels whose strict greedy output differed from their plain decoding are no candidates for the trees:
     no tree is profiled, predicted or timed at them; their plain decoding still races, and the run's precision
     reason says why they were left out."""
-    from eval.runner.settings import kernels_reason
+    from eval.runner.job_settings import kernels_reason
 
     real = search.check_kernels
 

@@ -20,7 +20,7 @@ from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import composed
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 from mars import SpeculativeGenerator
 from mars.adapter.sources import gguf_file, local_model, provenance
 from mars.decoding.settings import TreeShape

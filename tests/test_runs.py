@@ -25,11 +25,11 @@ from eval.benchmarks.prompting import PromptFormat
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
 from eval.reporting.summaries import batched_name, load_runs, merge_runs
+from eval.rundirs.layout import AnswerFile, read_answers
 from eval.runner.directories import job_methods, run_directory
 from eval.runner.job import run
+from eval.runner.job_settings import resolve_settings
 from eval.runner.models import check_offload, claim_gpus, load_head
-from eval.runner.settings import resolve_settings
-from eval.runs.layout import AnswerFile, read_answers
 from mars.decoding.settings import TreeShape
 from mars.tuning.candidates import CANDIDATES
 

@@ -1,4 +1,4 @@
-"""The sandbox (eval.scoring.sandbox) and HumanEval pass@1 scoring (eval.scoring.humaneval).
+"""The sandbox (eval.scoring.sandbox) and HumanEval pass@1 scoring (eval.scoring.unit_tests).
 
 Hostile snippets are only ever run through run_sandboxed. Every hostile run checks that the call
 returned in bounded time, that the harm did not happen (files outside the sandbox untouched, this
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from eval.config.paths import REPO_ROOT
-from eval.scoring import humaneval as H
+from eval.scoring import unit_tests as H
 from eval.scoring.sandbox import OUTPUT_LIMIT, TEMP_PREFIX, SandboxResult, run_sandboxed, sandbox_layers, sandbox_user
 
 try:

@@ -290,15 +290,15 @@ def test_refuses_without_isolation(nothing_isolates: None) -> None:
     layers = sandbox.sandbox_layers()
     assert layers["isolation"] is None and "allow_unisolated" in layers["refusal"]
     # HumanEval scoring refuses before running anything.
-    from eval.scoring import humaneval
+    from eval.scoring import unit_tests
 
     task = {"task_id": "HumanEval/0", "entry_point": "f", "prompt": "def f():\n",
             "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n"}
     record = {"question_id": 0, "choices": [{"index": 0, "turns": ["    return 1\n"]}]}
     with pytest.raises(sandbox.SandboxUnavailable):
-        humaneval.score_humaneval([record], tasks={0: task})
+        unit_tests.score_humaneval([record], tasks={0: task})
     # Allowed: it runs, and says so.
-    result = humaneval.score_humaneval([record], tasks={0: task}, allow_unisolated=True)
+    result = unit_tests.score_humaneval([record], tasks={0: task}, allow_unisolated=True)
     assert result["pass@1"] == 1.0 and result["sandbox"] == "unisolated"
     assert sandbox.run_sandboxed("print(1)", allow_unisolated=True).output == "1\n"
     sandbox.allow_unisolated(True)
@@ -307,9 +307,9 @@ def test_refuses_without_isolation(nothing_isolates: None) -> None:
 
 def test_score_cli_refuses_and_allows(nothing_isolates: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from eval import score
-    from eval.scoring import humaneval
+    from eval.scoring import unit_tests
 
-    tasks = humaneval.load_tasks()
+    tasks = unit_tests.load_tasks()
     answers = tmp_path / "answers.jsonl"
     answer = {"question_id": 0, "choices": [{"index": 0, "turns": [tasks[0]["canonical_solution"]]}]}
     answers.write_text(json.dumps(answer) + "\n")

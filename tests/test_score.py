@@ -21,7 +21,7 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from eval.benchmarks import scoring as S
+from eval.benchmarks import score_files as S
 from eval.config.paths import REPO_ROOT, bench_dir
 from eval.reporting.metrics import ratio
 from eval.score import main as cli_main
@@ -210,17 +210,17 @@ def test_quality_recovery() -> None:
     assert ratio(None, 1.0) is None
 
 
-# --- HumanEval: scored by eval.scoring.humaneval ----------------------------------------------------------
+# --- HumanEval: scored by eval.scoring.unit_tests ----------------------------------------------------------
 
 def test_humaneval_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wiring: score() hands the records to eval.scoring.humaneval.score_humaneval and reports its pass@1."""
+    """The wiring: score() hands the records to eval.scoring.unit_tests.score_humaneval and reports its pass@1."""
     calls = []
 
     def fake(records, data_dir=None, timeout=10.0, workers=2, tasks=None):
         calls.append((len(records), data_dir))
         return {"n": len(records), "pass@1": 0.5, "per_question": {"0": {"passed": True}, "1": {"passed": False}}}
 
-    monkeypatch.setitem(sys.modules, "eval.scoring.humaneval", types.SimpleNamespace(score_humaneval=fake))
+    monkeypatch.setitem(sys.modules, "eval.scoring.unit_tests", types.SimpleNamespace(score_humaneval=fake))
     records = [record(0, "    return True\n"), record(1, "    return False\n")]
     assert S.score("humaneval", records, DATA) == {"bench": "humaneval", "n": 2, "pass@1": 0.5, "metric": "pass@1"}
     assert S.score("humaneval", records, DATA, per_question=True)["per_question"]["1"] == {"passed": False}

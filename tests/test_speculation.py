@@ -121,7 +121,7 @@ def test_the_reference_is_the_fastest_plain_decoding_raced_and_slower_trees_turn
 def test_speculation_off_decodes_exactly_as_plain_decoding_and_says_so(standin, tmp_path, monkeypatch, capsys):
     from eval.reporting.summaries import load_runs, merge_runs
     from eval.reporting.tables import report_markdown
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
     from eval.runner.job import run
 
     monkeypatch.setattr(S, "limited_references", lambda *args: [])  # no worker process: a second saved
@@ -228,7 +228,7 @@ def test_eval_run_and_mars_tuned_reach_one_record_through_one_door_and_other_pro
     models, rule, batch and prompts they time once and share the record; other prompts are another record."""
     from eval.benchmarks.prompting import PromptFormat
     from eval.config.schema import validate
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
     from mars import tuned
 
     monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
@@ -286,7 +286,7 @@ def test_calibration_times_second_turns_after_the_targets_plain_answer(standin, 
     candidates, holds as many questions as turns."""
     from eval.benchmarks.prompting import PromptFormat, encode
     from eval.config.schema import validate
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
 
     monkeypatch.setenv("MARS_CACHE_DIR", str(tmp_path / "cache"))
     prompts = tmp_path / "calibration.jsonl"
@@ -324,7 +324,7 @@ def test_bench_calibration_prefers_spare_questions_of_the_runs_categories(standi
     calibration, the model's own calibration prompts, and the run's first lines say so."""
     from eval.benchmarks import load_questions
     from eval.config.schema import validate
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
 
     bench = tmp_path / "bench.jsonl"
     kinds = ["writing"] * 3 + ["math"] * 12 + ["writing"] * 2 + ["coding"] * 10
@@ -368,7 +368,7 @@ def test_a_run_whose_benchmark_has_no_question_to_spare_calibrates_on_the_models
                                                                                            monkeypatch, capsys):
     """tree.calibration_prompts=bench with every question answered: the run calibrates on the model's own prompts
     (model.calibration_prompts) and its first lines say so, instead of refusing to run."""
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
     from eval.runner.job import run
 
     monkeypatch.setattr(S, "limited_references", lambda *args: [])
@@ -387,7 +387,7 @@ def test_a_run_whose_benchmark_has_no_question_to_spare_calibrates_on_the_models
 def test_rules_compared_at_one_tree_all_draft_stricts_tree_and_speculate(standin, tmp_path, monkeypatch):
     """tree.per_method=false (the zoo, the theta sweep, the paper scripts): no rule gets a tree of its own,
     every method drafts strict's calibrated tree and speculates even where calibration found it slower."""
-    from eval.runner import settings as S
+    from eval.runner import job_settings as S
     from eval.runner.job import run
 
     monkeypatch.setattr(S, "limited_references", lambda *args: [])
@@ -435,7 +435,7 @@ def test_strict_greedy_is_checked_against_plain_decoding_at_the_trees_kernels():
 
     from eagle import Eagle3Head
     from eval.config.methods import method_spec
-    from eval.runner.answering import exact_at_tree_kernels
+    from eval.runner.answer_loop import exact_at_tree_kernels
 
     aten = Kernels("bfloat16", False, False, onednn=False)
     if torch.backends.mkldnn.is_available():

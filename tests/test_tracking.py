@@ -19,7 +19,7 @@ import pytest
 from eval.config.schema import LoggingConfig, WandbMode
 from eval.reporting import tracking, wandb_items
 from eval.reporting.metrics import method_figures
-from eval.runs.layout import AnswerFile, answer_record
+from eval.rundirs.layout import AnswerFile, answer_record
 from mars.accounting.stats import VerifyStats
 
 MODEL, BENCH, METHOD = "tiny", "embedded", "mars@0.9"

@@ -26,7 +26,7 @@ from eval import zoo as zoo_command
 from eval.config.methods import method_spec
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
-from eval.reporting import zoo, zoo_tables
+from eval.reporting import zoo_sweep, zoo_tables
 from eval.reporting.plots import pyplot
 from mars.rules import BUILT_IN, RULES, make_rule, rule_class
 from mars.rules.base import Rule, TargetView
@@ -165,9 +165,9 @@ def test_the_sweep_is_what_each_rule_declares(monkeypatch):
     """The zoo sweeps each rule at the points the rule declares (`Rule.sweep`, beside its `relaxing`):
     every built-in rule, strict first; a rule registered later with sweep points joins it, one without
     stays out."""
-    assert list(zoo.SWEEP)[0] == "strict" and set(zoo.SWEEP) == set(BUILT_IN)
+    assert list(zoo_sweep.SWEEP)[0] == "strict" and set(zoo_sweep.SWEEP) == set(BUILT_IN)
     for name in BUILT_IN:
-        assert zoo.SWEEP[name] == rule_class(name).sweep, name  # the literals as declared, no copy in the zoo
+        assert zoo_sweep.SWEEP[name] == rule_class(name).sweep, name  # the literals as declared, no copy in the zoo
         assert 3 <= len(rule_class(name).sweep) <= 4 or name == "strict", name
 
     @dataclass(frozen=True)
@@ -182,17 +182,17 @@ def test_the_sweep_is_what_each_rule_declares(monkeypatch):
 
     monkeypatch.setitem(RULES, Swept.name, Swept)  # registered for this test only
     monkeypatch.setitem(RULES, Unswept.name, Unswept)
-    assert zoo.swept_rules() == [*zoo.SWEEP, "test_swept"]
+    assert zoo_sweep.swept_rules() == [*zoo_sweep.SWEEP, "test_swept"]
 
 
 def test_the_sweep_covers_every_builtin_rule_and_ears_only_when_sampling():
-    greedy, sampled = ([r.display for r in zoo.points(t)] for t in (0.0, 1.0))
+    greedy, sampled = ([r.display for r in zoo_sweep.points(t)] for t in (0.0, 1.0))
     assert greedy[0] == sampled[0] == "strict"
     assert not any(d.startswith("ears") for d in greedy) and sum(d.startswith("ears") for d in sampled) == 4
     assert sampled[:len(greedy)] == greedy and len(set(sampled)) == len(sampled) == 1 + 4 + 4 + 4 + 4 + 4
     assert greedy[greedy.index("typical@0.5[delta=100]"):][:4] == ["typical@0.5[delta=100]", "typical@0.3[delta=100]",
                                                                    "typical@0.15[delta=100]", "typical@0.09"]
-    assert zoo.baselines(0.0) == ["generate", "vanilla", *greedy[1:]]  # the job's method is strict
+    assert zoo_sweep.baselines(0.0) == ["generate", "vanilla", *greedy[1:]]  # the job's method is strict
 
 
 def test_each_rule_relaxes_at_least_as_much_at_each_next_point():
@@ -207,7 +207,7 @@ def test_each_rule_relaxes_at_least_as_much_at_each_next_point():
     for greedy in (False, True):
         logits = torch.randn(n, vocab, generator=gen) * torch.rand(n, 1, generator=gen) * 6
         view = TargetView(logits, torch.randint(0, vocab, (n,), generator=gen), kids, greedy)
-        for name, sweep in zoo.SWEEP.items():
+        for name, sweep in zoo_sweep.SWEEP.items():
             relaxations = [make_rule(name, **p).relax(view) for p in sweep]
             for a, b in zip(relaxations[:-1], relaxations[1:], strict=True):
                 assert not (a.outright & ~b.outright).any(), name
@@ -223,10 +223,10 @@ def test_the_baselines_line_composes_into_a_valid_zoo_job(temperature, preset, c
     """What `python -m eval.zoo --baselines T` prints is one Hydra value that eval.run's config accepts."""
     assert zoo_command.main(["--baselines", f"{temperature:g}"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
-    assert OverridesParser.create().parse_override(f"baselines={line}").value() == zoo.baselines(temperature)
+    assert OverridesParser.create().parse_override(f"baselines={line}").value() == zoo_sweep.baselines(temperature)
     with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
         run = validate(compose("config", overrides=["method=strict", f"sampling={preset}", f"baselines={line}"]))
-    assert run.baselines == zoo.baselines(temperature) and run.method.kind == "strict"
+    assert run.baselines == zoo_sweep.baselines(temperature) and run.method.kind == "strict"
     assert [method_spec(b).name for b in run.baselines] == run.baselines  # display names round-trip
 
 
@@ -235,8 +235,8 @@ def test_the_baselines_line_composes_into_a_valid_zoo_job(temperature, preset, c
 def test_pareto_keeps_exactly_the_undominated_points():
     pts = [("a", 0.0, 1.0), ("b", 0.1, 1.2), ("c", 0.2, 1.1), ("d", 0.2, 1.3), ("e", 0.2, 1.3), ("f", math.inf, 2.0),
            ("g", 0.5, 1.3)]
-    assert zoo.pareto(pts) == {"a", "b", "d", "e", "f"}  # c loses to b; g ties d on speed but costs more
-    assert zoo.pareto([(n, -x, y) for n, x, y in pts], lower_x_is_better=False) == {"a", "b", "d", "e", "f"}
+    assert zoo_sweep.pareto(pts) == {"a", "b", "d", "e", "f"}  # c loses to b; g ties d on speed but costs more
+    assert zoo_sweep.pareto([(n, -x, y) for n, x, y in pts], lower_x_is_better=False) == {"a", "b", "d", "e", "f"}
 
 
 # --- the report -------------------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_the_plot_has_a_cost_panel_per_temperature_and_a_quality_panel_where_quality_moves(report):
-    groups = zoo.groups(zoo.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
+    groups = zoo_sweep.groups(zoo_sweep.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
     assert [(g.temperature, panel) for g, panel in zoo_tables.panels(groups)] == [
         (1.0, "cost"), (1.0, "tv"), (0.0, "cost"), (0.0, "quality")]
     width, height = png_size(report / "pareto.png")
@@ -390,7 +390,7 @@ def test_costs_on_sampled_drafts_are_marked_as_upper_bounds(drafting_report):
 
 
 def test_one_t1_panel_draws_both_fronts_and_says_which_costs_are_bounds(drafting_report):
-    groups = zoo.groups(zoo.load(sorted(drafting_report.parent.glob("summary_t*.json"))))
+    groups = zoo_sweep.groups(zoo_sweep.load(sorted(drafting_report.parent.glob("summary_t*.json"))))
     panels = zoo_tables.panels(groups)
     assert [(o.temperature, [g.drafting for g in o.groups], panel) for o, panel in panels] == [
         (1.0, ["topk", "sample"], "cost"), (1.0, ["topk", "sample"], "tv"), (0.0, ["topk"], "cost"),
@@ -422,7 +422,7 @@ def test_the_bound_is_labelled_exactly_when_the_run_reports_one(tmp_path, bound)
     file = write(tmp_path / "summary_t1_sampled.json", t1_sampled_summary(bound=bound))
     assert zoo_command.main([str(file), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
-    (group,) = zoo.groups(zoo.load([file]))
+    (group,) = zoo_sweep.groups(zoo_sweep.load([file]))
     labels = [label for label, _ in zoo_tables.legend_entries([group], zoo_tables.panels([group]))]
     label = zoo_tables.cost_label(zoo_tables.overlays([group])[0])
     rows_ = section_rows(text, "Temperature 1, sampled drafts")
@@ -436,7 +436,7 @@ def test_the_bound_is_labelled_exactly_when_the_run_reports_one(tmp_path, bound)
 
 
 def test_a_zoo_of_top_k_drafts_only_keeps_its_legend(report):
-    groups = zoo.groups(zoo.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
+    groups = zoo_sweep.groups(zoo_sweep.load([report.parent / "summary_t0.json", report.parent / "summary_t1.json"]))
     assert {g.drafting for g in groups} == {"topk"}  # summaries from before sampled drafting drafted top-k
     labels = [label for label, _ in zoo_tables.legend_entries(groups, zoo_tables.panels(groups))]
     assert labels == ["strict", "mars", "typical", "topm", "entropy", "ears", "Pareto front"]
@@ -474,7 +474,7 @@ def test_the_embedded_script_runs_one_strict_job_per_temperature_then_the_report
             assert call[:2] == ["-m", "eval.run"] and call[-1] == "seed=7"
             run = validate(compose("config", overrides=call[2:]))
             assert (run.model.name, run.bench.name, run.method.name) == ("embedded", "stdlib_heldout", "strict")
-            assert run.baselines == zoo.baselines(temperature) and run.sampling.temperature == temperature
+            assert run.baselines == zoo_sweep.baselines(temperature) and run.sampling.temperature == temperature
             assert (run.num_prompts, run.max_new_tokens, run.seed, run.tree.calibrate) == (3, 80, 7, True)
             assert run.out_dir == str(out / "runs")
             assert run.summary_path == str(out / f"summary_t{temperature:g}.json")
@@ -495,7 +495,7 @@ def test_drafting_both_runs_t1_on_top_k_and_on_sampled_drafts_into_one_report(tm
     assert [(r.sampling.temperature, r.tree.drafting) for r in runs] == [(0.0, "auto"), (1.0, "topk"), (1.0, "sample")]
     assert [r.out_dir for r in runs] == [str(out / "runs"), str(out / "runs"), str(out / "runs-sampled")]
     assert [r.summary_path for r in runs] == [str(out / f"summary_t{n}.json") for n in ("0", "1", "1_sampled")]
-    assert runs[1].baselines == runs[2].baselines == zoo.baselines(1.0) and all(r.seed == 7 for r in runs)
+    assert runs[1].baselines == runs[2].baselines == zoo_sweep.baselines(1.0) and all(r.seed == 7 for r in runs)
     assert all(r.tree.calibrate and not r.tree.adaptive for r in runs)
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from eagle.cache import GrownCache
 from eagle.config import cache_keyword
+from eagle.growing_cache import GrownCache
 from eagle.kernels import packed_where_chosen
 
 ROOM = 256  # spare cache entries made at each rebuild (after rows join or leave)

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from eval.benchmarks.questions import Question, read_question
 from eval.config.paths import BENCH_DIR_ENV, bench_dir, bench_path, resolve
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 
 BENCHMARKS: dict[str, Benchmark] = {}
 

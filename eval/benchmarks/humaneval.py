@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.benchmarks import Benchmark, HubSource, ScoreContext, register_benchmark
-from eval.runs.jsonl import read_jsonl  # the original tasks with their unit tests, next to humaneval.jsonl
-from eval.scoring.humaneval import TASKS_FILE
+from eval.rundirs.jsonl import read_jsonl  # the original tasks with their unit tests, next to humaneval.jsonl
+from eval.scoring.unit_tests import TASKS_FILE
 
 INSTRUCTION = "Complete the code I provided.\n\n"  # the collected set's wording
 
@@ -40,7 +40,7 @@ class HumanEval(Benchmark):
 
     def score(self, answers: dict[str, list[str]], questions: dict[str, dict],
               context: ScoreContext) -> tuple[dict, dict]:
-        from eval.scoring.humaneval import score_humaneval
+        from eval.scoring.unit_tests import score_humaneval
 
         tasks = {int(q["question_id"]): q["task"] for q in questions.values() if "task" in q} or None
         result = score_humaneval(context.records, data_dir=context.data_dir, tasks=tasks)

@@ -88,7 +88,7 @@ class ModelConfig:
     target: str = MISSING
     target_sha256: str | None = None  # a GGUF target's pinned checksum, checked when it is first converted
     draft: str = MISSING
-    # A head for temperature > 0, used instead of `draft` when sampling (eval.runner.settings.head_setting);
+    # A head for temperature > 0, used instead of `draft` when sampling (eval.runner.job_settings.head_setting);
     # null: `draft` at every temperature.
     sampling_draft: str | None = None
     tokenizer: str | None = None  # default: the target's
@@ -113,7 +113,7 @@ class ModelConfig:
     # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (eagle/kernels.py): float32
     # (~30% faster tree forwards where MKL's few-row products are slow) and bf16 on CPUs with AVX-512 BF16
     # (the weight is not reordered at every call). null = auto: measured with dtype=auto or tree=calibrated
-    # (eval/runner/settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
+    # (eval/runner/job_settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
     # does not name the run directory; in bf16 it changes greedy tokens and names it.
     prepack: bool | None = None
     # Static shapes for the target's tree forward and decoding step (mars/adapter/static.py): a cache of

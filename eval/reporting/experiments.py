@@ -16,7 +16,7 @@ from eval.benchmarks import BENCHMARKS
 from eval.config.methods import GENERATE, STRICT, VANILLA, RuleMethod, method_spec
 from eval.config.paths import REPO_ROOT, bench_path, resolve
 from eval.config.schema import HUB_ID
-from eval.reporting import zoo
+from eval.reporting import zoo_sweep
 from mars.rules import rule_class
 from mars.rules.margin import Mars
 
@@ -97,10 +97,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
         ("llama31_8b", "qwen3_8b"), ("mt_bench", "gsm8k"), thetas=(0.8, 0.9), sampling="t0", batches=(1, 8, 32, 64),
         gpus="one 40-80 GB GPU per job (8B in bf16: ~10 GB of KV cache at batch 64 x 1024 new tokens)"),
     Experiment(
-        "zoo", "rule zoo: every verification rule over its parameter range (reporting.zoo.SWEEP) as baselines of one "
-        "strict job per model × bench × temperature (T = 0, 1): speedup against KL per token / argmax mismatch "
-        "and quality",
-        MAIN_MODELS, ("mt_bench", "humaneval"), thetas=(), method=STRICT, baselines=tuple(zoo.baselines(1.0)),
+        "zoo", "rule zoo: every verification rule over its parameter range (reporting.zoo_sweep.SWEEP) as baselines "
+        "of one strict job per model × bench × temperature (T = 0, 1): speedup against KL per token / argmax "
+        "mismatch and quality",
+        MAIN_MODELS, ("mt_bench", "humaneval"), thetas=(), method=STRICT, baselines=tuple(zoo_sweep.baselines(1.0)),
         sampling="t0", temperatures=(0.0, 1.0), report="eval.zoo",
         gpus="as main (each job answers every rule point: ~20 methods per question)"),
 )}

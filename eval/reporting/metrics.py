@@ -60,7 +60,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from eval.config.methods import GENERATE, VANILLA
-from eval.runs.layout import CONTENDED_SHARE
+from eval.rundirs.layout import CONTENDED_SHARE
 from eval.scoring.quality import token_prob
 from mars.accounting.stats import VerifyStats
 from mars.accounting.timing import ACCOUNTING

@@ -12,7 +12,7 @@ from pathlib import Path
 from eval.config.methods import RuleMethod, method_spec
 from eval.config.paths import BENCH_DIR_ENV
 from eval.config.schema import SAMPLINGS, TREES
-from eval.reporting import zoo
+from eval.reporting import zoo_sweep
 from eval.reporting.experiments import Experiment, bench_files, env_key, model_config, model_path, model_path_problem
 from mars.rules import RULES, rule_class
 
@@ -105,7 +105,7 @@ def commands(exp: Experiment, models: Sequence[str], out: Path, launcher: str = 
                 f"model={model}",
                 f"bench={','.join(exp.benches)}",
                 *method_overrides(exp),
-                f"baselines={zoo.hydra_list(baselines)}",
+                f"baselines={zoo_sweep.hydra_list(baselines)}",
                 f"tree={exp.tree}",
                 *([f"tree.depth={','.join(map(str, exp.depths))}"] if exp.depths else []),
                 *([f"batch_size={','.join(map(str, exp.batches))}"] if exp.batches else []),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from eval.config.methods import GENERATE, STRICT, VANILLA, method_spec
 from eval.reporting.metrics import category_speedups, ratio
-from eval.runs.layout import SUMMARY
+from eval.rundirs.layout import SUMMARY
 from mars.rules.margin import Mars
 
 COSTS = ("tv_per_token", "kl_per_token", "argmax_mismatch", "logprob_regret")  # mars.accounting.cost

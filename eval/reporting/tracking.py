@@ -100,7 +100,7 @@ class Tracker:
     def log_question(self, method: str, record: dict, done: int, total: int) -> None:
         """Log `method`'s running figures after it answered a question, so a killed job still shows its progress.
 
-        `record` is the answer record just appended (`eval.runs.layout.answer_record`); `done` of
+        `record` is the answer record just appended (`eval.rundirs.layout.answer_record`); `done` of
         `total` questions of this process's work are under way. The totals count only what this
         process answered: a resumed job's earlier answers are in its summary, not in these curves.
         """

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eval.runs.layout import run_directory_of
+from eval.rundirs.layout import run_directory_of
 
 if TYPE_CHECKING:
     from eval.config.schema import LoggingConfig

@@ -1,5 +1,5 @@
 """The zoo's report: a table per temperature and drafting mode (report.md), zoo.json, and the Pareto
-plot of speed against cost, both drafting modes of a temperature in one panel (see `eval.reporting.zoo`
+plot of speed against cost, both drafting modes of a temperature in one panel (see `eval.reporting.zoo_sweep`
 for what the zoo sweeps). Costs a run reported as upper bounds (sampled drafts) are marked "≤".
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from eval.config.methods import STRICT
 from eval.reporting.plots import pyplot
 from eval.reporting.tables import BOUND, DASH, drafting_of, format_quality, run_setting, with_infinite_kl
-from eval.reporting.zoo import COST, SWEEP, TV, Group, Point, drafts_name
+from eval.reporting.zoo_sweep import COST, SWEEP, TV, Group, Point, drafts_name
 from mars.rules import make_rule
 from mars.rules.ears import Ears
 from mars.rules.entropy import EntropyGate

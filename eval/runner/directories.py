@@ -15,8 +15,8 @@ from eval.benchmarks import BENCHMARKS, resolved_source
 from eval.config.methods import GENERATE, VANILLA, Dtype, GenerateConfig, MethodConfig, RuleMethod, method_spec, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig
-from eval.runner.settings import on_cpu, run_device
-from eval.runs.layout import ANSWERS, IDENTITY, SKIPPED, answers_file, directory_name, read_answers
+from eval.rundirs.layout import ANSWERS, IDENTITY, SKIPPED, answers_file, directory_name, read_answers
+from eval.runner.job_settings import on_cpu, run_device
 from mars.decoding.settings import DecodeSettings
 
 # On a CPU `model.generate` is timed in both precisions: which decodes one token at a time faster

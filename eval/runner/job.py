@@ -35,14 +35,15 @@ from eagle.precision import DTYPES, cpu_name
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat
 from eval.benchmarks.questions import Question
-from eval.benchmarks.scoring import answer_turns, score
+from eval.benchmarks.score_files import answer_turns, score
 from eval.config.methods import GENERATE, PLAIN, STRICT, VANILLA, GenerateConfig, MethodConfig, RuleMethod, plain
 from eval.config.paths import resolve
 from eval.config.schema import RunConfig, parse_shard, validate
 from eval.reporting.metrics import format_table, margin_histogram, merged_stats, ratio, summarize
 from eval.reporting.tracking import start_tracking
+from eval.rundirs.layout import CONFIG, SUMMARY, read_answers
 from eval.runner import locks
-from eval.runner.answering import Evaluator, answer_questions
+from eval.runner.answer_loop import Evaluator, answer_questions
 from eval.runner.directories import (
     answer_path,
     answered,
@@ -51,6 +52,7 @@ from eval.runner.directories import (
     job_records,
     method_dtype,
 )
+from eval.runner.job_settings import resolve_settings, timing_device
 from eval.runner.models import (
     claim_gpus,
     load_head,
@@ -61,8 +63,6 @@ from eval.runner.models import (
     target_source,
 )
 from eval.runner.plain import GenerateWorker
-from eval.runner.settings import resolve_settings, timing_device
-from eval.runs.layout import CONFIG, SUMMARY, read_answers
 from eval.scoring import quality, sandbox
 from eval.scoring.recovery import agreement, paired_recovery
 from mars.adapter.sources import provenance

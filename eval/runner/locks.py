@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from eagle.files import write_atomic
-from eval.runs.layout import CONTENDED_SHARE, LOCK
+from eval.rundirs.layout import CONTENDED_SHARE, LOCK
 from mars.accounting.timing import ForeignLoad
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

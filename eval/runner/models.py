@@ -1,5 +1,5 @@
 """Loading what a job decodes with: the target (one device, one GPU or several), the tokenizer, the
-draft head, and the generator with the job's resolved settings (`eval.runner.settings`).
+draft head, and the generator with the job's resolved settings (`eval.runner.job_settings`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 
 ENV_URL, ENV_KEY, ENV_MODEL = "MARS_JUDGE_URL", "MARS_JUDGE_KEY", "MARS_JUDGE_MODEL"
 DEFAULT_MODEL = "gpt-4"

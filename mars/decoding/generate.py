@@ -13,7 +13,7 @@ one target forward, keep a path per prompt.
 One prompt is a forest of one: the adapter and the head then run their single-sequence code
 (`TargetModel.prefill_rows` of one prompt), which static shapes, compile and exact attention's plans
 are built for, and which the adaptive tree needs (`check_batching` says what several prompts refuse).
-Several prompts share one cache of ragged rows (`eagle.rows`): row b's tokens first, then a gap its
+Several prompts share one cache of ragged rows (`eagle.ragged`): row b's tokens first, then a gap its
 masks hide, then the block every row writes at the same place. Per cycle the host reads the verdicts
 once and uploads the paths, next tokens and kept rows once, whatever B (`tests/test_batch.py` counts
 it); the device work has no loop over rows; per-row Python is the bookkeeping of emitted tokens

@@ -1,7 +1,7 @@
 """How a run decodes, resolved once: precision, exact attention, kernels, tree and placement, each
 with the reason it was chosen.
 
-A job resolves its `DecodeSettings` before anything else (`eval.runner.settings.resolve_settings`): from the
+A job resolves its `DecodeSettings` before anything else (`eval.runner.job_settings.resolve_settings`): from the
 run's explicit settings, from a measurement on this machine (`mars.tuning.search`), or from a rule where
 nothing was measured. Everything downstream reads that one object: the generator
 (its tree, kernels and exact attention), the run directories' names, the summary (`record`), the report, W&B, and the

@@ -185,7 +185,7 @@ class Rule:
     label: ClassVar[str | None] = None
     never_relaxes: ClassVar[dict | None] = None
     relaxing: ClassVar[tuple[dict, ...] | None] = None
-    # The parameter sets the rule zoo (eval.reporting.zoo) runs it at, from the mildest to the most
+    # The parameter sets the rule zoo (eval.reporting.zoo_sweep) runs it at, from the mildest to the most
     # aggressive, each relaxing at least as much as the one before (tests/test_zoo.py checks it on a random
     # tree); () keeps the rule out of the zoo.
     sweep: ClassVar[tuple[dict, ...]] = ()

@@ -1,4 +1,4 @@
-"""The one door to measured settings: what `eval.run` (`eval/runner/settings.py`) and `mars.tuned` both call.
+"""The one door to measured settings: what `eval.run` (`eval/runner/job_settings.py`) and `mars.tuned` both call.
 
 One orchestration, so that the two reach the same calibration records (and cache files) for the same machine,
 models, decoding, batch and prompts: strict's kernels and tree and each relaxed rule's tree at strict's kernels,

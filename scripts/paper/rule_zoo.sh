@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the rule zoo on the paper's models: every verification rule (strict, mars, typical, topm,
-# entropy, ears) over its parameter range (eval/reporting/zoo.py SWEEP) as baselines of one strict job per model x
+# entropy, ears) over its parameter range (eval/reporting/zoo_sweep.py SWEEP) as baselines of one strict job per model x
 # bench x temperature, at T=0 and T=1 (ears at T=1 only: it has no greedy form), tree 49 / 7 / 10, on MT-bench
 # and HumanEval for Vicuna-13B, LLaMA-3.1-8B, LLaMA-3.3-70B and DeepSeek-R1-Distill-LLaMA-8B (--models for
 # others). 16 jobs, each answering ~20 methods per question; scripts/rule_zoo_embedded.sh is the CPU version.

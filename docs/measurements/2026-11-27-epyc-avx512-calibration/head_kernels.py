@@ -20,7 +20,7 @@ from eval.benchmarks import load_questions
 from eval.benchmarks.prompting import PromptFormat, encode
 from eval.config.paths import REPO_ROOT
 from eval.config.schema import validate
-from eval.runner import settings
+from eval.runner import job_settings as settings
 from eval.runner.models import load_head, load_target, load_tokenizer
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.decoding import drafting

@@ -17,7 +17,7 @@ import torch
 from eagle.checkpoint import load_draft
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
-from eval.runner.settings import calibration_prompts
+from eval.runner.job_settings import calibration_prompts
 from mars import SpeculativeGenerator, TreeShape
 
 

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from eagle.rows import move_rows
+from eagle.ragged import move_rows
 
 
 class PreallocatedLayer(DynamicLayer):

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eval.config.paths import BENCH_DIR_ENV, bench_dir
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 from eval.scoring.sandbox import SandboxResult, isolation, run_sandboxed
 
 TASKS_FILE = "HumanEval.jsonl.gz"

@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 
 from eagle.files import write_atomic
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 
 
 def answer_record(question_id, model_id: str, turns: list[str], cycles: list[int], new_tokens: list[int],

@@ -16,10 +16,10 @@ from eval.benchmarks.prompting import PromptFormat, encode
 from eval.benchmarks.questions import Question
 from eval.config.methods import GENERATE, STRICT, VANILLA, MethodConfig
 from eval.config.schema import RunConfig, sampling_of
+from eval.rundirs.layout import SKIPPED, AnswerFile, answer_record
 from eval.runner import locks
 from eval.runner.directories import answer_path
 from eval.runner.plain import GenerateWorker, hf_generate_batch
-from eval.runs.layout import SKIPPED, AnswerFile, answer_record
 from eval.scoring import quality
 from mars.adapter import context_length
 from mars.decoding.generate import GenerationOutput, SpeculativeGenerator

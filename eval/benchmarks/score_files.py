@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.benchmarks import BENCHMARKS, ScoreContext, benchmark, question_records
-from eval.runs.jsonl import read_jsonl
+from eval.rundirs.jsonl import read_jsonl
 
 # --- benchmark files and answer records ----------------------------------------------------------
 
