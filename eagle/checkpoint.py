@@ -59,6 +59,20 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None,
     if not config_path.exists():
         raise FileNotFoundError(f"{config_path} is missing: a draft checkpoint needs config.json next to its weights")
     state = read_state_dict(directory)
+    config = _read_config(config_path, state, target_model)
+    head, optional = _empty_head(config, target_model)
+    _check_keys(directory, config, head, state, optional)
+    if config.kind == "eagle3":
+        _complete_eagle3(state, config, target_model)
+    else:
+        state.pop("embed_tokens.weight", None)
+    head.load_state_dict(state, strict=True)
+    embedding = target_model.get_input_embeddings().weight
+    return head.to(device=device or embedding.device, dtype=dtype or embedding.dtype).eval()
+
+
+def _read_config(config_path: Path, state: dict[str, torch.Tensor], target_model) -> DraftConfig:
+    """The checkpoint's config (a published one's kind told by its keys), refused for another target."""
     raw = json.loads(config_path.read_text())
     if "kind" not in raw:  # published checkpoints: tell the head type by its keys
         raw["kind"] = "eagle3" if any(k.startswith("midlayer.") for k in state) else "eagle1"
@@ -70,13 +84,20 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None,
             "load the draft trained for this target."
         )
     config.check_target(target_model)
+    return config
 
+
+def _empty_head(config: DraftConfig, target_model) -> tuple[DraftHead, set[str]]:
+    """A head of the config's kind, and the keys a checkpoint of that kind may leave out."""
     if config.kind == "eagle3":
-        head: DraftHead = Eagle3Head(config)
-        optional = {"d2t", "t2d", "embed_tokens.weight"}
-    else:
-        head = Eagle1Head(config, target_model.get_input_embeddings(), target_model.get_output_embeddings())
-        optional = {"embed_tokens.weight"}  # some EAGLE-1 checkpoints carry a copy of the target's embedding
+        return Eagle3Head(config), {"d2t", "t2d", "embed_tokens.weight"}
+    head = Eagle1Head(config, target_model.get_input_embeddings(), target_model.get_output_embeddings())
+    return head, {"embed_tokens.weight"}  # some EAGLE-1 checkpoints carry a copy of the target's embedding
+
+
+def _check_keys(directory: Path, config: DraftConfig, head: DraftHead, state: dict[str, torch.Tensor],
+                optional: set[str]) -> None:
+    """Name every missing, unexpected or misshapen key, so that nothing is left randomly initialised."""
     expected = set(head.state_dict())
     missing = sorted(expected - set(state) - optional)
     unexpected = sorted(set(state) - expected - optional)
@@ -90,22 +111,20 @@ def load_draft(path: str | Path, target_model, dtype: torch.dtype | None = None,
     if shapes:
         raise ValueError(f"draft checkpoint {directory} has wrong shapes: " + "; ".join(shapes))
 
-    if config.kind == "eagle3":
-        if "embed_tokens.weight" not in state:  # the reference copies the target's embedding
-            state["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach()
-        if "d2t" not in state:
-            if config.draft_vocab_size != config.vocab_size:
-                raise ValueError("draft vocabulary is reduced but the checkpoint has no 'd2t' map")
-            state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-            state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
-        state["d2t"] = state["d2t"].long()
-        if "t2d" not in state:  # Model Optimizer exports (nvidia/*-Eagle3) ship d2t alone; t2d follows from it
-            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-            t2d[torch.arange(config.draft_vocab_size) + state["d2t"]] = True
-            state["t2d"] = t2d
-        state["t2d"] = state["t2d"].bool()
-    else:
-        state.pop("embed_tokens.weight", None)
-    head.load_state_dict(state, strict=True)
-    embedding = target_model.get_input_embeddings().weight
-    return head.to(device=device or embedding.device, dtype=dtype or embedding.dtype).eval()
+
+def _complete_eagle3(state: dict[str, torch.Tensor], config: DraftConfig, target_model) -> None:
+    """Fill what an EAGLE-3 checkpoint may leave out, as the reference does: the target's embedding, and the
+    vocabulary maps (identity where the vocabularies are equal; t2d from d2t where only d2t ships)."""
+    if "embed_tokens.weight" not in state:  # the reference copies the target's embedding
+        state["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach()
+    if "d2t" not in state:
+        if config.draft_vocab_size != config.vocab_size:
+            raise ValueError("draft vocabulary is reduced but the checkpoint has no 'd2t' map")
+        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    state["d2t"] = state["d2t"].long()
+    if "t2d" not in state:  # Model Optimizer exports (nvidia/*-Eagle3) ship d2t alone; t2d follows from it
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(config.draft_vocab_size) + state["d2t"]] = True
+        state["t2d"] = t2d
+    state["t2d"] = state["t2d"].bool()

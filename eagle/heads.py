@@ -183,7 +183,7 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, embeds, hidden, cos, sin, mask, cache=None, commit=True, past=None):
+    def forward(self, embeds, hidden, cos, sin, mask, *, cache=None, commit=True, past=None):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         attn, k, v = self.self_attn(x, cos, sin, mask, cache, commit, past)
         hidden = hidden + attn
@@ -240,7 +240,7 @@ class Eagle3Head(DraftHead):
         return self.lm_head(self.norm(hidden))
 
     def layer_forward(self, embeds, features, cos, sin, mask, commit):
-        return self.midlayer(embeds, features, cos, sin, mask, self.cache, commit)[0]
+        return self.midlayer(embeds, features, cos, sin, mask, cache=self.cache, commit=commit)[0]
 
 
 class Eagle1Layer(nn.Module):
@@ -254,7 +254,7 @@ class Eagle1Layer(nn.Module):
         self.mlp = DraftMLP(c.hidden_size, c.intermediate_size)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, mask, cache=None, commit=True, past=None):
+    def forward(self, hidden, cos, sin, mask, *, cache=None, commit=True, past=None):
         attn, k, v = self.self_attn(hidden, cos, sin, mask, cache, commit, past)
         hidden = hidden + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden)), k, v
@@ -293,4 +293,4 @@ class Eagle1Head(DraftHead):
 
     def layer_forward(self, embeds, features, cos, sin, mask, commit):
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        return self.layers[0](x, cos, sin, mask, self.cache, commit)[0]
+        return self.layers[0](x, cos, sin, mask, cache=self.cache, commit=commit)[0]

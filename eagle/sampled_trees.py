@@ -220,4 +220,4 @@ def sample_trees(head: DraftHead, roots: torch.Tensor, hidden: torch.Tensor | No
         node_hidden[:, level.nodes] = out_hidden[:, level.row]
     head.rollback()
     return DraftTree.forest(tokens, shape.parents.expand(b, -1), shape.depths.expand(b, -1), scores,
-                            topology.levels, draft, topology.width)
+                            topology.levels, draft_probs=draft, width=topology.width)

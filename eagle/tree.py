@@ -104,7 +104,7 @@ class DraftTree:
 
     @classmethod
     def forest(cls, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, scores: torch.Tensor,
-               levels: int, draft_probs: torch.Tensor | None = None, width: int | None = None,
+               levels: int, *, draft_probs: torch.Tensor | None = None, width: int | None = None,
                own: torch.Tensor | None = None) -> DraftTree:
         """B trees of n nodes each, given row by row (tokens, parents with -1 at the root, depths,
         scores [B, n], draft_probs [B, n, V]), as one forest. own [B or 1, n, n]: each tree's ancestor
@@ -284,11 +284,18 @@ def _draft(head: DraftHead, hidden: torch.Tensor, logprobs: torch.Tensor, depth:
         drafted.append(count)
     head.rollback()
     candidates = Candidates(*(torch.cat(x, dim=1) for x in (tokens, parents, depths, scores)), levels)
+    return _without_refused(candidates, deferred, drafted)
+
+
+def _without_refused(candidates: Candidates, deferred: list[tuple[int, torch.Tensor]],
+                     drafted: list[int]) -> Candidates:
+    """The candidates of the levels before the first one `keep_growing` refused on the device: its decisions
+    read together, one sync per forest. `drafted`: candidates per row by the end of each level."""
     if deferred:
         grown = torch.stack([grow for _, grow in deferred]).tolist()  # the forest's one read
         refused = [level for (level, _), ok in zip(deferred, grown, strict=True) if not ok]
         if refused:  # candidates come level by level, parents before children: a prefix is a whole tree
-            candidates = candidates.prefix(drafted[refused[0] - 2], refused[0] - 1)
+            return candidates.prefix(drafted[refused[0] - 2], refused[0] - 1)
     return candidates
 
 

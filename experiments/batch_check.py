@@ -70,94 +70,122 @@ def main() -> None:
     pair = JobPair.of("model=embedded", *(["sampling=t1"] if args.t1 else []), *overrides)
     prompts = [torch.tensor(ids) for ids in pair.prompts(args.prompts)]
     plain_decoders = pair.plain_decoders(args.plain.split(",") if args.plain else None)
-
-    def seeded() -> dict:
-        return {"generator": torch.Generator().manual_seed(0)} if args.t1 else {}
-
     references: dict[tuple, list[list[int]]] = {}
-
-    def reference(settings) -> list[list[int]]:
-        """Plain greedy decoding of each prompt alone (batch 1, `vanilla`) with the adapter settings B decodes
-        with (precision, exact attention, kernels): what strict must reproduce."""
-        key = (settings.dtype.value, settings.exact_attention.value, settings.prepack.value)
-        if key not in references:
-            with pair.generator(settings) as alone:
-                references[key] = [alone.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
-                                   for p in prompts]
-        return references[key]
-
     result = {"machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(), "prompts": len(prompts),
               "max_new_tokens": args.tokens, "theta": args.theta, "batches": {}}
     for size in sizes:
-        if args.api:
-            m = pair.config.model
-            head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
-            gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size,
-                        max_new_tokens=args.tokens)
-            record = {name: calibration.to_dict() for name, calibration in gen.calibration.items()}
-            verdicts = gen.speculation
-            alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
-                                          for p in prompts]
-        else:
-            settings = pair.settings(f"batch_size={size}")
-            print(f"B={size}: " + " | ".join(settings.describe()))
-            alone = None if args.t1 else reference(settings)
-            gen = pair.generator(settings)
-            record = settings.record()
-            verdicts = settings.speculation
+        gen, record, verdicts, alone = generator_for(args, pair, cfg, size, prompts, references)
         groups = [prompts[k: k + size] for k in range(0, len(prompts), size)]
-        plain_ours, spec = gen.vanilla, gen.generate
-        ours = {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded()),
-                "strict": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, **seeded()),
-                f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, rule="mars",
-                                                                    theta=args.theta, **seeded())}
+        ours = our_methods(gen, cfg, args)
         methods = {**{name: (lambda g, n, d=d: d([p.tolist() for p in g], cfg, n))
                       for name, d in plain_decoders.items()}, **ours}
         for run in methods.values():  # warm-up: packing, allocation, kernel choice at this batch size
             run(groups[0], 16)
-        tokens = dict.fromkeys(methods, 0)
-        seconds = dict.fromkeys(methods, 0.0)
-        latency: dict[str, list[float]] = {m: [] for m in methods}
-        cycles = cycle_tokens = same = 0
-        for k, group in enumerate(groups):
-            order = list(methods.items())
-            for name, run in order[k % len(order):] + order[: k % len(order)]:
-                outs = run(group, args.tokens)
-                tokens[name] += sum(len(o.tokens) for o in outs)
-                seconds[name] += max(o.seconds for o in outs)
-                latency[name] += [o.seconds for o in outs]
-                if name == "strict":
-                    same += alone is not None and sum(o.tokens == alone[k * size + i] for i, o in enumerate(outs))
-                    cycles += sum(o.num_cycles for o in outs)
-                    cycle_tokens += sum(len(o.tokens) - 1 for o in outs)
-            print(f"B={size}: {min((k + 1) * size, len(prompts))}/{len(prompts)} prompts")
+        timed = time_groups(methods, groups, alone, size, args.tokens)
         gen.close()
-        speed = {m: tokens[m] / seconds[m] for m in methods}
-        plains = {m: v for m, v in speed.items() if m.startswith("generate") or m == "vanilla"}
-        fastest = max(plains, key=plains.get)
-        result["batches"][str(size)] = {
-            "settings": record, "from": "mars.tuned" if args.api else "eval.harness.JobPair.settings",
-            "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
-            "latency_p90": {m: round(p90(v), 4) for m, v in latency.items()},
-            "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in latency.items()},
-            "tau": round(cycle_tokens / cycles, 3) if cycles else None,
-            "identical_to_alone": None if args.t1 else f"{same}/{len(prompts)}",
-            "temperature": cfg.temperature, "drafting": gen.tree.drafts(not cfg.greedy),
-            "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
-            "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
-            "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
-            # calibration's prediction for strict (its tree, or plain decoding where speculation is off) beside it
-            "predicted_speedup_vs_fastest_plain": {"strict": verdicts["strict"].predicted if "strict" in verdicts
-                                                   else None},
-            "speculation": {name: v.state for name, v in verdicts.items()},
-        }
-        row = result["batches"][str(size)]
+        speed = {m: timed["tokens"][m] / timed["seconds"][m] for m in methods}
+        row = result["batches"][str(size)] = batch_record(args, cfg, gen, speed, timed, ours=ours, record=record,
+                                                          verdicts=verdicts, prompts=len(prompts))
         print(f"B={size}: " + ", ".join(f"{m} {v:.1f}" for m, v in speed.items()) + f" tok/s; tau {row['tau']}; "
-              f"identical {row['identical_to_alone']}; vs fastest plain ({fastest}) {row['speedup_vs_fastest_plain']}")
+              f"identical {row['identical_to_alone']}; vs fastest plain ({row['fastest_plain']['method']}) "
+              f"{row['speedup_vs_fastest_plain']}")
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # every finished batch size kept
     for decoder in plain_decoders.values():
         decoder.close()
+
+
+def seeded(t1: bool) -> dict:
+    """A call's random generator, seeded afresh (sampling only): every method draws the same numbers."""
+    return {"generator": torch.Generator().manual_seed(0)} if t1 else {}
+
+
+def reference(pair: JobPair, settings, prompts: list[torch.Tensor], tokens: int,
+              references: dict[tuple, list[list[int]]]) -> list[list[int]]:
+    """Plain greedy decoding of each prompt alone (batch 1, `vanilla`) with the adapter settings B decodes
+    with (precision, exact attention, kernels): what strict must reproduce (kept in `references`)."""
+    key = (settings.dtype.value, settings.exact_attention.value, settings.prepack.value)
+    if key not in references:
+        with pair.generator(settings) as alone:
+            references[key] = [alone.vanilla(p[None], max_new_tokens=tokens, tree_kernels=True).tokens
+                               for p in prompts]
+    return references[key]
+
+
+def generator_for(args: argparse.Namespace, pair: JobPair, cfg: SamplingConfig, size: int,
+                  prompts: list[torch.Tensor], references: dict) -> tuple:
+    """Batch size `size`'s generator (`mars.tuned`'s with --api, else a job's), its settings' record, its
+    speculation verdicts, and each prompt's output alone that strict must equal (None when sampling)."""
+    if args.api:
+        m = pair.config.model
+        head = m.sampling_draft if args.t1 and m.sampling_draft else m.draft
+        gen = tuned(REPO_ROOT / m.target, REPO_ROOT / head, temperature=cfg.temperature, batch_size=size,
+                    max_new_tokens=args.tokens)
+        record = {name: calibration.to_dict() for name, calibration in gen.calibration.items()}
+        verdicts = gen.speculation
+        alone = None if args.t1 else [gen.vanilla(p[None], max_new_tokens=args.tokens, tree_kernels=True).tokens
+                                      for p in prompts]
+        return gen, record, verdicts, alone
+    settings = pair.settings(f"batch_size={size}")
+    print(f"B={size}: " + " | ".join(settings.describe()))
+    alone = None if args.t1 else reference(pair, settings, prompts, args.tokens, references)
+    return pair.generator(settings), settings.record(), settings.speculation, alone
+
+
+def our_methods(gen, cfg: SamplingConfig, args: argparse.Namespace) -> dict:
+    """Our batched plain decoding, strict and MARS on `gen`: run(prompts, max_new_tokens) -> outputs."""
+    plain_ours, spec = gen.vanilla, gen.generate
+    return {"vanilla": lambda g, n, run=plain_ours: run(g, cfg, max_new_tokens=n, **seeded(args.t1)),
+            "strict": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, **seeded(args.t1)),
+            f"mars@{args.theta:g}": lambda g, n, run=spec: run(g, cfg, max_new_tokens=n, rule="mars",
+                                                                theta=args.theta, **seeded(args.t1))}
+
+
+def time_groups(methods: dict, groups: list[list[torch.Tensor]], alone: list[list[int]] | None, size: int,
+                tokens: int) -> dict:
+    """Every group by every method, in an order rotated group by group: tokens, seconds (a group's wall time:
+    its slowest request) and latencies per method, and strict's cycles, emitted tokens and rows equal to `alone`."""
+    timed = {"tokens": dict.fromkeys(methods, 0), "seconds": dict.fromkeys(methods, 0.0),
+             "latency": {m: [] for m in methods}, "cycles": 0, "cycle_tokens": 0, "same": 0}
+    total = sum(len(g) for g in groups)
+    for k, group in enumerate(groups):
+        order = list(methods.items())
+        for name, run in order[k % len(order):] + order[: k % len(order)]:
+            outs = run(group, tokens)
+            timed["tokens"][name] += sum(len(o.tokens) for o in outs)
+            timed["seconds"][name] += max(o.seconds for o in outs)
+            timed["latency"][name] += [o.seconds for o in outs]
+            if name == "strict":
+                timed["same"] += alone is not None and sum(o.tokens == alone[k * size + i] for i, o in enumerate(outs))
+                timed["cycles"] += sum(o.num_cycles for o in outs)
+                timed["cycle_tokens"] += sum(len(o.tokens) - 1 for o in outs)
+        print(f"B={size}: {min((k + 1) * size, total)}/{total} prompts")
+    return timed
+
+
+def batch_record(args: argparse.Namespace, cfg: SamplingConfig, gen, speed: dict[str, float], timed: dict, *,
+                 ours: dict, record: dict, verdicts: dict, prompts: int) -> dict:
+    """One batch size's entry of the JSON: throughput, latency, tau, identity and speedups (of `ours` but vanilla),
+    beside calibration's prediction for strict."""
+    plains = {m: v for m, v in speed.items() if m.startswith("generate") or m == "vanilla"}
+    fastest = max(plains, key=plains.get)
+    cycles = timed["cycles"]
+    return {
+        "settings": record, "from": "mars.tuned" if args.api else "eval.harness.JobPair.settings",
+        "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
+        "latency_p90": {m: round(p90(v), 4) for m, v in timed["latency"].items()},
+        "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in timed["latency"].items()},
+        "tau": round(timed["cycle_tokens"] / cycles, 3) if cycles else None,
+        "identical_to_alone": None if args.t1 else f"{timed['same']}/{prompts}",
+        "temperature": cfg.temperature, "drafting": gen.tree.drafts(not cfg.greedy),
+        "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
+        "speedup_vs_fastest_plain": {m: round(speed[m] / plains[fastest], 3) for m in ours if m != "vanilla"},
+        "speedup_vs_vanilla": {m: round(speed[m] / speed["vanilla"], 3) for m in ours if m != "vanilla"},
+        # calibration's prediction for strict (its tree, or plain decoding where speculation is off) beside it
+        "predicted_speedup_vs_fastest_plain": {"strict": verdicts["strict"].predicted if "strict" in verdicts
+                                               else None},
+        "speculation": {name: v.state for name, v in verdicts.items()},
+    }
 
 
 if __name__ == "__main__":

@@ -87,6 +87,34 @@ def fit(points: list[tuple[float, float]]) -> dict:
             "predicted": {f"{k}x_last": predict(k * last) for k in (2, 4, 16)}}
 
 
+def measure_point(run: Path, target, tokenizer, answers: dict[int, Sequences], tree: tuple[int, ...],
+                  online: int) -> dict:
+    """One point of the curve: a finished run's progress and summary, its head's held-out agreement at T = 0
+    and 1, its offline tau at the fixed tree, and with `online` > 0 decoding itself on that many prompts."""
+    final = run / "final" if (run / "final").is_dir() else run  # a run directory, or an exported head
+    summary = json.loads((final / "training_summary.json").read_text())
+    progress = json.loads((run / "progress.json").read_text()) if (run / "progress.json").exists() else \
+        {k: summary[k] for k in ("step", "schedule_steps", "loss_positions", "cpu_seconds", "wall_seconds")}
+    if progress["step"] < progress["schedule_steps"]:
+        raise SystemExit(f"{run} stopped at step {progress['step']} of {progress['schedule_steps']}: a point of "
+                         "the curve must be a finished model (its learning rate cooled down)")
+    head = load_draft(final, target).float()
+    point = {"run": str(run), **progress, "summary": summary}
+    for t, seqs in answers.items():
+        report = evaluate_head(head, target, seqs, steps=5)
+        point[f"t{t}"] = {"top1": [s["acc"] for s in report["steps"]],
+                          "sum_min_pq": [s["sample_accept"] for s in report["steps"]],
+                          "positions": report["steps"][0]["positions"]}
+    point["offline_tau"] = {k: v for k, v in offline_tau(head, target, answers[0], *tree).items()
+                            if k != "accept_lengths"}
+    if online:  # decoding itself, and the replay on the same prompts (the gap between the two)
+        point["online_tau"] = online_tau(target, head, tokenizer, answers[0], online, tree)
+        first = answers[0].select(torch.arange(min(online, len(answers[0]))))
+        point["offline_tau_first_n"] = {k: v for k, v in offline_tau(head, target, first, *tree).items()
+                                        if k != "accept_lengths"}
+    return point
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
@@ -113,28 +141,7 @@ def main() -> None:
     tree = tuple(int(x) for x in args.tree.split(":"))
     points = []
     for run in args.runs:
-        run = Path(run)
-        final = run / "final" if (run / "final").is_dir() else run  # a run directory, or an exported head
-        summary = json.loads((final / "training_summary.json").read_text())
-        progress = json.loads((run / "progress.json").read_text()) if (run / "progress.json").exists() else \
-            {k: summary[k] for k in ("step", "schedule_steps", "loss_positions", "cpu_seconds", "wall_seconds")}
-        if progress["step"] < progress["schedule_steps"]:
-            raise SystemExit(f"{run} stopped at step {progress['step']} of {progress['schedule_steps']}: a point of "
-                             "the curve must be a finished model (its learning rate cooled down)")
-        head = load_draft(final, target).float()
-        point = {"run": str(run), **progress, "summary": summary}
-        for t, seqs in answers.items():
-            report = evaluate_head(head, target, seqs, steps=5)
-            point[f"t{t}"] = {"top1": [s["acc"] for s in report["steps"]],
-                              "sum_min_pq": [s["sample_accept"] for s in report["steps"]],
-                              "positions": report["steps"][0]["positions"]}
-        point["offline_tau"] = {k: v for k, v in offline_tau(head, target, answers[0], *tree).items()
-                                if k != "accept_lengths"}
-        if args.online:  # decoding itself, and the replay on the same prompts (the gap between the two)
-            point["online_tau"] = online_tau(target, head, tokenizer, answers[0], args.online, tree)
-            first = answers[0].select(torch.arange(min(args.online, len(answers[0]))))
-            point["offline_tau_first_n"] = {k: v for k, v in offline_tau(head, target, first, *tree).items()
-                                            if k != "accept_lengths"}
+        point = measure_point(Path(run), target, tokenizer, answers, tree, args.online)
         print(json.dumps({k: point[k] for k in ("run", "step", "loss_positions", "t0", "offline_tau")}), flush=True)
         points.append(point)
     for earlier in args.include:

@@ -53,6 +53,27 @@ def main() -> None:
     gens = {name: pair.generator(s) for name, s in resolved.items()}
     # model.generate here, and on a CPU with more than AVX2 under the AVX2 limits in a worker process
     plain_decoders = pair.plain_decoders(args.plain.split(",") if args.plain else None)
+    totals, identical = decode_all(gens, plain_decoders, prompts, args.tokens)
+    speed = {method: count / seconds for method, (count, seconds) in totals.items()}
+    result = summary(speed, identical, resolved, len(prompts), args.tokens)
+    for gen in reversed(list(gens.values())):  # last opened first: each hands back what it found
+        gen.close()
+    for decoder in plain_decoders.values():
+        decoder.close()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for method, value in sorted(speed.items(), key=lambda kv: -kv[1]):
+        print(f"{method:45s} {value:8.1f} tok/s")
+    print(f"default / best explicit (strict): {result['default_vs_best_explicit']:.3f}; fastest plain: "
+          f"{result['fastest_plain']['method']}; strict / fastest plain: {result['strict_vs_fastest_plain']}; "
+          f"identical: {identical}")
+
+
+def decode_all(gens: dict, plain_decoders: dict, prompts: list[torch.Tensor],
+               tokens: int) -> tuple[dict[str, list], dict[str, bool]]:
+    """Every prompt by strict and vanilla under each setting and by every plain decoder, the settings in an order
+    rotated prompt by prompt, after a warm-up; returns {method: [tokens, seconds]} and, per setting, whether
+    strict equalled vanilla on every prompt."""
     totals: dict[str, list] = {}
 
     def add(method: str, count: int, seconds: float) -> None:
@@ -70,39 +91,34 @@ def main() -> None:
         order = list(gens.items())
         order = order[i % len(order):] + order[:i % len(order)]  # rotated: no setting always runs first
         for name, gen in order:
-            spec = gen.generate(ids, max_new_tokens=args.tokens)
+            spec = gen.generate(ids, max_new_tokens=tokens)
             add(f"strict[{name}]", len(spec.tokens), spec.seconds)
-            base = gen.vanilla(ids, max_new_tokens=args.tokens)
+            base = gen.vanilla(ids, max_new_tokens=tokens)
             add(f"vanilla[{name}]", len(base.tokens), base.seconds)
             identical[name] &= spec.tokens == base.tokens
         for name, decoder in plain_decoders.items():
-            out = decoder([ids[0].tolist()], GREEDY, args.tokens)[0]
+            out = decoder([ids[0].tolist()], GREEDY, tokens)[0]
             add(name, len(out.tokens), out.seconds)
         print(f"{i + 1}/{len(prompts)} prompts")
-    speed = {method: count / seconds for method, (count, seconds) in totals.items()}
+    return totals, identical
+
+
+def summary(speed: dict[str, float], identical: dict[str, bool], resolved: dict, prompts: int, tokens: int) -> dict:
+    """The JSON written: speeds, strict's identity, the default against the best explicit precision, and each
+    setting's strict against the fastest plain decoding."""
     plain_methods = {m: v for m, v in speed.items() if not m.startswith("strict")}
     fastest = max(plain_methods, key=plain_methods.get)
     best_explicit = max(speed["strict[bfloat16]"], speed["strict[float32]"])
-    result = {
+    return {
         "machine": machine(), "capability": torch.backends.cpu.get_cpu_capability(),
-        "prompts": len(prompts), "max_new_tokens": args.tokens,
+        "prompts": prompts, "max_new_tokens": tokens,
         "settings": {name: s.record() for name, s in resolved.items()},
         "tokens_per_s": {m: round(v, 2) for m, v in speed.items()}, "identical": identical,
         "default_vs_best_explicit": round(speed["strict[default]"] / best_explicit, 3),
         "fastest_plain": {"method": fastest, "tokens_per_s": round(plain_methods[fastest], 2)},
         "strict_vs_fastest_plain": {name: round(speed[f"strict[{name}]"] / plain_methods[fastest], 3)
-                                    for name in gens},
+                                    for name in resolved},
     }
-    for gen in reversed(list(gens.values())):  # last opened first: each hands back what it found
-        gen.close()
-    for decoder in plain_decoders.values():
-        decoder.close()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    for method, value in sorted(speed.items(), key=lambda kv: -kv[1]):
-        print(f"{method:45s} {value:8.1f} tok/s")
-    print(f"default / best explicit (strict): {result['default_vs_best_explicit']:.3f}; fastest plain: {fastest}; "
-          f"strict / fastest plain: {result['strict_vs_fastest_plain']}; identical: {identical}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import argparse
 import json
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -119,8 +120,19 @@ def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, t
             "tau": tau, "latency_s": latency, "syncs_per_cycle": syncs, "strict_equals_vanilla": f"{equal}/{size}"}
 
 
-def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, prompts: int, prompt_len: int,
-          tokens: int, tree: tuple[int, int, int], batches: tuple[int, ...] = ()) -> dict:
+@dataclass
+class _Tally:
+    """Per method over the prompts: seconds decoding, tokens produced, cycles (rules); and the prompts where the
+    lossless rule's output equals vanilla's."""
+
+    seconds: dict[str, float]
+    produced: dict[str, int]
+    cycles: dict[str, int]
+    equal: int = 0
+
+
+def _build(shape: str, layers: int | None, dtype_name: str, acceptance: float) -> tuple:
+    """The target at `shape` with random weights (seeded) and its scripted head, on the device found."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[dtype_name] if dtype_name != "auto" else resolve_dtype("auto", device.type).dtype
     config_cls, values = SHAPES[shape]
@@ -130,45 +142,72 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
         target = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     head = ScriptedHead(config, acceptance=acceptance).to(device=device, dtype=dtype)
     progress(f"{shape}: target ({config.num_hidden_layers} layers, {dtype}) and head built on {device}")
+    return device, dtype, config, target, head
+
+
+def _time_prompt(gen: SpeculativeGenerator, target, head: ScriptedHead, ids: torch.Tensor, tokens: int,
+                 rules: dict, tally: _Tally) -> None:
+    """One prompt by vanilla (whose output the scripted head then follows), `model.generate` and each rule."""
+    plain, t = timed(lambda: gen.vanilla(ids, max_new_tokens=tokens))
+    tally.seconds[VANILLA] += t
+    tally.produced[VANILLA] += len(plain.tokens)
+    head.sequence = ids[0].tolist() + plain.tokens
+    out, t = timed(lambda: target.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
+        min_new_tokens=tokens, pad_token_id=0))
+    tally.seconds[GENERATE] += t
+    tally.produced[GENERATE] += out.shape[1] - ids.shape[1]
+    for name, rule in rules.items():
+        spec, t = timed(lambda rule=rule: gen.generate(ids, max_new_tokens=tokens, rule=rule))
+        tally.seconds[name] += t - spec.phase_seconds[ACCOUNTING]  # the method alone, as `spec.seconds` times it
+        tally.produced[name] += len(spec.tokens)
+        tally.cycles[name] += spec.num_cycles
+        tally.equal += rule.lossless and spec.tokens == plain.tokens
+
+
+def _count_syncs(gen: SpeculativeGenerator, ids: torch.Tensor, tokens: int, rules: dict) -> dict:
+    """Host syncs per cycle of each rule on the prompt `ids` again (the prefill's few syncs included)."""
+    syncs = {}
+    for name, rule in rules.items():
+        with SyncCounter() as counter:
+            run = gen.generate(ids, max_new_tokens=tokens, rule=rule)
+        syncs[name] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
+                       "cycles": run.num_cycles}
+    return syncs
+
+
+def _profile_phases(gen: SpeculativeGenerator, ids: torch.Tensor, tokens: int) -> dict:
+    """Milliseconds per cycle in each phase but the prefill, from one profiled run (it syncs at every boundary)."""
+    gen.profile = True
+    profiled = gen.generate(ids, max_new_tokens=tokens)
+    phases = {k: round(1e3 * v / profiled.num_cycles, 3) for k, v in profiled.phase_seconds.items()
+              if k != "prefill"}
+    gen.profile = False
+    return phases
+
+
+def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, *, prompts: int, prompt_len: int,
+          tokens: int, tree: tuple[int, int, int], batches: tuple[int, ...] = ()) -> dict:
+    """Build `shape` with a head right at `acceptance`, decode `prompts` random prompts by every method, count
+    syncs and time phases on the last, then the batch sizes; returns what the JSON holds."""
+    device, dtype, config, target, head = _build(shape, layers, dtype_name, acceptance)
     rules = {rule.display: rule for rule in RULES_TIMED}
     seconds = dict.fromkeys((GENERATE, VANILLA, *rules), 0.0)
-    produced = dict.fromkeys(seconds, 0)
-    cycles, equal, syncs, phases = dict.fromkeys(rules, 0), 0, {}, {}
+    tally = _Tally(seconds, dict.fromkeys(seconds, 0), dict.fromkeys(rules, 0))
     with SpeculativeGenerator(target, head, TreeShape(*tree)) as gen:
         progress("generator ready")
         for p in range(prompts):
             ids = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(p))
             ids = ids.to(device)
-            plain, t = timed(lambda ids=ids: gen.vanilla(ids, max_new_tokens=tokens))
-            seconds[VANILLA] += t
-            produced[VANILLA] += len(plain.tokens)
-            head.sequence = ids[0].tolist() + plain.tokens
-            out, t = timed(lambda ids=ids: target.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
-                min_new_tokens=tokens, pad_token_id=0))
-            seconds[GENERATE] += t
-            produced[GENERATE] += out.shape[1] - ids.shape[1]
-            for name, rule in rules.items():
-                spec, t = timed(lambda ids=ids, rule=rule: gen.generate(ids, max_new_tokens=tokens, rule=rule))
-                seconds[name] += t - spec.phase_seconds[ACCOUNTING]  # the method alone, as `spec.seconds` times it
-                produced[name] += len(spec.tokens)
-                cycles[name] += spec.num_cycles
-                equal += rule.lossless and spec.tokens == plain.tokens
-            progress(f"prompt {p + 1}/{prompts}: " + ", ".join(f"{k} {produced[k] / max(seconds[k], 1e-9):.1f} tok/s"
-                                                           for k in seconds))
-        for name, rule in rules.items():  # the last prompt again, counted (the prefill's few syncs included)
-            with SyncCounter() as counter:
-                run = gen.generate(ids, max_new_tokens=tokens, rule=rule)
-            syncs[name] = {"per_cycle": round(counter.total / run.num_cycles, 2), "kinds": dict(counter.by_kind),
-                           "cycles": run.num_cycles}
+            _time_prompt(gen, target, head, ids, tokens, rules, tally)
+            progress(f"prompt {p + 1}/{prompts}: " + ", ".join(
+                f"{k} {tally.produced[k] / max(seconds[k], 1e-9):.1f} tok/s" for k in seconds))
+        syncs = _count_syncs(gen, ids, tokens, rules)  # the last prompt again, counted
         progress("syncs counted")
-        gen.profile = True
-        profiled = gen.generate(ids, max_new_tokens=tokens)
-        phases = {k: round(1e3 * v / profiled.num_cycles, 3) for k, v in profiled.phase_seconds.items()
-                  if k != "prefill"}
-        gen.profile = False
+        phases = _profile_phases(gen, ids, tokens)
         progress("phases profiled")
         batched = {str(b): check_batch(gen, config, b, prompt_len, tokens) for b in batches if b > 1}
+    produced, cycles = tally.produced, tally.cycles
     rate = {k: produced[k] / seconds[k] for k in seconds}
     return {
         "shape": shape, "layers": config.num_hidden_layers, "dtype": str(dtype), "device": str(device),
@@ -178,7 +217,7 @@ def check(shape: str, layers: int | None, dtype_name: str, acceptance: float, pr
         "speedup_vs_generate": {k: round(rate[k] / rate[GENERATE], 3) for k in rules},
         "speedup_vs_vanilla": {k: round(rate[k] / rate[VANILLA], 3) for k in rules},
         "tau": {k: round((produced[k] - prompts) / cycles[k], 3) for k in cycles},
-        "strict_equals_vanilla": f"{equal}/{prompts}",
+        "strict_equals_vanilla": f"{tally.equal}/{prompts}",
         "syncs_per_cycle": syncs, "ms_per_cycle_by_phase": phases, "peak_memory": peak_memory(device),
         **({"batches": batched} if batched else {}),
         "note": ("random weights and a synthetic draft: speed and syncs are real for these shapes, tau is set by "
@@ -209,8 +248,8 @@ def main() -> None:
         parser.error(f"--batch takes batch sizes separated by commas, e.g. 1,8,32,64, got {args.batch!r}")
     if any(b < 1 for b in batches):
         parser.error("--batch sizes must be >= 1")
-    result = check(args.shape, args.layers, args.dtype, args.acceptance, args.prompts, args.prompt_len, args.tokens,
-                   tree, batches)
+    result = check(args.shape, args.layers, args.dtype, args.acceptance, prompts=args.prompts,
+                   prompt_len=args.prompt_len, tokens=args.tokens, tree=tree, batches=batches)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -197,7 +197,7 @@ def sampled_outcomes(parents: list[int], tokens: list[int], logits: torch.Tensor
     n, width = len(parents), max(Counter(parents[1:]).values())
     forest = DraftTree.forest(torch.tensor(tokens).expand(copies, n), torch.tensor(parents).expand(copies, n),
                               torch.tensor(depths_of(parents)).expand(copies, n), torch.zeros(copies, n),
-                              max(depths_of(parents)), q[None].expand(copies, n, V), width)
+                              max(depths_of(parents)), draft_probs=q[None].expand(copies, n, V), width=width)
     cfg = resolve_sampling(temperature=1.0)
     processed = process_logits(logits.repeat(copies, 1), cfg)
     generator, counts = torch.Generator().manual_seed(0), Counter()

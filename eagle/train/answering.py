@@ -127,6 +127,23 @@ def _join(old: list[tuple[torch.Tensor, torch.Tensor]], old_mask: torch.Tensor,
     return kv, torch.cat([pad(old_mask, 1), pad(new_mask, 1)])
 
 
+@dataclass(frozen=True)
+class _Call:
+    """What one `answer_prompts` call asks (its arguments after the model and the prompts), in one place."""
+
+    max_len: int
+    eos_ids: frozenset[int]
+    pad_id: int
+    batch_size: int
+    temperature: float
+    seed: int
+    loop_cap: LoopCap | None
+    on_answer: Callable[[int, list[int]], None] | None
+    log: Callable[[str], None]
+    log_every: float
+    seconds: float | None
+
+
 def answer_prompts(
     model, prompts: Mapping[int, list[int]] | list[list[int]], max_len: int, eos_ids: frozenset[int], pad_id: int, *,
     batch_size: int = 64, temperature: float = 0.0, seed: int = 0, loop_cap: LoopCap | None = LoopCap(),
@@ -149,100 +166,137 @@ def answer_prompts(
     oneDNN packs the model's precision and the copy fits). At 64 rows MKL's float32 products of SmolLM2 ran
     at 75-90 GFLOP/s and the 49,152-word output layer at 41, packed ones at 110-116 (2-core AVX2 EPYC).
     """
+    call = _Call(max_len=max_len, eos_ids=eos_ids, pad_id=pad_id, batch_size=batch_size, temperature=temperature,
+                 seed=seed, loop_cap=loop_cap, on_answer=on_answer, log=log, log_every=log_every, seconds=seconds)
     with packed_where_chosen(model, prepack):
-        return _answer_prompts(model, prompts, max_len, eos_ids, pad_id, batch_size, temperature, seed, loop_cap,
-                               on_answer, log, log_every, seconds)
+        return _answer_prompts(model, prompts, call)
+
+
+class _Batch:
+    """The rows decoding together and their KV cache. Row r of every tensor below is `rows[r]`: rows join
+    (`join`) and leave (`drop_finished`) in every one at once, which is what this class is for."""
+
+    def __init__(self, model, call: _Call):
+        self.model, self.call = model, call
+        self.device = next(model.parameters()).device
+        self.keyword = cache_keyword(model)
+        self.rows: list[_Row] = []
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: keys, values [rows, heads, length, dim]
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, length] int64, 0: left padding
+        self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] int64: each row's newest token
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] int64: its position id
+        self.cache: GrownCache | None = None  # `kv` written in place; None: rebuilt at the next step (rows changed)
+
+    def decoding(self) -> bool:
+        """Whether a row is still decoding (finished rows wait here to leave together)."""
+        return any(not row.done for row in self.rows)
+
+    def drop_finished(self) -> None:
+        """Finished rows leave together once a quarter of the batch has finished: one cache copy for all of them."""
+        finished = [r for r, row in enumerate(self.rows) if row.done]
+        if not (finished and len(finished) >= max(1, len(self.rows) // 4)):
+            return
+        index = torch.tensor([r for r, row in enumerate(self.rows) if not row.done], dtype=torch.long,
+                             device=self.device)
+        self.rows = [row for row in self.rows if not row.done]
+        self.mask, self.last, self.positions = self.mask[index], self.last[index], self.positions[index]
+        self.kv = [(k[index], v[index]) for k, v in self.kv]
+        self.cache = None
+        # columns that every remaining row pads are dropped, so attention does not grow with old rows
+        if self.rows:
+            start = int((self.mask.cumsum(1) == 0).sum(1).min())
+            if start:
+                self.mask = self.mask[:, start:]
+                self.kv = [(k[:, :, start:], v[:, :, start:]) for k, v in self.kv]
+
+    def join(self, group: list[int], prompts: Mapping[int, list[int]]) -> None:
+        """Prefill `group`'s prompts together, each row's first token sampled, and join them to the running cache,
+        left-padded."""
+        call, device = self.call, self.device
+        ids, new_mask = (t.to(device) for t in _left_pad([prompts[i] for i in group], call.pad_id))
+        fresh = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=new_mask, position_ids=(new_mask.cumsum(1) - 1).clamp_min(0),
+                            use_cache=True, **{self.keyword: fresh}, logits_to_keep=1).logits[:, -1]
+        new_rows = [_Row(i, call.max_len - len(prompts[i]),
+                         random.Random(call.seed * 1_000_003 + i) if call.temperature > 0 else None) for i in group]
+        first = torch.tensor(_sample(logits, new_rows, call.temperature), device=device)
+        self.kv, self.mask = _join(self.kv, self.mask, _kv(fresh), new_mask) if self.rows else (_kv(fresh), new_mask)
+        self.cache = None
+        self.rows += new_rows
+        self.last = torch.cat([self.last, first])
+        self.positions = torch.cat([self.positions, new_mask.sum(1)])
+        for row, token in zip(new_rows, first.tolist(), strict=True):
+            row.answer.append(token)
+
+    def step(self) -> None:
+        """One decoding step of every row; a finished row decodes too (its token discarded) until it leaves."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
+        if self.cache is None:  # rebuilt only after rows joined or left (a rebuild copies the whole cache)
+            # written in place from here on (a `DynamicCache` concatenated the whole cache at every step),
+            # with room for what the rows may still write, up to ROOM (beyond it a layer doubles)
+            room = max((row.budget - len(row.answer) for row in self.rows if not row.done), default=1)
+            self.cache = GrownCache(self.kv, min(room, ROOM))
+        logits = self.model(input_ids=self.last[:, None], attention_mask=self.mask,
+                            position_ids=self.positions[:, None], use_cache=True, **{self.keyword: self.cache},
+                            cache_position=torch.tensor([self.mask.shape[1] - 1], device=self.device)).logits[:, -1]
+        self.kv = _kv(self.cache)
+        tokens = _sample(logits, self.rows, self.call.temperature)
+        self.last = torch.tensor(tokens, device=self.device)
+        self.positions = self.positions + 1
+        for row, token in zip(self.rows, tokens, strict=True):
+            if not row.done:
+                row.answer.append(token)
+
+
+def _finish_rows(rows: list[_Row], call: _Call, answers: dict[int, list[int]], stats: AnswerStats) -> None:
+    """Rows that ended (an end-of-turn token, the length cap, a loop) are done: their answers kept, counted and
+    handed to `on_answer`, once."""
+    for row in rows:
+        if row.done:
+            continue
+        ended = row.answer[-1] in call.eos_ids
+        capped = not ended and len(row.answer) >= row.budget
+        looped = not ended and not capped and call.loop_cap is not None and len(row.answer) % 8 == 0 \
+            and call.loop_cap.looping(row.answer)
+        if ended or capped or looped:
+            row.done = True
+            answers[row.index] = row.answer
+            stats.answers += 1
+            stats.answer_tokens += len(row.answer)
+            stats.looped += looped
+            stats.capped += capped
+            if call.on_answer is not None:
+                call.on_answer(row.index, row.answer)
 
 
 @torch.no_grad()
-def _answer_prompts(model, prompts, max_len, eos_ids, pad_id, batch_size, temperature, seed, loop_cap, on_answer,
-                    log, log_every, seconds) -> tuple[dict[int, list[int]], AnswerStats]:
-    device = next(model.parameters()).device
+def _answer_prompts(model, prompts: Mapping[int, list[int]] | list[list[int]],
+                    call: _Call) -> tuple[dict[int, list[int]], AnswerStats]:
+    """`answer_prompts`' loop (packing aside): rows leave, waiting prompts join, every row steps."""
+    batch = _Batch(model, call)
     if not isinstance(prompts, Mapping):
         prompts = dict(enumerate(prompts))
     order = sorted(prompts, key=lambda i: len(prompts[i]))  # similar lengths join together
-    pending = [i for i in order if len(prompts[i]) < max_len]
-    answers: dict[int, list[int]] = {i: [] for i in order if len(prompts[i]) >= max_len}
+    pending = [i for i in order if len(prompts[i]) < call.max_len]
+    answers: dict[int, list[int]] = {i: [] for i in order if len(prompts[i]) >= call.max_len}
     stats = AnswerStats()
-    rows: list[_Row] = []
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-    mask = torch.zeros(0, 0, dtype=torch.long, device=device)
-    last = torch.zeros(0, dtype=torch.long, device=device)  # each row's newest token, fed next
-    positions = torch.zeros(0, dtype=torch.long, device=device)  # its position id
-    keyword = cache_keyword(model)
-    cache: DynamicCache | None = None
     t0 = t_log = time.perf_counter()
-    while pending or any(not row.done for row in rows):
-        if seconds is not None and pending and rows and time.perf_counter() - t0 > seconds:
-            log(f"answers: time budget of {seconds:.0f} s spent, {len(pending)} prompts left unanswered")
+    while pending or batch.decoding():
+        if call.seconds is not None and pending and batch.rows and time.perf_counter() - t0 > call.seconds:
+            call.log(f"answers: time budget of {call.seconds:.0f} s spent, {len(pending)} prompts left unanswered")
             pending = []
-        finished = [r for r, row in enumerate(rows) if row.done]
-        if finished and len(finished) >= max(1, len(rows) // 4):  # finished rows leave together (one copy)
-            index = torch.tensor([r for r, row in enumerate(rows) if not row.done], dtype=torch.long, device=device)
-            rows = [row for row in rows if not row.done]
-            mask, last, positions = mask[index], last[index], positions[index]
-            kv = [(k[index], v[index]) for k, v in kv]
-            cache = None
-            # columns that every remaining row pads are dropped, so attention does not grow with old rows
-            if rows:
-                start = int((mask.cumsum(1) == 0).sum(1).min())
-                if start:
-                    mask = mask[:, start:]
-                    kv = [(k[:, :, start:], v[:, :, start:]) for k, v in kv]
-        free = batch_size - len(rows)
-        if pending and (not rows or free >= max(1, batch_size // 4)):
+        batch.drop_finished()
+        free = call.batch_size - len(batch.rows)
+        if pending and (not batch.rows or free >= max(1, call.batch_size // 4)):
             group, pending = pending[:free], pending[free:]
-            ids, new_mask = (t.to(device) for t in _left_pad([prompts[i] for i in group], pad_id))
-            fresh = DynamicCache()
-            logits = model(input_ids=ids, attention_mask=new_mask, position_ids=(new_mask.cumsum(1) - 1).clamp_min(0),
-                           use_cache=True, **{keyword: fresh}, logits_to_keep=1).logits[:, -1]
-            new_rows = [_Row(i, max_len - len(prompts[i]),
-                             random.Random(seed * 1_000_003 + i) if temperature > 0 else None) for i in group]
-            first = torch.tensor(_sample(logits, new_rows, temperature), device=device)
-            kv, mask = _join(kv, mask, _kv(fresh), new_mask) if rows else (_kv(fresh), new_mask)
-            cache = None
-            rows += new_rows
-            last = torch.cat([last, first])
-            positions = torch.cat([positions, new_mask.sum(1)])
-            for row, token in zip(new_rows, first.tolist(), strict=True):
-                row.answer.append(token)
+            batch.join(group, prompts)
         else:
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            if cache is None:  # rebuilt only after rows joined or left (a rebuild copies the whole cache)
-                # written in place from here on (a `DynamicCache` concatenated the whole cache at every step),
-                # with room for what the rows may still write, up to ROOM (beyond it a layer doubles)
-                room = max((row.budget - len(row.answer) for row in rows if not row.done), default=1)
-                cache = GrownCache(kv, min(room, ROOM))
-            logits = model(input_ids=last[:, None], attention_mask=mask, position_ids=positions[:, None],
-                           use_cache=True, **{keyword: cache},
-                           cache_position=torch.tensor([mask.shape[1] - 1], device=device)).logits[:, -1]
-            kv = _kv(cache)
-            stats.row_steps += len(rows)
-            tokens = _sample(logits, rows, temperature)
-            last = torch.tensor(tokens, device=device)
-            positions = positions + 1
-            for row, token in zip(rows, tokens, strict=True):
-                if not row.done:
-                    row.answer.append(token)
-        for row in rows:
-            if row.done:
-                continue
-            ended = row.answer[-1] in eos_ids
-            capped = not ended and len(row.answer) >= row.budget
-            looped = not ended and not capped and loop_cap is not None and len(row.answer) % 8 == 0 \
-                and loop_cap.looping(row.answer)
-            if ended or capped or looped:
-                row.done = True
-                answers[row.index] = row.answer
-                stats.answers += 1
-                stats.answer_tokens += len(row.answer)
-                stats.looped += looped
-                stats.capped += capped
-                if on_answer is not None:
-                    on_answer(row.index, row.answer)
-        if time.perf_counter() - t_log > log_every:
+            batch.step()
+            stats.row_steps += len(batch.rows)
+        _finish_rows(batch.rows, call, answers, stats)
+        if time.perf_counter() - t_log > call.log_every:
             t_log = time.perf_counter()
-            log(f"answers: {len(answers)}/{len(prompts)}, {stats.answer_tokens / (t_log - t0):.0f} answer tokens/s, "
-                f"{sum(not row.done for row in rows)} rows decoding")
+            call.log(f"answers: {len(answers)}/{len(prompts)}, {stats.answer_tokens / (t_log - t0):.0f} answer "
+                     f"tokens/s, {sum(not row.done for row in batch.rows)} rows decoding")
     stats.seconds = time.perf_counter() - t0
     return answers, stats

@@ -214,7 +214,7 @@ SAVE_SECONDS = 60.0  # how often generate_sequences saves its finished answers (
 
 @torch.no_grad()
 def generate_sequences(
-    model, tokenizer, prompts: list[list[int]], seq_len: int, batch_size: int = 16,
+    model, tokenizer, prompts: list[list[int]], seq_len: int, *, batch_size: int = 16,
     temperature: float = 0.0, seed: int = 0, log: Callable[[str], None] = print,
     progress: Path | None = None, limit: int | None = None, loop_cap: LoopCap | None = None,
     seconds: float | None = None,
@@ -429,7 +429,7 @@ class FeatureStore:
     def missing(self) -> list[int]:
         return [i for i in range(self.num_shards) if not self.shard_path(i).exists()]
 
-    def build(self, model, feature_layers: list[int], top_k: int, batch_size: int, rank: int = 0, world: int = 1,
+    def build(self, model, feature_layers: list[int], top_k: int, batch_size: int, *, rank: int = 0, world: int = 1,
               log: Callable[[str], None] = print, target_dist: str = "topk") -> None:
         """Compute and write the missing shards assigned to this process."""
         import time

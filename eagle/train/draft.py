@@ -88,7 +88,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--init", help="start from this draft checkpoint (its shape and draft vocabulary are kept)")
     ap.add_argument("--draft-shape", type=json.loads, default={},
                     help='JSON overrides of the head config, e.g. \'{"intermediate_size": 1024}\'')
-    data = ap.add_argument_group("data")
+    _add_data_arguments(ap.add_argument_group("data"))
+    _add_training_arguments(ap.add_argument_group("training"))
+    ev = ap.add_argument_group("evaluation of the final head")
+    ev.add_argument("--eval-sequences", type=int, default=16, help="held-out windows scored at the end (0: skip)")
+    ev.add_argument("--eval-jsonl", help="held-out texts (default: the stdlib held-out split with the stdlib corpus)")
+    return ap.parse_args(argv)
+
+
+def _add_data_arguments(data: argparse._ArgumentGroup) -> None:
+    """The options of the training data: where it comes from, --generate's answers, the target's features."""
     data.add_argument("--data-jsonl", help="JSONL of {'text'} or chat records (default: the stdlib train split)")
     data.add_argument("--data-hub", help="a Hugging Face dataset of such records instead, ID[:CONFIG][@REVISION] "
                       "(ShareGPT 'conversations', UltraChat 'messages', or 'text'), read with `datasets`")
@@ -118,7 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--online", action="store_true", help="compute target features every step, store nothing")
     data.add_argument("--collect-batch", type=int, default=8, help="sequences per target forward")
     data.add_argument("--shard-size", type=int, default=64, help="sequences per feature shard")
-    train = ap.add_argument_group("training")
+
+
+def _add_training_arguments(train: argparse._ArgumentGroup) -> None:
+    """The options of the training loop: schedule, unroll, precision, checkpoints and logging."""
     train.add_argument("--batch", type=int, default=4, help="sequences per step per process")
     train.add_argument("--lr", type=float, default=3e-4)
     train.add_argument("--warmup", type=int, default=50)
@@ -152,10 +164,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--wandb", choices=("online", "offline", "off"),
                        help="default: online if WANDB_API_KEY is set, else offline")
     train.add_argument("--wandb-project", default="mars-spec-draft")
-    ev = ap.add_argument_group("evaluation of the final head")
-    ev.add_argument("--eval-sequences", type=int, default=16, help="held-out windows scored at the end (0: skip)")
-    ev.add_argument("--eval-jsonl", help="held-out texts (default: the stdlib held-out split with the stdlib corpus)")
-    return ap.parse_args(argv)
 
 
 # --- model setup ------------------------------------------------------------------------------
@@ -212,7 +220,7 @@ class TTTObjective(nn.Module):
         self.__dict__["target_lm_head"] = target_lm_head
 
     def forward(self, input_ids, loss_mask, features, topk_ids=None, topk_probs=None, last_hidden=None,
-                doc_ids=None, steps: int | None = None):
+                doc_ids=None, *, steps: int | None = None):
         batch = FeatureBatch(input_ids, loss_mask, features, topk_ids, topk_probs, last_hidden, doc_ids)
         dtype = torch.bfloat16 if self.autocast else None
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -286,7 +294,8 @@ def prepare_sequences(args, target, tokenizer, data_dir: Path, accelerator, log)
             loop_cap = LoopCap() if args.loop_cap else None
             part = Sequences.concat([
                 generate_sequences(target, tokenizer, prompts if args.gen_each else prompts[i :: len(temperatures)],
-                                   args.seq_len, args.gen_batch, t, args.seed + rank * len(temperatures) + i, log,
+                                   args.seq_len, batch_size=args.gen_batch, temperature=t,
+                                   seed=args.seed + rank * len(temperatures) + i, log=log,
                                    progress=data_dir / f"generating.rank{rank}.part{i}.pt", limit=limits[i],
                                    loop_cap=loop_cap,
                                    seconds=args.gen_minutes * 60 / len(temperatures) if args.gen_minutes else None)
@@ -503,7 +512,6 @@ def fit_schedule(step: int, total: int, seconds_left: float, clock: StepClock,
 def train(argv: list[str] | None = None) -> DraftHead:
     """Run the whole pipeline (see the module doc); returns the trained head."""
     from accelerate import Accelerator
-    from transformers import AutoTokenizer
 
     args = parse_args(argv)
     accelerator = Accelerator()
@@ -514,6 +522,25 @@ def train(argv: list[str] | None = None) -> DraftHead:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
 
+    target, tokenizer, seqs = _target_and_sequences(args, accelerator, data_dir, log)
+    head = _initial_head(args, target, seqs, log)
+    head.to(accelerator.device)
+    store = _feature_store(args, accelerator, target, head, seqs, data_dir, log)
+    training = _Training(args, accelerator, log, out=out, target=target, head=head, seqs=seqs, store=store)
+    training.loop()
+    if accelerator.is_main_process:
+        training.save()
+        finish(args, head, target, tokenizer, out, data_dir, step=training.step, total=training.total,
+               counters=training.counters, loss_positions_per_s=training.rate(), log=log)
+    accelerator.wait_for_everyone()
+    training.close()
+    return head
+
+
+def _target_and_sequences(args: argparse.Namespace, accelerator, data_dir: Path, log) -> tuple:
+    """The target, its tokenizer and the training sequences (stage 1, built once: a rerun loads them)."""
+    from transformers import AutoTokenizer
+
     target = load_target(args.target, accelerator.device, args.target_dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
     if accelerator.is_main_process:
@@ -521,7 +548,12 @@ def train(argv: list[str] | None = None) -> DraftHead:
     accelerator.wait_for_everyone()
     seqs = prepare_sequences(args, target, tokenizer, data_dir, accelerator, log)
     log(f"{len(seqs)} training sequences, {seqs.num_tokens():,} trained positions")
+    return target, tokenizer, seqs
 
+
+def _initial_head(args: argparse.Namespace, target, seqs: Sequences, log) -> DraftHead:
+    """The head training starts from: --init's, or a fresh one with the draft vocabulary of the sequences' most
+    frequent next tokens (stage 2), --warm-start's output layer where asked."""
     head = build_head(args.kind, target, args.draft_vocab_size, args.draft_shape, args.init)
     if args.init is None and isinstance(head, Eagle3Head) and head.config.draft_vocab_size < head.config.vocab_size:
         counts = token_counts(seqs, head.config.vocab_size)
@@ -534,15 +566,20 @@ def train(argv: list[str] | None = None) -> DraftHead:
                              "eagle1")
         warm_start(head, target)
         log("warm start: lm_head and final norm from the target's")
-    head.to(accelerator.device)
+    return head
 
+
+def _feature_store(args: argparse.Namespace, accelerator, target, head: DraftHead, seqs: Sequences, data_dir: Path,
+                   log) -> FeatureStore:
+    """The target's features (stage 3), collected once unless --online, and held on the GPU where they fit."""
     store = FeatureStore(data_dir, seqs, args.shard_size)
     if not args.online and store.missing():
         hidden_bytes = target.get_output_embeddings().weight.shape[1] * next(target.parameters()).element_size()
         per_token = 2 * head.config.feature_size + (hidden_bytes if args.target_dist == "full" else 4 * args.top_k)
         log(f"collecting target features: ~{per_token * seqs.lengths.sum() / 1e9:.2f} GB in {data_dir}")
         store.build(target, head.config.feature_layers, args.top_k, args.collect_batch,
-                    accelerator.process_index, accelerator.num_processes, log, args.target_dist)
+                    rank=accelerator.process_index, world=accelerator.num_processes, log=log,
+                    target_dist=args.target_dist)
     accelerator.wait_for_everyone()
     if accelerator.device.type == "cuda" and not args.online:
         # Answering and feature collection leave blocks in PyTorch's cache, which the driver counts as used: on an
@@ -555,98 +592,149 @@ def train(argv: list[str] | None = None) -> DraftHead:
             log(f"features: {need / 1e9:.2f} GB held on {accelerator.device}")
         else:
             log(f"features stay on the host ({need / 1e9:.2f} GB, {free / 1e9:.2f} GB free on {accelerator.device})")
+    return store
 
-    global_batch = args.batch * accelerator.num_processes
+
+def _packing(args: argparse.Namespace, seqs: Sequences, global_batch: int, log) -> PackedEpochs | None:
+    """--pack's epochs of packed windows (None without it: one right-padded sequence per window)."""
     packed = PackedEpochs(seqs.lengths, seqs.seq_len, global_batch, args.seed) if args.pack else None
     if packed is not None:
         if args.online:
             raise ValueError("--pack reads stored features; it cannot be combined with --online")
         log(f"packing: {len(packed.plan(0))} windows of {seqs.seq_len} tokens for {len(seqs)} sequences")
-    total = schedule_length(args, packed.steps_per_epoch * global_batch if packed else len(seqs), global_batch)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, args.warmup))
-    ckpt = out / "checkpoint.pt"
-    counters = Counters()
-    step = load_checkpoint(ckpt, head, optimizer, scheduler, counters) if ckpt.exists() else 0
-    if step:
-        log(f"resumed from step {step}")
+    return packed
 
+
+def _objective(args: argparse.Namespace, accelerator, target, head: DraftHead, log) -> TTTObjective:
+    """The head and its TTT loss in the draft's compute precision (bf16 autocast or float32), both logged."""
     bf16 = args.precision == "bf16" or (args.precision == "auto" and
                                         resolve_dtype("auto", accelerator.device).dtype == torch.bfloat16)
     log(f"draft compute: {'bf16 autocast' if bf16 else 'float32'}")
     log(f"loss: {'forward KL to the full' if args.target_dist == 'full' else 'soft cross-entropy to the top-k'} "
         "target distribution")
-    objective = TTTObjective(head, args.ttt_steps, args.decay, bf16,
-                             target.get_output_embeddings() if args.target_dist == "full" else None)
-    model, optimizer = accelerator.prepare(objective, optimizer)
-    run = init_wandb(args, out, accelerator.is_main_process)
-    history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
-    rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
-    t0 = t_log = time.time()
-    cpu_mark, wall_mark = time.process_time(), time.time()
-    start_step = step
-    clock = StepClock()
-    positions_at_start = positions_at_log = counters.loss_positions
-    model.train()
-    while step < total and step != args.stop_at:
-        lap = time.time()  # the whole iteration, checkpoints and logs included, is what a deadline must fit
-        if packed is not None:
-            batch = store.packed(packed.batch(step)[rank_slice], seqs.seq_len)
-        else:
-            indices = batch_indices(step, len(seqs), global_batch, args.seed)[rank_slice]
-            batch = store.batch(indices) if not args.online else \
-                collect_features(target, seqs.select(indices), head.config.feature_layers, args.top_k, args.target_dist)
-        depth = ttt_depth(step, total, args.ttt_steps, args.ttt_curriculum)
-        loss, stats = model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS}, steps=depth)
+    return TTTObjective(head, args.ttt_steps, args.decay, bf16,
+                        target.get_output_embeddings() if args.target_dist == "full" else None)
+
+
+class _Training:
+    """The training loop of one run (stage 4) and what it advances: the step, the schedule's length (--deadline
+    shortens it, and the learning rate follows), the counters, and the marks its rates are measured from."""
+
+    def __init__(self, args: argparse.Namespace, accelerator, log, *, out: Path, target, head: DraftHead,
+                 seqs: Sequences, store: FeatureStore):
+        self.args, self.accelerator, self.log, self.out = args, accelerator, log, out
+        self.target, self.head, self.seqs, self.store = target, head, seqs, store
+        self.global_batch = args.batch * accelerator.num_processes
+        self.packed = _packing(args, seqs, self.global_batch, log)
+        self.total = schedule_length(args, self.packed.steps_per_epoch * self.global_batch if self.packed
+                                     else len(seqs), self.global_batch)
+        self.params = [p for p in head.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self.params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        # A plain function reading `self.total` at each step: a deadline that shortens the schedule cools the rate
+        # sooner (and a function, unlike a bound method, stays out of the scheduler's state_dict).
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, self.total, args.warmup))
+        self.ckpt = out / "checkpoint.pt"
+        self.counters = Counters()
+        self.step = load_checkpoint(self.ckpt, head, optimizer, self.scheduler, self.counters) \
+            if self.ckpt.exists() else 0
+        if self.step:
+            log(f"resumed from step {self.step}")
+        self.model, self.optimizer = accelerator.prepare(_objective(args, accelerator, target, head, log), optimizer)
+        self.wandb = init_wandb(args, out, accelerator.is_main_process)
+        self.history = open(out / "train_log.jsonl", "a") if accelerator.is_main_process else None
+        self.rank_slice = slice(accelerator.process_index * args.batch, (accelerator.process_index + 1) * args.batch)
+        self.t0 = self.t_log = time.time()
+        self.cpu_mark, self.wall_mark = time.process_time(), time.time()
+        self.start_step = self.step
+        self.positions_at_start = self.positions_at_log = self.counters.loss_positions
+
+    def loop(self) -> None:
+        """Train until the schedule ends, --stop-at, --minutes or --deadline (process 0's clock decides)."""
+        args, accelerator = self.args, self.accelerator
+        clock = StepClock()
+        self.model.train()
+        while self.step < self.total and self.step != args.stop_at:
+            lap = time.time()  # the whole iteration, checkpoints and logs included, is what a deadline must fit
+            batch = self.batch()
+            depth = ttt_depth(self.step, self.total, args.ttt_steps, args.ttt_curriculum)
+            metrics = self.optimise(batch, depth)
+            self.report(metrics, depth)
+            if self.step % args.save_every == 0 and accelerator.is_main_process:
+                self.save()
+            if args.minutes is not None and out_of_time(accelerator, self.t0 + args.minutes * 60):
+                break
+            if args.deadline is not None:
+                self.total = deadline_schedule(accelerator, args, self.step, self.start_step, self.total, depth=depth,
+                                               seconds=time.time() - lap, clock=clock, log=self.log)
+                if out_of_time(accelerator, args.deadline):  # past it even so: saved as it stands, uncooled
+                    break
+
+    def batch(self) -> FeatureBatch:
+        """This process's slice of the step's global batch: packed windows, stored features, or (--online) features
+        the target computes now."""
+        args, seqs = self.args, self.seqs
+        if self.packed is not None:
+            return self.store.packed(self.packed.batch(self.step)[self.rank_slice], seqs.seq_len)
+        indices = batch_indices(self.step, len(seqs), self.global_batch, args.seed)[self.rank_slice]
+        return self.store.batch(indices) if not args.online else \
+            collect_features(self.target, seqs.select(indices), self.head.config.feature_layers, args.top_k,
+                             args.target_dist)
+
+    def optimise(self, batch: FeatureBatch, depth: int) -> dict:
+        """One optimiser step on `batch` at unroll `depth`, its loss positions and CPU and wall time counted;
+        returns the step's metrics (sent to W&B)."""
+        accelerator, counters = self.accelerator, self.counters
+        loss, stats = self.model(**{name: getattr(batch.to(accelerator.device), name) for name in FIELDS}, steps=depth)
         accelerator.backward(loss)
-        accelerator.clip_grad_norm_(params, args.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
+        accelerator.clip_grad_norm_(self.params, self.args.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
         counters.loss_positions += int(accelerator.reduce(torch.tensor(stats[0].count, device=accelerator.device),
                                                           "sum"))
-        counters.cpu_seconds += time.process_time() - cpu_mark
-        counters.wall_seconds += time.time() - wall_mark
-        cpu_mark, wall_mark = time.process_time(), time.time()
-        metrics = step_metrics(loss, stats, scheduler.get_last_lr()[0])
-        if run is not None:
-            run.log(metrics, step=step)
-        if step % args.log_every == 0 or step == total:
-            rate = (counters.loss_positions - positions_at_log) / (time.time() - t_log)
-            t_log, positions_at_log = time.time(), counters.loss_positions
-            accs = " ".join(f"{metrics[f'acc_{j}']:.2f}" for j in range(depth))
-            log(f"step {step}/{total} loss {metrics['loss']:.3f} acc {accs} lr {metrics['lr']:.2e} "
-                f"loss positions/s {rate:.0f}")
-            if history:
-                history.write(json.dumps({"step": step, **metrics, "ttt_depth": depth, **counters.as_dict(),
-                                          "loss_positions_per_s": rate}) + "\n")
-                history.flush()
-        if step % args.save_every == 0 and accelerator.is_main_process:
-            save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
-            write_progress(out, step, total, counters)
-        if args.minutes is not None and out_of_time(accelerator, t0 + args.minutes * 60):
-            break
-        if args.deadline is not None:
-            total = deadline_schedule(accelerator, args, step, start_step, total, depth, time.time() - lap, clock, log)
-            if out_of_time(accelerator, args.deadline):  # past it even so: saved as it stands, uncooled
-                break
-    if accelerator.is_main_process:
-        save_checkpoint(ckpt, head, optimizer, scheduler, step, counters)
-        write_progress(out, step, total, counters)
-        finish(args, head, target, tokenizer, out, data_dir, step, total, counters,
-               (step - start_step) and (counters.loss_positions - positions_at_start) / max(time.time() - t0, 1e-9),
-               log)
-    accelerator.wait_for_everyone()
-    if history:
-        history.close()
-    if run is not None:
-        run.finish()
-    return head
+        counters.cpu_seconds += time.process_time() - self.cpu_mark
+        counters.wall_seconds += time.time() - self.wall_mark
+        self.cpu_mark, self.wall_mark = time.process_time(), time.time()
+        metrics = step_metrics(loss, stats, self.scheduler.get_last_lr()[0])
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=self.step)
+        return metrics
+
+    def report(self, metrics: dict, depth: int) -> None:
+        """Every --log-every steps and at the last: the step's figures in the log and in train_log.jsonl."""
+        step, counters = self.step, self.counters
+        if not (step % self.args.log_every == 0 or step == self.total):
+            return
+        rate = (counters.loss_positions - self.positions_at_log) / (time.time() - self.t_log)
+        self.t_log, self.positions_at_log = time.time(), counters.loss_positions
+        accs = " ".join(f"{metrics[f'acc_{j}']:.2f}" for j in range(depth))
+        self.log(f"step {step}/{self.total} loss {metrics['loss']:.3f} acc {accs} lr {metrics['lr']:.2e} "
+                 f"loss positions/s {rate:.0f}")
+        if self.history:
+            self.history.write(json.dumps({"step": step, **metrics, "ttt_depth": depth, **counters.as_dict(),
+                                           "loss_positions_per_s": rate}) + "\n")
+            self.history.flush()
+
+    def save(self) -> None:
+        """The checkpoint a rerun resumes from, and progress.json beside it (`eagle.train.status` reads it)."""
+        save_checkpoint(self.ckpt, self.head, self.optimizer, self.scheduler, self.step, self.counters)
+        write_progress(self.out, self.step, self.total, self.counters)
+
+    def rate(self) -> float:
+        """This run's loss positions per second of wall time since the loop started (0 where it trained no step)."""
+        return (self.step - self.start_step) and \
+            (self.counters.loss_positions - self.positions_at_start) / max(time.time() - self.t0, 1e-9)
+
+    def close(self) -> None:
+        """Close train_log.jsonl and end the W&B run."""
+        if self.history:
+            self.history.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
-def deadline_schedule(accelerator, args, step: int, start_step: int, total: int, depth: int, seconds: float,
+def deadline_schedule(accelerator, args, step: int, start_step: int, total: int, *, depth: int, seconds: float,
                       clock: StepClock, log) -> int:
     """The schedule's length after training step `step` took `seconds`: unchanged until 20 steps are timed
     (the first 5 after a start are left out: allocator and kernel warm-up), then every 20 steps shortened, never
@@ -680,7 +768,7 @@ def out_of_time(accelerator, end: float) -> bool:
     return bool(flag.item())
 
 
-def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, step: int, total: int,
+def finish(args, head: DraftHead, target, tokenizer, out: Path, data_dir: Path, *, step: int, total: int,
            counters: Counters, loss_positions_per_s: float, log) -> None:
     """Save the public-layout head, then score it on held-out data as it will be loaded for decoding."""
     from eagle.checkpoint import load_draft, save_draft

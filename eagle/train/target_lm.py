@@ -62,9 +62,8 @@ def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of `python -m eagle.train.target_lm` (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab-size", type=int, default=4096)
@@ -85,10 +84,29 @@ def main(argv: list[str] | None = None) -> None:
                     help="save and exit at this step, as an interruption would (rerun to resume)")
     ap.add_argument("--corpus-root", type=Path, default=None,
                     help="a directory of .py files to use instead of this Python's standard library (for tests)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> None:
+    """Train (or resume) the target, then score it on held-out data and save it to <out>/final."""
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    tokenizer, train_tokens, heldout_tokens = _tokens(args, out)
+    torch.manual_seed(args.seed)
+    run = _Run(args, _fresh_model(args, tokenizer), out / "checkpoint.pt")
+    n_params = sum(p.numel() for p in run.model.parameters())
+    print(f"params {n_params / 1e6:.1f}M", flush=True)
+    if not run.train(train_tokens, open(out / "train_log.jsonl", "a")):
+        return
+    run.save()
+    _finish(run, tokenizer, heldout_tokens, out, n_params)
+
+
+def _tokens(args: argparse.Namespace, out: Path) -> tuple:
+    """The tokenizer (trained once, kept in <out>/tokenizer) and the corpus's train and held-out tokens."""
+    from transformers import AutoTokenizer
+
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         train_tokenizer(tok_dir, args.vocab_size, args.corpus_root)
@@ -96,8 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     train_tokens = tokenize_split(tokenizer, "train", out / "cache" / "train.pt", args.corpus_root)
     heldout_tokens = tokenize_split(tokenizer, "heldout", out / "cache" / "heldout.pt", args.corpus_root)
     print(f"train tokens {len(train_tokens):,}  held-out tokens {len(heldout_tokens):,}", flush=True)
+    return tokenizer, train_tokens, heldout_tokens
 
-    torch.manual_seed(args.seed)
+
+def _fresh_model(args: argparse.Namespace, tokenizer):
+    """A randomly initialised Llama of `DEFAULT_SHAPE` (with --shape's overrides) for the tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
@@ -105,59 +128,74 @@ def main(argv: list[str] | None = None) -> None:
         pad_token_id=tokenizer.pad_token_id,
         **{**DEFAULT_SHAPE, **args.shape},
     )
-    model = LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    gen = torch.Generator().manual_seed(args.seed)
-    step, elapsed_before = 0, 0.0
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        step = state["step"]
-        elapsed_before = state.get("elapsed", 0.0)
-        print(f"resumed from step {step}", flush=True)
+    return LlamaForCausalLM(config)
 
-    def elapsed() -> float:
-        return elapsed_before + time.time() - t0
 
-    def progress() -> float:
-        return max(step / args.steps, elapsed() / (args.minutes * 60))
+class _Run:
+    """A training run's model, optimiser and window sampler, and where it stands: its step and its wall time
+    summed over resumes (the schedule follows whichever of --steps or --minutes runs out first)."""
 
-    def save() -> None:
-        save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "generator": gen.get_state(), "step": step, "elapsed": elapsed()}, ckpt)
+    def __init__(self, args: argparse.Namespace, model, ckpt: Path):
+        self.args, self.model, self.ckpt = args, model, ckpt
+        self.opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        self.gen = torch.Generator().manual_seed(args.seed)
+        self.step, self.elapsed_before = 0, 0.0
+        self.t0 = 0.0  # the wall clock as training starts (`train` sets it)
+        if ckpt.exists():
+            state = torch.load(ckpt, weights_only=False)
+            model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.gen.set_state(state["generator"])
+            self.step = state["step"]
+            self.elapsed_before = state.get("elapsed", 0.0)
+            print(f"resumed from step {self.step}", flush=True)
 
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"params {n_params / 1e6:.1f}M", flush=True)
-    log = open(out / "train_log.jsonl", "a")
-    t0 = t_last = time.time()
-    model.train()
-    while progress() < 1.0:
-        batch = random_batch(train_tokens, args.batch, args.seq, gen)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, progress(), args.lr, args.warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % args.log_every == 0:
-            rate = args.batch * args.seq * args.log_every / (time.time() - t_last)
-            t_last = time.time()
-            print(f"step {step} loss {loss.item():.3f} lr {opt.param_groups[0]['lr']:.2e} tok/s {rate:.0f}", flush=True)
-            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
-            log.flush()
-        if step % args.save_every == 0 or step == args.stop_at:
-            save()
-        if step == args.stop_at:
-            print(f"stopped at step {step}; rerun the same command to resume", flush=True)
-            return
-    save()
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.time() - self.t0
+
+    def progress(self) -> float:
+        return max(self.step / self.args.steps, self.elapsed() / (self.args.minutes * 60))
+
+    def save(self) -> None:
+        save_atomic({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                     "generator": self.gen.get_state(), "step": self.step, "elapsed": self.elapsed()}, self.ckpt)
+
+    def train(self, tokens: torch.Tensor, log) -> bool:
+        """Train until the schedule's end (True) or --stop-at (False: saved, to be resumed); `log` gets a JSON
+        line every --log-every steps."""
+        args, model, opt = self.args, self.model, self.opt
+        self.t0 = t_last = time.time()
+        model.train()
+        while self.progress() < 1.0:
+            batch = random_batch(tokens, args.batch, args.seq, self.gen)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(self.step, self.progress(), args.lr, args.warmup)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(batch[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            self.step += 1
+            if self.step % args.log_every == 0:
+                rate = args.batch * args.seq * args.log_every / (time.time() - t_last)
+                t_last = time.time()
+                print(f"step {self.step} loss {loss.item():.3f} lr {opt.param_groups[0]['lr']:.2e} tok/s {rate:.0f}",
+                      flush=True)
+                log.write(json.dumps({"step": self.step, "loss": loss.item()}) + "\n")
+                log.flush()
+            if self.step % args.save_every == 0 or self.step == args.stop_at:
+                self.save()
+            if self.step == args.stop_at:
+                print(f"stopped at step {self.step}; rerun the same command to resume", flush=True)
+                return False
+        return True
+
+
+def _finish(run: _Run, tokenizer, heldout_tokens: torch.Tensor, out: Path, n_params: int) -> None:
+    """The held-out loss, and the model saved in bf16 with its tokenizer and summary to <out>/final."""
+    args, model, step = run.args, run.model, run.step
     model.eval()
     loss = heldout_loss(model, heldout_tokens, args.seq)
     summary = {"step": step, "heldout_loss": loss, "heldout_ppl": math.exp(loss), "params": n_params,

@@ -245,80 +245,99 @@ FASTEST_TITLE = ("Speedup over the fastest plain decoding timed in the run, pair
 
 
 def report_markdown(runs: Sequence[dict], entries: Sequence[Entry], plots: Sequence[str]) -> str:
-    machines = sorted({str(r.get("machine", "unknown")) for r in runs})
-    keys = [k for k in REPORT_SETTINGS if any(k in r["settings"] for r in runs)]
-    values = {k: {run_setting(r, k) for r in runs} for k in keys}
-    common = [k for k in keys if len(values[k]) == 1]  # stated once; the rest per run dir
-    varying = [k for k in keys if k not in common]
-    parts = ["# Evaluation report", "", f"Machine: {'; '.join(machines)}", "",
-             "Settings of every run: " + "; ".join(f"{k} = {next(iter(values[k]))}" for k in common), "",
-             markdown_table(["run dir", *varying],
-                            [[r["run_dir"], *(run_setting(r, k) for k in varying)] for r in runs])]
+    """The report: the runs' settings, per temperature its tables, the speculation and per-category sections, the
+    legend, the runs' notes and the plots."""
+    parts = _settings_section(runs)
     for t in sorted({e.temperature for e in entries}):
-        parts += ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
-                  markdown_table(*table(entries, t))]
-        bounded = any(cost_bounded(e) for e in entries if e.temperature == t)
-        cost_title = ("Exact cost of the relaxation per emitted token (mars/accounting/cost.py): " if not bounded else
-                      f"Cost of the relaxation per emitted token (mars/accounting/cost.py; {BOUND}: an upper bound): ")
-        for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
-                              (fastest_cell, FASTEST_TITLE),
-                              (recovery_cell, "Quality recovery against strict with its 95% bootstrap interval and "
-                               "the questions it rests on (nonzero / paired); agreement with strict's answers "
-                               "(ROUGE-L); the target's mean log-likelihood per answer token"),
-                              (cost_cell, cost_title + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
-            header, rows = table(entries, t, render)
-            rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
-            if rows:
-                parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
-            if rows and render is cost_cell and bounded:
-                parts += ["", f"{BOUND}: an upper bound on the cost, not the exact cost: on sampled drafts the "
-                          "distribution emitted on average over the draws has no closed form, and its distance "
-                          "from p is at most the average of each draw's (TV and KL are jointly convex; "
-                          "`mars.accounting.cost.sampling_cost`), which is the figure given (the method's "
-                          "`cost_bound_tokens` > 0)."]
-            if rows and render is cost_cell and any(infinite_kl_tokens(e.fig) for e in entries if e.temperature == t):
-                parts += ["", "(+∞ on N tokens): N emitted tokens had an infinite KL (on sampled drafts, each "
-                          "draw's bound is +∞ wherever the draw lets the rule emit a token strict's given-the-draw "
-                          "distribution excludes); the KL shown is the mean over the other tokens only, so the KL "
-                          "per token (or its bound) is +∞ and the figure shown is not a bound on it."]
+        parts += _temperature_section(entries, t)
     parts += speculation_section(entries)
     parts += category_tables(entries)
-    parts += ["", "## Legend", "",
-              "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
-              "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",
-              "- **speedup vs fastest**: tokens/s over the fastest plain decoding timed in the same run "
-              "(`model.generate` in every precision timed, e.g. `generate@bfloat16`, and vanilla). In its own "
-              "table, paired per question: on every question both answered, the method's tokens/s over the "
-              "fastest plain decoding's on that question; the log ratios' 20% trimmed mean (a fifth of the "
-              "questions dropped at each end, none under 5 questions), exponentiated "
-              "(`speedup_vs_fastest_paired`), so that a burst of background load on a few answers does not move "
-              "it; `(total)` where the run could not pair (shards pooled, the baseline from another run dir, an "
-              "older summary): the ratio of total tokens/s, which report.csv holds for every method "
-              "(`speedup_vs_fastest`).",
-              "- **predicted** (Speculation section): calibration's tokens/s of what a rule method ran (its tree, "
-              "or plain decoding where its speculation was off) over the fastest plain decoding timed in "
-              "calibration, beside the run's measured speedup vs fastest.",
-              "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
-              "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
-              "and exact match in percent, BLEU / chrF / ROUGE raw.",
-              "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss). In its own table: "
-              "`r [low, high] k/n`, a paired percentile bootstrap interval over the n questions both answered, k "
-              "of which either method scored above zero (what a 0/1 metric rests on); `none: strict scores 0 ...` "
-              "where strict solved nothing (no ratio, not 0/0); `agree`: ROUGE-L of the answers against "
-              "strict's (at T=0 strict's are plain decoding's; at T>0 read a relaxed method's against vanilla's, "
-              "two lossless samples); `ll`: the target's mean log-likelihood per token of the answers "
-              "(`eval.scoring.recovery`).",
-              "- `*`: computed against the baseline (vanilla or strict) from another run dir, i.e. a separate "
-              "job: not interleaved question by question, so machine drift is not controlled.",
-              f"- `{CONTENDED}`: timed while another process of ours computed (contended_questions > 0 for the "
-              "method or the baseline it is divided by; `exclusive_timing=false`, or work outside the timing "
-              "lock): not a figure to quote.",
-              "- `–`: figure not available."]
+    parts += ["", "## Legend", "", *LEGEND]
     notes = [f"- {e.model} / {e.bench} / T={e.temperature:g} / {e.method}: {n}" for e in entries for n in e.notes]
     if notes:
         parts += ["", "## Notes", "", *notes]
     parts += ["", "## Plots", "", *(f"- [{p}]({p})" for p in plots)]
     return "\n".join(parts) + "\n"
+
+
+def _settings_section(runs: Sequence[dict]) -> list[str]:
+    """The report's head: the machines, the settings every run shares stated once, the others per run dir."""
+    machines = sorted({str(r.get("machine", "unknown")) for r in runs})
+    keys = [k for k in REPORT_SETTINGS if any(k in r["settings"] for r in runs)]
+    values = {k: {run_setting(r, k) for r in runs} for k in keys}
+    common = [k for k in keys if len(values[k]) == 1]  # stated once; the rest per run dir
+    varying = [k for k in keys if k not in common]
+    return ["# Evaluation report", "", f"Machine: {'; '.join(machines)}", "",
+            "Settings of every run: " + "; ".join(f"{k} = {next(iter(values[k]))}" for k in common), "",
+            markdown_table(["run dir", *varying],
+                           [[r["run_dir"], *(run_setting(r, k) for k in varying)] for r in runs])]
+
+
+def _temperature_section(entries: Sequence[Entry], t: float) -> list[str]:
+    """One temperature's tables: the main one, then speed against each baseline, quality recovery and the
+    relaxation's cost, each only with the models that ran its baseline."""
+    parts = ["", f"## Temperature {t:g}", "", "Each cell: speedup× / τ / quality (recovery).", "",
+             markdown_table(*table(entries, t))]
+    bounded = any(cost_bounded(e) for e in entries if e.temperature == t)
+    cost_title = ("Exact cost of the relaxation per emitted token (mars/accounting/cost.py): " if not bounded else
+                  f"Cost of the relaxation per emitted token (mars/accounting/cost.py; {BOUND}: an upper bound): ")
+    for render, title in ((generate_cell, "Speedup over transformers' model.generate in the run's precision"),
+                          (fastest_cell, FASTEST_TITLE),
+                          (recovery_cell, "Quality recovery against strict with its 95% bootstrap interval and "
+                           "the questions it rests on (nonzero / paired); agreement with strict's answers "
+                           "(ROUGE-L); the target's mean log-likelihood per answer token"),
+                          (cost_cell, cost_title + ("argmax mismatch / log-prob regret" if t == 0 else "TV / KL"))):
+        header, rows = table(entries, t, render)
+        rows = [row for row in rows if any(c != DASH for c in row[2:])]  # only models that ran the baseline
+        if rows:
+            parts += ["", f"{title}, temperature {t:g}:", "", markdown_table(header, rows)]
+        if rows and render is cost_cell and bounded:
+            parts += ["", f"{BOUND}: an upper bound on the cost, not the exact cost: on sampled drafts the "
+                      "distribution emitted on average over the draws has no closed form, and its distance "
+                      "from p is at most the average of each draw's (TV and KL are jointly convex; "
+                      "`mars.accounting.cost.sampling_cost`), which is the figure given (the method's "
+                      "`cost_bound_tokens` > 0)."]
+        if rows and render is cost_cell and any(infinite_kl_tokens(e.fig) for e in entries if e.temperature == t):
+            parts += ["", "(+∞ on N tokens): N emitted tokens had an infinite KL (on sampled drafts, each "
+                      "draw's bound is +∞ wherever the draw lets the rule emit a token strict's given-the-draw "
+                      "distribution excludes); the KL shown is the mean over the other tokens only, so the KL "
+                      "per token (or its bound) is +∞ and the figure shown is not a bound on it."]
+    return parts
+
+
+# The report's legend: what each figure and mark means.
+LEGEND = [
+    "- **speedup**: tokens/s over our vanilla decoding (same adapter and cache) in the same run.",
+    "- **speedup vs generate**: tokens/s over transformers' `model.generate` in the same run and precision.",
+    "- **speedup vs fastest**: tokens/s over the fastest plain decoding timed in the same run "
+    "(`model.generate` in every precision timed, e.g. `generate@bfloat16`, and vanilla). In its own "
+    "table, paired per question: on every question both answered, the method's tokens/s over the "
+    "fastest plain decoding's on that question; the log ratios' 20% trimmed mean (a fifth of the "
+    "questions dropped at each end, none under 5 questions), exponentiated "
+    "(`speedup_vs_fastest_paired`), so that a burst of background load on a few answers does not move "
+    "it; `(total)` where the run could not pair (shards pooled, the baseline from another run dir, an "
+    "older summary): the ratio of total tokens/s, which report.csv holds for every method "
+    "(`speedup_vs_fastest`).",
+    "- **predicted** (Speculation section): calibration's tokens/s of what a rule method ran (its tree, "
+    "or plain decoding where its speculation was off) over the fastest plain decoding timed in "
+    "calibration, beside the run's measured speedup vs fastest.",
+    "- **τ**: tokens emitted per draft–verify cycle (the prefill's first token is in no cycle).",
+    "- **quality**: the benchmark's headline metric (named in the column header); pass@1, accuracy "
+    "and exact match in percent, BLEU / chrF / ROUGE raw.",
+    "- **recovery**: quality / strict's quality on the same benchmark (1.00 = no loss). In its own table: "
+    "`r [low, high] k/n`, a paired percentile bootstrap interval over the n questions both answered, k "
+    "of which either method scored above zero (what a 0/1 metric rests on); `none: strict scores 0 ...` "
+    "where strict solved nothing (no ratio, not 0/0); `agree`: ROUGE-L of the answers against "
+    "strict's (at T=0 strict's are plain decoding's; at T>0 read a relaxed method's against vanilla's, "
+    "two lossless samples); `ll`: the target's mean log-likelihood per token of the answers "
+    "(`eval.scoring.recovery`).",
+    "- `*`: computed against the baseline (vanilla or strict) from another run dir, i.e. a separate "
+    "job: not interleaved question by question, so machine drift is not controlled.",
+    f"- `{CONTENDED}`: timed while another process of ours computed (contended_questions > 0 for the "
+    "method or the baseline it is divided by; `exclusive_timing=false`, or work outside the timing "
+    "lock): not a figure to quote.",
+    "- `–`: figure not available.",
+]
 
 
 def write_csv(entries: Sequence[Entry], path: Path) -> None:

@@ -28,7 +28,7 @@ from mars.verification.sampling import SamplingConfig
 
 
 def decode(gen: SpeculativeGenerator, method: MethodConfig, sampling: SamplingConfig, batch: list[list[int]],
-           max_new_tokens: int, eos: list[int], seed: int, plain_model=None,
+           max_new_tokens: int, eos: list[int], seed: int, *, plain_model=None,
            tree: TreeShape | None = None, speculate: bool = True) -> list[GenerationOutput]:
     """`method`'s answers to the prompts of `batch`, decoded together (one output per prompt, its `seconds`
     the time from the batch's start to its last token): `model.generate` (left-padded) on `plain_model`
@@ -72,7 +72,7 @@ class Skip(Exception):
 class Evaluator:
     """Runs one method on one question (all its turns) and builds its answer record."""
 
-    def __init__(self, run: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat,
+    def __init__(self, run: RunConfig, gen: SpeculativeGenerator, tokenizer, fmt: PromptFormat, *,
                  plain_models: dict[str, object] | None = None, timing_device: str = "cpu",
                  trees: dict[str, TreeShape] | None = None, plain_methods: dict[str, str | None] | None = None):
         self.run, self.gen, self.tokenizer, self.fmt = run, gen, tokenizer, fmt
@@ -137,8 +137,8 @@ class Evaluator:
             budgets = [self.budget(x) for x in ids]
             plain = self.plain_models.get(method.name)
             tree = self.trees.get(method.name)
-            outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain, tree,
-                          speculate=speculate)
+            outs = decode(self.gen, method, sampling, ids, min(budgets), self.eos, seed + turn, plain_model=plain,
+                          tree=tree, speculate=speculate)
             checked = exact_at_tree_kernels(self.gen, method, sampling, ids, outs, min(budgets), self.eos) \
                 if check and speculate and plain is None else None
             for i, same in zip(rows, checked or [], strict=False):
@@ -206,74 +206,104 @@ def as_answer_of(record: dict, method: str, model_name: str, source: str) -> dic
     return copy
 
 
+class _AnswerFiles:
+    """The answer and skip files of a call's methods, what each method's answers have shown of its speed so far,
+    and how many questions the call has finished (for the tracker)."""
+
+    def __init__(self, methods: list[MethodConfig], directories: dict[str, Path], tracker):
+        self.files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
+        self.skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, SKIPPED)) for m in methods}
+        self.speed = {m.name: [0, 0.0] for m in methods}  # {method: [new tokens, wall seconds]}
+        self.tracker = tracker
+        self.todo = 0  # questions this call answers (set once known)
+        self.finished = 0  # of them, those whose group is done
+
+    def done(self, name: str, qid) -> bool:
+        return self.files[name].done(qid) or self.skipped[name].done(qid)
+
+    def keep(self, name: str, record: dict, group: list) -> None:
+        """Append `name`'s answer `record` (of a question of `group`), tell the tracker, count its speed."""
+        self.files[name].append(record)
+        self.tracker.log_question(name, record, self.finished + len(group), self.todo)
+        choice = record["choices"][0]
+        self.speed[name][0] += sum(choice["new_tokens"])
+        self.speed[name][1] += sum(choice["wall_time"])
+
+
 def answer_questions(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig],
                      questions: list[tuple[int, Question]], directories: dict[str, Path], tracker) -> set[str]:
     """Every method on every question it has not answered yet, appending each answer as it is made; a rule
     whose speculation is off takes the answer of the run's fastest plain method to each question (`plain_answers`).
     Returns the methods that answered (or skipped) at least one question."""
-    files = {m.name: AnswerFile(answer_path(directories[m.name], m)) for m in methods}
-    skipped = {m.name: AnswerFile(answer_path(directories[m.name], m, SKIPPED)) for m in methods}
+    books = _AnswerFiles(methods, directories, tracker)
     samplings = {m.name: sampling_of(m, config.sampling) for m in methods}
     shared = plain_answers(evaluator, methods)
     decoding = [m for m in methods if m.name not in shared]
-
-    def done(name: str, qid) -> bool:
-        return files[name].done(qid) or skipped[name].done(qid)
-
-    todo = [(i, q) for i, q in questions if not all(done(m.name, q.question_id) for m in methods)]
+    todo = [(i, q) for i, q in questions if not all(books.done(m.name, q.question_id) for m in methods)]
+    books.todo = len(todo)
     size = config.batch_size
     if config.warmup and todo:  # first calls pay for allocation and kernel selection; untimed, so not while others time
         with locks.busy(evaluator.timing_device, config.exclusive_timing):
             warm_up(config, evaluator, decoding, todo, samplings)
-    speed = {m.name: [0, 0.0] for m in methods}
     answered: set[str] = set()
     names = ", ".join(m.name for m in methods)
     # Batched (batch_size > 1): the questions in groups of that size, each method answering a group at once;
     # each answer is appended when its group is done (a killed run loses at most the group in flight).
     groups = [todo[k: k + size] for k in range(0, len(todo), size)]
     bar = tqdm(total=len(todo), desc=f"{config.bench.name}: {names}", unit="q", dynamic_ncols=True, file=sys.stderr)
-    finished = 0
-
-    def keep(name: str, record: dict, group: list) -> None:
-        files[name].append(record)
-        tracker.log_question(name, record, finished + len(group), len(todo))
-        choice = record["choices"][0]
-        speed[name][0] += sum(choice["new_tokens"])
-        speed[name][1] += sum(choice["wall_time"])
-
     for group in groups:
-        i = group[0][0]  # the index of the group's first question in the whole set
         for question in (q for _, q in group):
             evaluator.start(question)
-        for m in decoding[i % len(decoding):] + decoding[: i % len(decoding)]:
-            pending = [(j, q) for j, q in group if not done(m.name, q.question_id)]
-            if not pending:
-                continue
-            # Timed alone on the machine (answered again if another process of ours computed meanwhile,
-            # else marked contended): eval.runner.locks. Seeded, so a repeat gives the same answers.
-            def attempt(m: MethodConfig = m, pending: list = pending) -> tuple[list[dict], list[dict]]:
-                skips: list[dict] = []  # kept from the attempt that counts only
-                return answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003, skips), skips
-
-            (records, skips), timing = locks.run_timed(evaluator.timing_device, attempt, config.exclusive_timing,
-                                                       log=bar.write)
-            for skip in skips:
-                skipped[m.name].append(skip)
-            for record in records:
-                record["timing"] = timing.record()
-                keep(m.name, record, group)
-            answered.add(m.name)
-        for name, source in shared.items():
-            for qid in (q.question_id for _, q in group if not done(name, q.question_id)):
-                if files[source].done(qid):
-                    keep(name, as_answer_of(files[source].records[qid], name, config.model.name, source), group)
-                elif skipped[source].done(qid):
-                    skipped[name].append(as_answer_of(skipped[source].records[qid], name, config.model.name, source))
-                answered.add(name)
-        finished += len(group)
+        answered |= _decode_group(config, evaluator, decoding, samplings, group, books, bar.write)
+        answered |= _share_group(config, shared, group, books)
+        books.finished += len(group)
         bar.update(len(group))
-        bar.set_postfix({name: f"{t / s:.0f}t/s" for name, (t, s) in speed.items() if s})
+        bar.set_postfix({name: f"{t / s:.0f}t/s" for name, (t, s) in books.speed.items() if s})
     bar.close()
+    return answered
+
+
+def _decode_group(config: RunConfig, evaluator: Evaluator, decoding: list[MethodConfig],
+                  samplings: dict[str, SamplingConfig], group: list[tuple[int, Question]], books: _AnswerFiles,
+                  log) -> set[str]:
+    """Each decoding method on the questions of `group` it has not answered, timed, in an order rotated by the
+    group's place (no method always first); returns the methods that answered."""
+    answered: set[str] = set()
+    i = group[0][0]  # the index of the group's first question in the whole set
+    for m in decoding[i % len(decoding):] + decoding[: i % len(decoding)]:
+        pending = [(j, q) for j, q in group if not books.done(m.name, q.question_id)]
+        if not pending:
+            continue
+        # Timed alone on the machine (answered again if another process of ours computed meanwhile,
+        # else marked contended): eval.runner.locks. Seeded, so a repeat gives the same answers.
+        def attempt(m: MethodConfig = m, pending: list = pending) -> tuple[list[dict], list[dict]]:
+            skips: list[dict] = []  # kept from the attempt that counts only
+            return answer_group(evaluator, m, samplings[m.name], pending, config.seed * 1_000_003, skips), skips
+
+        (records, skips), timing = locks.run_timed(evaluator.timing_device, attempt, config.exclusive_timing, log=log)
+        for skip in skips:
+            books.skipped[m.name].append(skip)
+        for record in records:
+            record["timing"] = timing.record()
+            books.keep(m.name, record, group)
+        answered.add(m.name)
+    return answered
+
+
+def _share_group(config: RunConfig, shared: dict[str, str], group: list[tuple[int, Question]],
+                 books: _AnswerFiles) -> set[str]:
+    """Each method whose speculation is off takes its plain method's answers (or skips) to `group`'s questions
+    it has not answered (`plain_answers`); returns the methods that took one."""
+    answered: set[str] = set()
+    for name, source in shared.items():
+        for qid in (q.question_id for _, q in group if not books.done(name, q.question_id)):
+            if books.files[source].done(qid):
+                books.keep(name, as_answer_of(books.files[source].records[qid], name, config.model.name, source),
+                           group)
+            elif books.skipped[source].done(qid):
+                books.skipped[name].append(as_answer_of(books.skipped[source].records[qid], name, config.model.name,
+                                                        source))
+            answered.add(name)
     return answered
 
 
@@ -286,8 +316,8 @@ def warm_up(config: RunConfig, evaluator: Evaluator, methods: list[MethodConfig]
             ids = [encode(evaluator.tokenizer, q, [], evaluator.fmt) for _, q in todo[:size]]
             budget = min(16, *(evaluator.budget(x) for x in ids))
             plain = evaluator.plain_models.get(m.name)
-            decode(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain,
-                   evaluator.trees.get(m.name), speculate=m.name not in evaluator.plain_methods)
+            decode(evaluator.gen, m, samplings[m.name], ids, budget, evaluator.eos, config.seed, plain_model=plain,
+                   tree=evaluator.trees.get(m.name), speculate=m.name not in evaluator.plain_methods)
         except Skip:
             break
 

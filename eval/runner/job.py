@@ -296,22 +296,11 @@ def run(composed: DictConfig | RunConfig) -> dict:
                          "resume=true (the default) to continue them, or move the run directories away")
     ids = {q.question_id for _, q in questions}
     pending = [m for m in methods if not answered(directories[m.name], m, ids)]
-    if not pending and (job_dir / SUMMARY).exists():
-        summary = json.loads((job_dir / SUMMARY).read_text())
-        if summary["settings"].get("methods") == list(directories) and summary["settings"]["questions"] == len(ids):
-            print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
-            return summary
+    if not pending and (summary := _finished_summary(job_dir, directories, ids)) is not None:
+        print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
+        return summary
     started = time.time()
-    OmegaConf.save(OmegaConf.structured(config) if not isinstance(composed, DictConfig) else composed, job_dir / CONFIG,
-                   resolve=True)
-    wandb_config = {**plain(config), "resolved": resolved.record()}
-    if level is not None:
-        wandb_config["sandbox"] = {**wandb_config.get("sandbox", {}), "isolation": level}
-        if level == sandbox.UNISOLATED:
-            config.logging.tags = [*config.logging.tags, "sandbox:unisolated"]
-    tracker = start_tracking(config.logging, job_dir, wandb_config,
-                             model=config.model.name, bench=config.bench.name,
-                             method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
+    tracker = _start_job(composed, config, resolved, level, job_dir)
     answered_now = answer_pending(config, resolved, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
     categories = question_categories(config, questions)
@@ -330,15 +319,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
         fig = summary["methods"][m.name]
         fig["run_dir"] = str(directories[m.name])
         if isinstance(m, RuleMethod):
-            fig["rule"] = {"name": m.kind, **m.rule().params()}
-            fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
-            fig.update(speculation_figures(resolved, m.name))
-            sources = {r.get("answers_of") for r in records[m.name]}
-            if sources and None not in sources:  # speculation off: the plain method's answers (answering.plain_answers)
-                fig["answers_of"] = ", ".join(sorted(sources))
-                fig["speculation_reason"] += (f"; its answers are {fig['answers_of']}'s in this run (the same "
-                                              "decoding: timing it again would measure only the machine's noise)")
-            fig["margin_histogram"] = margin_histogram(margins[m.name], *m.rule().gate_scale())
+            _rule_figures(fig, m, resolved, records[m.name], margins[m.name])
     text = json.dumps(summary, indent=2) + "\n"
     for path in [job_dir / SUMMARY, *([resolve(config.summary_path)] if config.summary_path else [])]:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,6 +328,47 @@ def run(composed: DictConfig | RunConfig) -> dict:
     print(f"run: {job_dir}")
     tracker.finish(summary, {m.name: answer_path(directories[m.name], m) for m in methods}, margins)
     return summary
+
+
+def _finished_summary(job_dir: Path, directories: dict[str, Path], ids: set) -> dict | None:
+    """The job's summary where it is there for these methods and questions (nothing left to run), else None."""
+    if not (job_dir / SUMMARY).exists():
+        return None
+    summary = json.loads((job_dir / SUMMARY).read_text())
+    if summary["settings"].get("methods") == list(directories) and summary["settings"]["questions"] == len(ids):
+        return summary
+    return None
+
+
+def _start_job(composed: DictConfig | RunConfig, config: RunConfig, resolved: DecodeSettings, level: str | None,
+               job_dir: Path):
+    """Save the job's config in its directory and start its tracker (W&B or none), the sandbox's isolation noted
+    (and tagged where the code runs unconfined); returns the tracker."""
+    OmegaConf.save(OmegaConf.structured(config) if not isinstance(composed, DictConfig) else composed, job_dir / CONFIG,
+                   resolve=True)
+    wandb_config = {**plain(config), "resolved": resolved.record()}
+    if level is not None:
+        wandb_config["sandbox"] = {**wandb_config.get("sandbox", {}), "isolation": level}
+        if level == sandbox.UNISOLATED:
+            config.logging.tags = [*config.logging.tags, "sandbox:unisolated"]
+    return start_tracking(config.logging, job_dir, wandb_config,
+                          model=config.model.name, bench=config.bench.name,
+                          method=config.method.name, temperature=config.sampling.temperature, sweep=sweep_name())
+
+
+def _rule_figures(fig: dict, m: RuleMethod, resolved: DecodeSettings, records: list[dict],
+                  margins: list[float]) -> None:
+    """A rule method's figures in its summary: its rule, tree and speculation verdict, whose answers it took
+    (speculation off), and the histogram of its margins."""
+    fig["rule"] = {"name": m.kind, **m.rule().params()}
+    fig["tree"] = resolved.tree_for(m.name).label  # the tree it drafted (its own, where measured)
+    fig.update(speculation_figures(resolved, m.name))
+    sources = {r.get("answers_of") for r in records}
+    if sources and None not in sources:  # speculation off: the plain method's answers (answer_loop.plain_answers)
+        fig["answers_of"] = ", ".join(sorted(sources))
+        fig["speculation_reason"] += (f"; its answers are {fig['answers_of']}'s in this run (the same "
+                                      "decoding: timing it again would measure only the machine's noise)")
+    fig["margin_histogram"] = margin_histogram(margins, *m.rule().gate_scale())
 
 
 def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptFormat,
@@ -394,8 +416,8 @@ def answer_pending(config: RunConfig, resolved: DecodeSettings, fmt: PromptForma
                     plain_models[m.name] = copies[dtype]
         off = {m.name: plain_method(resolved.speculation[m.name].plain, pending, resolved)
                for m in pending if isinstance(m, RuleMethod) and not resolved.speculates(m.name)}
-        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models, timing_device=device, trees=trees,
-                              plain_methods=off)
+        evaluator = Evaluator(config, gen, tokenizer, fmt, plain_models=plain_models, timing_device=device,
+                              trees=trees, plain_methods=off)
         by_name = {m.name: m for m in pending}
 
         def answer(names: list[str]) -> None:

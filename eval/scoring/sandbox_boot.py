@@ -143,8 +143,9 @@ def _patch_signal(module):  # signal, or _signal
         module.pidfd_send_signal = _refuse("signal.pidfd_send_signal")
 
 
-def _file_guards(workdir):
-    # Patches for os/posix and io/_io: writes and destructive calls only inside `workdir`.
+def _path_check(workdir):
+    """`check(path, what, fd_ok=False)`: refuse `what` on a path outside `workdir` (or on a descriptor unless
+    `fd_ok`). It resolves paths with os's functions as they are now, before any patch replaces them."""
     realpath, fsdecode, fspath = os.path.realpath, os.fsdecode, os.fspath
 
     def check(path, what, fd_ok=False):
@@ -156,68 +157,89 @@ def _file_guards(workdir):
         if resolved != workdir and not resolved.startswith(workdir + os.sep):
             raise PermissionError(f"{what}: changing files outside the sandbox directory is disabled ({resolved!r})")
 
-    def inside_only(real, what, paths):
-        # Allowed on paths inside the sandbox directory only; the dir_fd forms (relative to a directory
-        # we cannot see) are refused.
-        def call(*args, **kwargs):
-            for key in ("dir_fd", "src_dir_fd", "dst_dir_fd"):
-                if kwargs.get(key) is not None:
-                    raise PermissionError(f"{what} with {key} is disabled in the sandbox")
-            for path in (*args[:paths], *(kwargs[k] for k in ("path", "src", "dst") if k in kwargs)):
-                check(path, what)
-            return real(*args, **kwargs)
-        call.__name__ = real.__name__
-        return call
+    return check
 
-    def writes(mode):
-        return any(c in mode for c in "wax+")
 
-    def guarded_open(real):
-        def open(file, mode="r", *args, **kwargs):
-            if writes(mode):
-                check(file, "open", fd_ok=True)
-            return real(file, mode, *args, **kwargs)
-        return open
+def _inside_only(check, real, what, paths):
+    """`real` allowed on paths inside the sandbox directory only (its first `paths` arguments and path/src/dst);
+    the dir_fd forms (relative to a directory we cannot see) are refused."""
+    def call(*args, **kwargs):
+        for key in ("dir_fd", "src_dir_fd", "dst_dir_fd"):
+            if kwargs.get(key) is not None:
+                raise PermissionError(f"{what} with {key} is disabled in the sandbox")
+        for path in (*args[:paths], *(kwargs[k] for k in ("path", "src", "dst") if k in kwargs)):
+            check(path, what)
+        return real(*args, **kwargs)
+    call.__name__ = real.__name__
+    return call
 
-    def guarded_fileio(base):
-        def __init__(self, file, mode="r", *args, **kwargs):
-            if writes(mode):
-                check(file, "FileIO", fd_ok=True)
-            base.__init__(self, file, mode, *args, **kwargs)
-        return type("FileIO", (base,), {"__init__": __init__, "__module__": base.__module__, "__slots__": ()})
 
+def _writes(mode):
+    return any(c in mode for c in "wax+")
+
+
+def _guarded_open(check, real):
+    """open (builtins, io, _io) that writes inside the sandbox directory only."""
+    def open(file, mode="r", *args, **kwargs):
+        if _writes(mode):
+            check(file, "open", fd_ok=True)
+        return real(file, mode, *args, **kwargs)
+    return open
+
+
+def _guarded_fileio(check, base):
+    """io.FileIO that writes inside the sandbox directory only."""
+    def __init__(self, file, mode="r", *args, **kwargs):
+        if _writes(mode):
+            check(file, "FileIO", fd_ok=True)
+        base.__init__(self, file, mode, *args, **kwargs)
+    return type("FileIO", (base,), {"__init__": __init__, "__module__": base.__module__, "__slots__": ()})
+
+
+def _guarded_os_open(check, real):
+    """os.open that opens for writing inside the sandbox directory only, never relative to a dir_fd."""
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
-    def guarded_os_open(real):
-        def open(path, flags, mode=0o777, *, dir_fd=None):
-            if flags & write_flags:
-                if dir_fd is not None:
-                    raise PermissionError("os.open for writing with dir_fd is disabled in the sandbox")
-                check(path, "os.open")
-            return real(path, flags, mode, dir_fd=dir_fd)
-        return open
+    def open(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & write_flags:
+            if dir_fd is not None:
+                raise PermissionError("os.open for writing with dir_fd is disabled in the sandbox")
+            check(path, "os.open")
+        return real(path, flags, mode, dir_fd=dir_fd)
+    return open
+
+
+# os's functions that change files, each with the number of leading path arguments (allowed inside workdir only)
+_OS_INSIDE_ONLY = (("mkdir", 1), ("remove", 1), ("unlink", 1), ("rmdir", 1), ("rename", 2), ("replace", 2),
+                   ("truncate", 1), ("chmod", 1), ("utime", 1))
+# os's functions refused outright: processes, signals, identity and session, ownership, links, root and directory
+_OS_REFUSED = (
+    "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp",
+    "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
+    "kill", "killpg", "pidfd_open",
+    "fchmod", "lchmod", "chown", "fchown", "lchown", "chflags", "lchflags",
+    "link", "symlink", "mkfifo", "mknod", "chroot", "chdir", "fchdir",
+    "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setegid", "setregid", "setresgid",
+    "setgroups", "setsid", "setpgid", "setpgrp",
+)
+
+
+def _file_guards(workdir):
+    # Patches for os/posix and io/_io: writes and destructive calls only inside `workdir`.
+    check = _path_check(workdir)
 
     def patch_os(module):  # os, or posix (where os's functions come from; a fresh import is patched too)
-        module.open = guarded_os_open(module.open)
-        for name, paths in (("mkdir", 1), ("remove", 1), ("unlink", 1), ("rmdir", 1), ("rename", 2),
-                            ("replace", 2), ("truncate", 1), ("chmod", 1), ("utime", 1)):
-            setattr(module, name, inside_only(getattr(module, name), f"os.{name}", paths))
-        for name in (
-            "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp",
-            "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-            "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-            "kill", "killpg", "pidfd_open",
-            "fchmod", "lchmod", "chown", "fchown", "lchown", "chflags", "lchflags",
-            "link", "symlink", "mkfifo", "mknod", "chroot", "chdir", "fchdir",
-            "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setegid", "setregid", "setresgid",
-            "setgroups", "setsid", "setpgid", "setpgrp",
-        ):
+        module.open = _guarded_os_open(check, module.open)
+        for name, paths in _OS_INSIDE_ONLY:
+            setattr(module, name, _inside_only(check, getattr(module, name), f"os.{name}", paths))
+        for name in _OS_REFUSED:
             if hasattr(module, name):
                 setattr(module, name, _refuse(f"os.{name}"))
 
     def patch_io(module):  # io, or _io
-        module.open = guarded_open(module.open)
-        module.FileIO = guarded_fileio(module.FileIO)
+        module.open = _guarded_open(check, module.open)
+        module.FileIO = _guarded_fileio(check, module.FileIO)
 
     return patch_os, patch_io
 

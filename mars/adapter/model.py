@@ -63,6 +63,36 @@ class TargetModel:
         n_layers = self.config.num_hidden_layers
         self.feature_layers = list(feature_layers or [n_layers])
         self.taps: FeatureTaps | None = None  # hooks on the model, only inside `tapped()`
+        self._read_layer_types()
+        self.devices = route_devices(model)
+        self.all_devices = {p.device for p in model.parameters()}  # a sharded model: every device it uses
+        self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.cache: TreeCache | StaticTreeCache | None = None
+        self.cache_keyword = cache_keyword(model)  # `cache`, or `past_key_values` before transformers 5.24
+        self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
+        self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
+        self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
+        self.rows: RowLengths | None = None  # batched decoding: tokens of each sequence in the cache
+        self.max_length = context_length(model.config)
+        self.exact_attention: bool = self._resolved_exact(exact_attention, static=static, compile=compile,
+                                                          max_cache_len=max_cache_len)
+        # The model's own implementation, when it takes no tree mask: kept for maskless calls (routed).
+        self.maskless = None if self.exact_attention else maskless_implementation(model.config._attn_implementation)
+        self.static = static
+        self.shapes: StaticShapes | None = None
+        if static:
+            self.shapes = StaticShapes(model, feature_layers=self.feature_layers, feature_device=self.feature_device,
+                                       dtype=self.dtype, device=self.devices.inputs, maskless=self.maskless,
+                                       max_length=self.max_length, max_cache_len=max_cache_len, tree_rows=tree_rows,
+                                       compile=compile)
+            self.cache = self.shapes.cache
+        self._restore_attention: str | None = None
+        self._route_attention()
+
+    def _read_layer_types(self) -> None:
+        """Refuse layers whose state cannot roll back to a tree path; read the sliding window and whether masks
+        go per layer type."""
         layer_types = list(getattr(self.config, "layer_types", None) or [])
         unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -78,17 +108,11 @@ class TargetModel:
         self.mask_by_type = "sliding_attention" in layer_types
         if layer_types and not self.mask_by_type:
             self.sliding_window = None  # every layer attends fully
-        self.devices = route_devices(model)
-        self.all_devices = {p.device for p in model.parameters()}  # a sharded model: every device it uses
-        self.feature_device = torch.device(feature_device) if feature_device is not None else self.devices.inputs
-        self.dtype = model.get_input_embeddings().weight.dtype
-        self.cache: TreeCache | StaticTreeCache | None = None
-        self.cache_keyword = cache_keyword(model)  # `cache`, or `past_key_values` before transformers 5.24
-        self._mask_buffer: torch.Tensor | None = None  # tree masks are written into it (see `_tree_mask`)
-        self._mask_written = (0, 0, 0)  # rows, first and last column the previous tree mask wrote
-        self.committed = 0  # tokens of the sequence in the cache; tree nodes sit after them until keep_path
-        self.rows: RowLengths | None = None  # batched decoding: tokens of each sequence in the cache
-        self.max_length = context_length(model.config)
+
+    def _resolved_exact(self, exact_attention: bool | str, *, static: bool, compile: str | None,
+                        max_cache_len: int | None) -> bool:
+        """Exact attention on or off ("auto": where plain verification would not reproduce plain decoding),
+        checked with the static settings it must agree with."""
         if exact_attention == "auto":
             exact_attention = needs_exact_attention(self.dtype) and self.sliding_window is None and not static
         elif not isinstance(exact_attention, bool):
@@ -98,18 +122,12 @@ class TargetModel:
         if exact_attention and self.sliding_window is not None:
             raise NotImplementedError("exact_attention supports full-attention models only (no sliding window): "
                                       "pass exact_attention=False or 'auto' (model.exact_attention=false)")
-        self.exact_attention: bool = exact_attention
-        # The model's own implementation, when it takes no tree mask: kept for maskless calls (routed).
-        self.maskless = None if exact_attention else maskless_implementation(model.config._attn_implementation)
-        self.static = static
-        self.shapes: StaticShapes | None = None
-        if static:
-            self.shapes = StaticShapes(model, feature_layers=self.feature_layers, feature_device=self.feature_device,
-                                       dtype=self.dtype, device=self.devices.inputs, maskless=self.maskless,
-                                       max_length=self.max_length, max_cache_len=max_cache_len, tree_rows=tree_rows,
-                                       compile=compile)
-            self.cache = self.shapes.cache
-        self._restore_attention: str | None = None
+        return exact_attention
+
+    def _route_attention(self) -> None:
+        """Switch the model's attention to the adapter's (exact, a maskless model's tree route, or SDPA's GQA
+        mode on CPU) where one is needed, keeping the model's own to restore at `close`."""
+        model, exact_attention, static = self.model, self.exact_attention, self.static
         # An SDPA model with grouped-query attention on CPU: tree forwards without transformers' repeated keys.
         gqa = None if exact_attention or self.maskless or static else \
             gqa_route(model, model.config._attn_implementation, self.devices.inputs)

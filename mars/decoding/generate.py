@@ -53,8 +53,10 @@ from mars.accounting.deferred import CostLedger
 from mars.accounting.timing import PhaseClock, frozen_heap
 from mars.adapter import TargetModel
 from mars.decoding.adaptive import AdaptiveTree, measure_costs
+from mars.decoding.call_checks import call_prompts, check_generator, checked_plain_kernels
 from mars.decoding.drafting import Drafter
 from mars.decoding.output import GenerationOutput
+from mars.decoding.plain_loop import external_rows, plain_rows
 from mars.decoding.rows import Behind, Rows, joined, paths_behind, prompts_behind
 from mars.decoding.settings import Kernels, TreeShape
 from mars.verification.sampling import SamplingConfig, next_tokens, process_logits, resolve_sampling
@@ -62,6 +64,11 @@ from mars.verification.verify import Verdict, accept_rows
 
 # EAGLE-2's dynamic tree (its GPU setting); `mars.tuned` measures the fastest tree for a machine.
 DEFAULT_TREE = TreeShape(60, 6, 10)
+
+# loop(prompts, cfg, max_new_tokens, eos, generator, outputs): one call's decoding of its rows, filling `outputs`
+# (`_speculate` bound to its generator, or `mars.decoding.plain_loop`'s).
+Loop = Callable[[list[torch.Tensor], SamplingConfig, int, frozenset[int], torch.Generator | None,
+                 list[GenerationOutput]], None]
 
 
 def _while_decoding(method):
@@ -145,7 +152,7 @@ class SpeculativeGenerator:
         # The tree's kernels and plain decoding's, each (exact attention plans, packed, oneDNN on).
         precision = str(self.target.dtype).removeprefix("torch.")
         self.tree_kernels = Kernels(precision, self.target.exact_attention, self.prepack, onednn)
-        self.plain_kernels = self._checked_plain(plain_kernels, plain_model)
+        self.plain_kernels = checked_plain_kernels(self.target, self.tree_kernels, plain_kernels, plain_model)
         # Plain decoding's adapter: the tree's, or one over the copy in plain decoding's precision.
         self.plain_target = self.target if plain_model is None else TargetModel(
             plain_model, head.config.feature_layers, self.plain_kernels.exact_attention, feature_device=head.device)
@@ -154,7 +161,8 @@ class SpeculativeGenerator:
         self.plain_packed = PackedLinears(plain_model) if plain_model is not None and self.plain_kernels.prepack \
             else self.packed
         # A prompt's forward multiplies many rows: in plain decoding on torch's own products (`onednn` off) it
-        # runs with oneDNN, packed where packable (`_prompt_forward`). The copy's packed weights, for that.
+        # runs with oneDNN, packed where packable (`mars.decoding.plain_loop.prompt_forward`). The copy's packed
+        # weights, for that.
         self.prompt_packed = self.plain_packed if plain_model is None or self.plain_packed is not None else (
             PackedLinears(plain_model) if choose_packing([plain_model], "auto")[0] else None)
         self.policy: AdaptiveTree | None = None  # measured on first use
@@ -164,30 +172,6 @@ class SpeculativeGenerator:
         self.speculate = True
         self.plain_decoding = None
         self.held: list = []  # what `close` ends with the generator (a plain decoding's worker process)
-
-    def _checked_plain(self, plain: Kernels | None, model) -> Kernels:
-        if plain is None:
-            if model is not None:
-                raise ValueError("plain_model needs plain_kernels (of its precision)")
-            return self.tree_kernels
-        if not isinstance(plain, Kernels):
-            raise TypeError(f"plain_kernels must be a mars.decoding.settings.Kernels, got {type(plain).__name__}")
-        loaded = str((model or self.target.model).get_input_embeddings().weight.dtype).removeprefix("torch.")
-        if plain.dtype != loaded:
-            fix = "pass the target loaded in that precision as plain_model" if model is None else \
-                "give plain_model in plain_kernels' precision"
-            raise ValueError(f"plain_kernels are {plain.dtype} but the model plain decoding runs on is {loaded}: {fix}")
-        if model is not None and model.config.to_dict().get("vocab_size") != self.target.model.config.vocab_size:
-            raise ValueError("plain_model is not the target: load the same model in plain_kernels' precision")
-        if model is None and plain.exact_attention and not self.target.exact_attention:
-            raise ValueError("plain_kernels with exact attention need the tree's too (exact_attention=True): "
-                             "the model's attention implementation is chosen once, for both")
-        if plain.prepack and not choose_packing([model or self.target.model], "auto")[0]:
-            raise ValueError("plain_kernels ask for prepacked weights, which oneDNN cannot pack here (or the packed "
-                             "copy does not fit in memory): give plain_kernels with prepack=False")
-        if plain != self.tree_kernels and self.target.static:
-            raise ValueError("static shapes run one set of kernels: leave plain_kernels unset with static=True")
-        return plain
 
     def close(self) -> None:
         """Hand the target model (and a plain decoding copy) back as it was given (its own attention
@@ -213,19 +197,6 @@ class SpeculativeGenerator:
         with packed.active() if kernels.prepack else nullcontext(), onednn(kernels.onednn), \
                 target.exact_plans(kernels.exact_attention), \
                 target.tapped() if target is not self.target else nullcontext():
-            yield
-
-    @contextmanager
-    def _prompt_forward(self, target: TargetModel):
-        """Inside: the prompts' forward of plain decoding on `target`. At kernels with oneDNN off it multiplies with
-        oneDNN, on packed weights where the generator has them: torch's own bf16 products cost nearly per row (a
-        40-token SmolLM2 prompt ~300 ms against ~55 ms packed, on the AVX-512 EPYC), the one-row steps after it are
-        where they are fastest. Elsewhere (oneDNN on: `computing` set it from the loop's kernels) unchanged."""
-        if torch.backends.mkldnn.enabled:
-            yield
-            return
-        packed = self.packed if target is self.target else self.prompt_packed
-        with packed.active() if packed is not None else nullcontext(), onednn(True):
             yield
 
     def adaptive_policy(self) -> AdaptiveTree | None:
@@ -261,71 +232,20 @@ class SpeculativeGenerator:
             raise ValueError("batched decoding drafts fixed-size trees: give the generator a tree with adaptive=False")
         self.target.check_batching()
 
-    def _prompts(self, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int,
-                 nodes: int) -> list[torch.Tensor]:
-        """The prompts as 1-D tensors, after checking the call's arguments and that each sequence fits
-        (with room for one tree of `nodes` nodes after it)."""
-        if isinstance(input_ids, torch.Tensor):
-            if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-                raise ValueError(f"input_ids must have shape [1, T] (one prompt), got {tuple(input_ids.shape)}: "
-                                 "give several prompts as a list of LongTensors, each [T] or [1, T]")
-            prompts = [input_ids]
-        elif isinstance(input_ids, (list, tuple)) and input_ids:
-            prompts = list(input_ids)
-        else:
-            raise TypeError("input_ids must be a LongTensor [1, T] or a non-empty list of LongTensors, "
-                            "each [T] or [1, T]")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        checked: dict[int, torch.Tensor] = {}  # one tensor given for several rows stays one (one prefill)
-        for p in prompts:
-            if id(p) not in checked:
-                checked[id(p)] = self._checked(p, max_new_tokens, nodes)
-        return [checked[id(p)] for p in prompts]
-
-    def _checked(self, prompt: torch.Tensor, max_new_tokens: int, nodes: int) -> torch.Tensor:
-        if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.long:
-            raise TypeError("a prompt must be a LongTensor of token ids, [T] or [1, T]")
-        if prompt.dim() == 2 and prompt.shape[0] == 1:
-            prompt = prompt[0]
-        if prompt.dim() != 1:
-            raise ValueError(f"a prompt must have shape [T] or [1, T], got {tuple(prompt.shape)}")
-        if prompt.shape[0] == 0:
-            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
-        limit = self.target.max_length
-        if len(prompt) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {limit} tokens: shorten the prompt or lower max_new_tokens"
-            )
-        needed = len(prompt) + max_new_tokens + nodes
-        if self.target.static and needed > self.target.max_cache_len:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + one tree ({nodes} nodes) "
-                f"need {needed} cache entries, more than max_cache_len={self.target.max_cache_len}: pass "
-                f"SpeculativeGenerator(..., max_cache_len={needed}) or more, or a shorter prompt / fewer new tokens"
-            )
-        return prompt
-
-    def _check_generator(self, generator: torch.Generator | None) -> None:
-        device = self.target.devices.logits
-        if generator is not None and torch.device(generator.device).type != device.type:
-            raise ValueError(f"the random generator is on {generator.device} but sampling runs where the target's "
-                             f"logits are, {device}: pass torch.Generator(device='{device}')")
-
-    def _decode(self, loop: Callable, input_ids, sampling: SamplingConfig | None, max_new_tokens: int,
-                eos_token_id, generator: torch.Generator | None, overrides: dict, nodes: int, plain: bool = False):
+    def _decode(self, loop: Loop, input_ids, sampling: SamplingConfig | None, max_new_tokens: int, eos_token_id,
+                generator: torch.Generator | None, overrides: dict, *, nodes: int, plain: bool = False):
+        """Check the call, run `loop` over its prompts inside the kernels of the tree (or of plain decoding) and
+        return its outputs: one, or a list, as the prompts were given. `nodes`: the room one cycle needs."""
         cfg = resolve_sampling(sampling, **overrides)
-        prompts = self._prompts(input_ids, max_new_tokens, nodes)
-        self._check_generator(generator)
+        prompts = call_prompts(self.target, input_ids, max_new_tokens, nodes)
+        check_generator(self.target, generator)
         if len(prompts) > 1:
             self.check_batching()
         outputs = [GenerationOutput() for _ in prompts]
         if max_new_tokens > 0:
             try:
                 with self.computing(plain):
-                    loop(self, prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator,
-                         outputs)
+                    loop(prompts, cfg, max_new_tokens, eos_token_ids(eos_token_id=eos_token_id), generator, outputs)
             finally:
                 self.target.rows = self.plain_target.rows = None
         return outputs[0] if isinstance(input_ids, torch.Tensor) else outputs
@@ -360,13 +280,13 @@ class SpeculativeGenerator:
         `vanilla`'s loop and outputs at `plain_kernels` (tau 1).
         """
         if not self.speculate and self.plain_decoding is not None:
-            return self._decode(partial(_external, decoder=self.plain_decoding), input_ids, sampling, max_new_tokens,
-                                eos_token_id, generator, overrides, nodes=1, plain=True)
+            return self._decode(partial(external_rows, decoder=self.plain_decoding), input_ids, sampling,
+                                max_new_tokens, eos_token_id, generator, overrides, nodes=1, plain=True)
         if not self.speculate:
-            return self._decode(partial(_plain, target=self.plain_target), input_ids, sampling, max_new_tokens,
+            return self._decode(self._plain_loop(self.plain_target), input_ids, sampling, max_new_tokens,
                                 eos_token_id, generator, overrides, nodes=1, plain=True)
-        return self._decode(_speculate, input_ids, sampling, max_new_tokens, eos_token_id, generator, overrides,
-                            nodes=self.tree.total_tokens + 1)
+        return self._decode(partial(_speculate, self), input_ids, sampling, max_new_tokens, eos_token_id, generator,
+                            overrides, nodes=self.tree.total_tokens + 1)
 
     @_while_decoding
     @torch.inference_mode()
@@ -388,11 +308,16 @@ class SpeculativeGenerator:
         reproduces bit for bit.
         """
         target = self.target if tree_kernels else self.plain_target
-        return self._decode(partial(_plain, target=target), input_ids, sampling, max_new_tokens, eos_token_id,
+        return self._decode(self._plain_loop(target), input_ids, sampling, max_new_tokens, eos_token_id,
                             generator, overrides, nodes=1, plain=not tree_kernels)
 
+    def _plain_loop(self, target: TargetModel) -> Loop:
+        """Plain decoding on `target`, its prompts' forward on the packed weights that go with that adapter."""
+        packed = self.packed if target is self.target else self.prompt_packed
+        return partial(plain_rows, target, profile=self.profile, prompt_packed=packed)
 
-# --- the loops: B >= 1 rows, each a prompt; one prompt is a forest of one ---------------------------
+
+# --- the speculative loop: B >= 1 rows, each a prompt; one prompt is a forest of one ----------------
 
 def _leave(gen: SpeculativeGenerator, rows: Rows, keep: list[int], keep_device: torch.Tensor, behind: list[Behind],
            roots: torch.Tensor) -> tuple[list[Behind], torch.Tensor]:
@@ -478,41 +403,3 @@ def _speculate(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: Samp
         behind, roots = _commit(gen, rows, forest, features, verdicts, keep, behind)
         clock.lap("cache_update")
     ledger.settle()  # every row's `seconds` was taken at its last token: the accounting is outside them
-
-
-def _plain(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
-           eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput], *,
-           target: TargetModel) -> None:
-    """The loop of `vanilla` on `target` (the tree's adapter, or plain decoding's): one token per row per forward
-    (each a lone root); fills `outputs`."""
-    rows = Rows(outputs, eos, max_new_tokens)
-    clock = PhaseClock(outputs[0].phase_seconds, target.all_devices, gen.profile)
-    device = target.devices.inputs
-    with gen._prompt_forward(target):
-        logits, _ = target.prefill_rows(prompts, max(map(len, prompts)) + max_new_tokens + 1)
-    tokens = next_tokens(process_logits(logits, cfg), cfg, generator).to(device)
-    rows.emit_first(tokens)
-    clock.lap("prefill")
-    while keep := rows.unfinished():
-        if len(keep) < len(rows.live):
-            keep_device = torch.tensor(keep, dtype=torch.long, device=device)
-            target.select_rows(keep, keep_device)
-            rows.keep(keep)
-            tokens = tokens.index_select(0, keep_device)
-        logits, _ = target.score_rows(DraftTree.roots_only(tokens))
-        zero = torch.zeros_like(tokens)
-        target.keep_rows([[0]] * len(keep), zero[:, None], zero + 1)
-        tokens = next_tokens(process_logits(logits, cfg), cfg, generator)
-        for row, token in enumerate(tokens.tolist()):
-            rows.output(row).record_cycle(None, rows.emit(row, [token]), 0, sampled=not cfg.greedy)
-    clock.lap("decode")
-
-
-def _external(gen: SpeculativeGenerator, prompts: list[torch.Tensor], cfg: SamplingConfig, max_new_tokens: int,
-              eos: frozenset[int], generator: torch.Generator | None, outputs: list[GenerationOutput], *,
-              decoder) -> None:
-    """Plain decoding by `decoder` (`model.generate`, `mars.decoding.reference`), seeded from `generator`."""
-    seed = generator.initial_seed() if generator is not None else 0
-    done = decoder.decode([p.tolist() for p in prompts], cfg, max_new_tokens, sorted(eos), seed)
-    for out, got in zip(outputs, done, strict=True):
-        out.__dict__.update(got.__dict__)

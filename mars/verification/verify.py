@@ -175,6 +175,44 @@ def accept_greedy(view: TargetView, relax: Relaxation, tree: DraftTree, lossless
     return verdicts
 
 
+def _sampled_choices(view: TargetView, relax: Relaxation, tree: DraftTree,
+                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every node's accepted child [n] (n: none) and whether the rule alone accepted it [n] (strict's own test,
+    with the same draw, rejects it): one `rand(N, m)` for the forest, drawn first (`accept_sampling`'s draws)."""
+    n, device = tree.size, view.logits.device
+    nodes = torch.arange(n, device=device)
+    kids, trial = view.kids, view.trial  # [n, n]
+    u = torch.rand(n, tree.nodes_per_tree, generator=generator, device=device)
+    rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
+    draws = u.gather(1, rank.clamp(max=tree.nodes_per_tree - 1))  # [n, n] child j of i: u[i, rank of j]
+    # Strict's own test of each child with its draw: what `relaxed` is measured against. It is a label:
+    # the rule's `tested` mask decides, but a child the rule leaves untested may be one strict accepts.
+    strict_ok = trial.testable & (draws < trial.ratio)  # [n, n]
+    tested = trial.testable if relax.tested is None else trial.testable & relax.tested[:, None]
+    passes = strict_ok if relax.tolerance is None else draws < trial.ratio + relax.tolerance[:, None]
+    loose_ok = tested & passes  # [n, n] the rule's test: strict's, loosened by the tolerance, where it tests
+
+    def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
+        return torch.where(ok, nodes[None, :], n).min(dim=1).values
+
+    # Children are tried in draft order; one the relaxation accepts outright is accepted when its turn
+    # comes, so strict's choice of an earlier child (and the deeper subtree behind it) stands.
+    chosen = first((relax.outright & kids) | loose_ok)
+    relaxed = (chosen < n) & ~strict_ok.gather(1, chosen.clamp(max=n - 1)[:, None])[:, 0]
+    return chosen, relaxed
+
+
+def _follow(tree: DraftTree, chosen: torch.Tensor) -> torch.Tensor:
+    """[B, levels + 1] each tree's path from its root along the accepted children `chosen` [n] (n: none), its
+    last node repeated once the path stops: every path the same length, so all are followed at once."""
+    n = tree.size
+    walk = [tree.roots]
+    for _ in range(tree.levels):
+        step = chosen[walk[-1]]
+        walk.append(torch.where(step < n, step, walk[-1]))
+    return torch.stack(walk, dim=1)
+
+
 def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, generator: torch.Generator | None,
                     lossless: bool = False, defer_cost: bool = False) -> list[Verdict]:
     """Tree speculative sampling under a relaxation, for deterministic (top-k) or sampled children, of
@@ -201,31 +239,8 @@ def accept_sampling(view: TargetView, relax: Relaxation, tree: DraftTree, genera
     each one's bonus or correction token. Every node's decision is computed at once, then the paths
     are followed from the roots.
     """
-    n, device = tree.size, view.logits.device
-    nodes = torch.arange(n, device=device)
-    kids, trial = view.kids, view.trial  # [n, n]
-    u = torch.rand(n, tree.nodes_per_tree, generator=generator, device=device)
-    rank = (kids.long().cumsum(dim=1) - 1).clamp(min=0)  # j's place among i's children
-    draws = u.gather(1, rank.clamp(max=tree.nodes_per_tree - 1))  # [n, n] child j of i: u[i, rank of j]
-    # Strict's own test of each child with its draw: what `relaxed` is measured against. It is a label:
-    # the rule's `tested` mask decides, but a child the rule leaves untested may be one strict accepts.
-    strict_ok = trial.testable & (draws < trial.ratio)  # [n, n]
-    tested = trial.testable if relax.tested is None else trial.testable & relax.tested[:, None]
-    passes = strict_ok if relax.tolerance is None else draws < trial.ratio + relax.tolerance[:, None]
-    loose_ok = tested & passes  # [n, n] the rule's test: strict's, loosened by the tolerance, where it tests
-
-    def first(ok: torch.Tensor) -> torch.Tensor:  # [n]: the first column where ok, n if none
-        return torch.where(ok, nodes[None, :], n).min(dim=1).values
-
-    # Children are tried in draft order; one the relaxation accepts outright is accepted when its turn
-    # comes, so strict's choice of an earlier child (and the deeper subtree behind it) stands.
-    chosen = first((relax.outright & kids) | loose_ok)
-    relaxed = (chosen < n) & ~strict_ok.gather(1, chosen.clamp(max=n - 1)[:, None])[:, 0]
-    walk = [tree.roots]
-    for _ in range(tree.levels):
-        step = chosen[walk[-1]]
-        walk.append(torch.where(step < n, step, walk[-1]))
-    chain = torch.stack(walk, dim=1)  # [B, levels + 1]
+    chosen, relaxed = _sampled_choices(view, relax, tree, generator)
+    chain = _follow(tree, chosen)  # [B, levels + 1]
     last = chain[:, -1]
     token = draw(fallback_distribution(view, relax, last), generator)[:, 0]  # [B]
     cost, forest = cost_now_or_later(lambda: sampling_cost(view, relax, chain.flatten(), lossless), view,

@@ -25,8 +25,8 @@ old = {i: set(torch.load(OLD / f"generating.rank0.part{i}.pt", weights_only=Fals
 new_rows, starts = [], []
 for i, t in enumerate(temps):
     part = prompts[i::3]  # the CLI's split between temperatures, its seeds (args.seed + i)
-    generate_sequences(target, tok, part, 384, 128, t, i, print, progress=W / f"gen/generating.rank0.part{i}.pt",
-                       loop_cap=LoopCap(), seconds=minutes * 60 / 3)
+    generate_sequences(target, tok, part, 384, batch_size=128, temperature=t, seed=i, log=print,
+                       progress=W / f"gen/generating.rank0.part{i}.pt", loop_cap=LoopCap(), seconds=minutes * 60 / 3)
     rows = torch.load(W / f"gen/generating.rank0.part{i}.pt", weights_only=False)["rows"]
     for j in sorted(set(rows) - old[i]):
         prompt = part[j][: 384 // 2]
