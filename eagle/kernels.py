@@ -26,7 +26,7 @@ memory, not cache), a packed one-row bf16 product of SmolLM2 took ~76 us per cal
 own kernel with oneDNN off, so plain bf16 decoding with oneDNN off (`onednn(False)`) ran 1.3x faster than
 packed; those products are row-invariant too, but several rows cost nearly that many times one (a 40-token
 prompt's forward took ~300 ms against ~55 ms packed), so a tree's rows and every prompt's forward stay packed
-(docs/measurements/2026-11-27-epyc-avx512-head2/plain_decoding_kernels_smollm2.json). Which wins is measured per
+(benchmarks/records/2026-11-27-epyc-avx512-head2/plain_decoding_kernels_smollm2.json). Which wins is measured per
 machine (`mars.tuning.search` races plain decoding at each).
 
 `PackedLinears` packs a model's CPU `nn.Linear` weights once and swaps them in only inside

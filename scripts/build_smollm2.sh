@@ -46,7 +46,7 @@ seq_len="${SEQ_LEN:-384}"
 if [[ "$device" == cuda ]]; then
     gen_batch="${GEN_BATCH:-256}"; batch="${BATCH:-64}"; collect_batch=64
 else
-    # 128 rows: 119 answer tokens/s against 98 at 64 (2-core Zen 3, docs/measurements/2026-11-28-epyc-zen3-avx2-answering)
+    # 128 rows: 119 answer tokens/s against 98 at 64 (2-core Zen 3, benchmarks/records/2026-11-28-epyc-zen3-avx2-answering)
     gen_batch="${GEN_BATCH:-128}"; batch="${BATCH:-8}"; collect_batch=8
 fi
 # The recipe (model card, "Training recipe levers"): packed windows, two unrolled draft steps for the first 75% of

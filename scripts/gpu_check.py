@@ -28,7 +28,6 @@ import argparse
 import json
 import resource
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -120,15 +119,14 @@ def check_batch(gen: SpeculativeGenerator, config, size: int, prompt_len: int, t
             "tau": tau, "latency_s": latency, "syncs_per_cycle": syncs, "strict_equals_vanilla": f"{equal}/{size}"}
 
 
-@dataclass
 class _Tally:
     """Per method over the prompts: seconds decoding, tokens produced, cycles (rules); and the prompts where the
-    lossless rule's output equals vanilla's."""
+    lossless rule's output equals vanilla's. (A plain class: the script also runs loaded by path, outside
+    sys.modules, where `dataclass` cannot resolve its module.)"""
 
-    seconds: dict[str, float]
-    produced: dict[str, int]
-    cycles: dict[str, int]
-    equal: int = 0
+    def __init__(self, seconds: dict[str, float], produced: dict[str, int], cycles: dict[str, int],
+                 equal: int = 0):
+        self.seconds, self.produced, self.cycles, self.equal = seconds, produced, cycles, equal
 
 
 def _build(shape: str, layers: int | None, dtype_name: str, acceptance: float) -> tuple:

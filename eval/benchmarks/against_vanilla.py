@@ -1,6 +1,8 @@
-"""Sets without references (MT-bench, Alpaca, NQ as collected here), scored against the same model's
-vanilla answers, as the MARS paper does (a lossless method scores 100 / 100 / 1.0 by construction),
-and by an LLM judge where one is configured (`eval.scoring.judge`)."""
+"""Sets without references (MT-bench, NQ as collected here; an Alpaca question whose copy lost its reference),
+scored against the same model's vanilla answers, as the MARS paper does (a lossless method scores 100 / 100 /
+1.0 by construction: agreement, which measures change, not quality), and by an LLM judge where one is
+configured (`eval.scoring.judge`). Alpaca with references is scored against them (`eval.benchmarks.alpaca`), and
+adds this agreement where vanilla's answers are given."""
 
 from __future__ import annotations
 

@@ -1,8 +1,0 @@
-#!/bin/bash
-cd /work/main
-python -c "import torch;print('capability', torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"
-git log --oneline -1; git diff --stat
-export MARS_CACHE_DIR=/work/s62/cache
-echo "start $(date)"
-python -m eval.run model=smollm2 bench=mt_bench num_prompts=12 max_new_tokens=128 sampling=t0 method=mars method.theta=0.9 tree.calibrate=false tree.total_tokens=8 tree.depth=4 tree.branching=2 "baselines=[vanilla,strict]" out_dir=/work/s62/mt_forced summary_path=/work/s62/mt_forced_8-4-2.json
-rc=$?; echo "done $(date) rc=$rc"

@@ -1,0 +1,146 @@
+"""Tables in the pages, rendered from the newest measurement record of their kind (`eval.reporting.measurements`).
+
+A page marks where a table goes, and what it shows:
+
+    <!-- rendered: speed-table embedded-benchmark xeon-amx -->
+    (what this module writes; never edited by hand)
+    <!-- /rendered -->
+
+"rendered: RENDERER KIND [CPU CLASS]": the newest record of KIND (on that CPU class) through RENDERER (one of
+RENDERERS). `python -m eval.reporting.pages` rewrites every marked block of README.md and docs/*.md; with
+`--check` it changes nothing and fails on a block that differs from what its record renders
+(`tests/test_pages.py` runs the check, so a new record or a changed figure shows up as a failing test until the
+pages are rendered again).
+
+Add a renderer: a function (record, link) -> Markdown lines, decorated with `@renderer("name")`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from eval.config.paths import REPO_ROOT
+from eval.reporting.measurements import RECORDS, Measurement, load_all, newest
+
+BLOCK = re.compile(r"(<!-- rendered: ([^>]*?) -->\n)(.*?)(<!-- /rendered -->)", re.S)
+Renderer = Callable[[Measurement, str], list[str]]
+RENDERERS: dict[str, Renderer] = {}
+
+
+def renderer(name: str) -> Callable[[Renderer], Renderer]:
+    def add(fn: Renderer) -> Renderer:
+        RENDERERS[name] = fn
+        return fn
+    return add
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def provenance(record: Measurement, link: str) -> str:
+    m = record.machine
+    return (f"{record.date}, {m['cpu']} (`{m['capability']}`, {m['cores']} cores), commit `{record.commit}`, "
+            f"torch {record.versions.get('torch', '?')}: `{record.command}` ([record]({link}))")
+
+
+@renderer("speed-table")
+def speed_table(record: Measurement, link: str) -> list[str]:
+    """Per method of an `eval.run` record: tok/s, the paired and total speedups over the fastest plain decoding,
+    the speedup over our vanilla, tau, the tree and the verdict (a method that is off decodes plainly)."""
+    fig = record.figures
+    lines = [provenance(record, link), "",
+             "| method | tok/s | vs fastest plain, paired | vs fastest plain, totals | vs our vanilla | τ | tree | "
+             "speculation |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in fig["methods"].items():
+        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {_x(m.get('speedup_vs_fastest_paired'))} | "
+                     f"{_x(m.get('speedup_vs_fastest'))} | {_x(m.get('speedup'))} | {m.get('tau', 1.0):.2f} | "
+                     f"{m.get('tree', '-')} | {m.get('speculation') or '-'} |")
+    lines += ["", f"The fastest plain decoding: `{fig.get('fastest_plain')}`."]
+    return lines
+
+
+@renderer("speed-line")
+def speed_line(record: Measurement, link: str) -> list[str]:
+    """One sentence: strict's and MARS θ = 0.9's paired speedups over the fastest plain decoding."""
+    fig = record.figures["methods"]
+    parts = [f"{label} {_x(fig[name].get('speedup_vs_fastest_paired'))}"
+             for name, label in (("strict", "strict"), ("mars@0.9", "MARS θ = 0.9")) if name in fig]
+    questions = next((m["questions"] for m in fig.values() if m.get("questions")), None)
+    return [f"{' and '.join(parts)} the fastest plain decoding (`{record.figures.get('fastest_plain')}`), paired per "
+            f"question over {questions} questions; {record.machine['cpu']} (`{record.machine['capability']}`), "
+            f"{record.date}, commit `{record.commit}` ([record]({link}))."]
+
+
+@renderer("calibration-check")
+def calibration_check(record: Measurement, link: str) -> list[str]:
+    """Per run of a calibration check (idle and beside a bursty load): each method's verdict, its measured
+    paired speedup, the calibration's prediction with its 90% interval, and the calibration's seconds."""
+    lines = [provenance(record, link), "",
+             "| run | calibration | strict: verdict | measured | predicted [90%] | MARS θ = 0.9: measured | "
+             "predicted [90%] |", "|---|---|---|---|---|---|---|"]
+    for name, run in record.figures["runs"].items():
+        cells = []
+        for method in ("strict", "mars@0.9"):
+            m = run[method]
+            low, high = m["interval"]
+            inside = "" if m["inside"] else " (outside)"
+            cells.append((m["speculation"], f"{m['measured_paired']:.2f}×{inside}",
+                          f"{m['predicted']:.2f}× [{low:.2f}, {high:.2f}]"))
+        lines.append(f"| {name} | {run['calibration_s']:.0f} s | {cells[0][0]} | {cells[0][1]} | {cells[0][2]} | "
+                     f"{cells[1][1]} | {cells[1][2]} |")
+    return lines
+
+
+def render(text: str, page: Path, records: list[Measurement]) -> str:
+    """`text` (the page at `page`) with every marked block rendered from `records`."""
+    def block(match: re.Match) -> str:
+        name, kind, *cpu = match.group(2).split()
+        if name not in RENDERERS:
+            raise ValueError(f"{page}: unknown renderer {name!r} (known: {', '.join(sorted(RENDERERS))})")
+        try:
+            record = newest(records, kind, cpu[0] if cpu else None)
+        except LookupError as error:
+            raise LookupError(f"{page}: {error}; make one (python -m eval.reporting.measurements) or remove the "
+                              "block") from None
+        link = os.path.relpath(record.path, page.parent)
+        return match.group(1) + "\n".join(RENDERERS[name](record, link)) + "\n" + match.group(4)
+    return BLOCK.sub(block, text)
+
+
+def pages(root: Path = REPO_ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def stale(root: Path = REPO_ROOT, records_root: Path = RECORDS, write: bool = False) -> list[Path]:
+    """The pages whose rendered blocks differ from what their records render (rewritten where `write`)."""
+    records = load_all(records_root)
+    changed = []
+    for page in pages(root):
+        text = page.read_text()
+        rendered = render(text, page, records)
+        if rendered != text:
+            changed.append(page)
+            if write:
+                page.write_text(rendered)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; fail if a page is not rendered")
+    args = parser.parse_args(argv)
+    changed = stale(write=not args.check)
+    for page in changed:
+        print(f"{'stale' if args.check else 'rendered'}: {page.relative_to(REPO_ROOT)}")
+    if args.check and changed:
+        sys.exit("pages differ from their records: run python -m eval.reporting.pages")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The pages stay true: tables rendered from measurement records (eval.reporting.pages), no dated section in a
+page body, nothing executable under docs/."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eval.config.paths import REPO_ROOT
+from eval.reporting import measurements as M
+from eval.reporting import pages as P
+
+# a heading that dates itself or counts work periods ("(2026-11-29, seventeenth session)", "(later)"): history
+# belongs in benchmarks/records/
+ORDINAL = r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\w+teenth|\w*tieth|later"
+DATED = re.compile(rf"^#+ .*(\b20\d\d-\d\d-\d\d\b|\bsession\b|\([^)]*\b({ORDINAL})\b[^)]*\))", re.I | re.M)
+
+
+def test_nothing_executable_lives_under_docs():
+    found = [p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "docs").rglob("*") if p.suffix in (".py", ".sh")]
+    assert not found, f"scripts belong in experiments/ (with a smoke test) or scripts/: {found}"
+
+
+def test_no_page_has_a_dated_section_heading():
+    dated = {str(page.relative_to(REPO_ROOT)): [m.group(0) for m in DATED.finditer(page.read_text())]
+             for page in P.pages()}
+    assert not {k: v for k, v in dated.items() if v}, "dated history goes to benchmarks/records/earlier/"
+
+
+def test_every_rendered_table_is_what_its_record_renders():
+    assert P.stale() == [], "run: python -m eval.reporting.pages"
+
+
+def test_a_changed_figure_fails_the_check_until_the_pages_are_rendered_again(tmp_path):
+    root, records = tmp_path / "repo", tmp_path / "repo" / "benchmarks" / "records"
+    shutil.copytree(REPO_ROOT / "docs", root / "docs")
+    shutil.copy(REPO_ROOT / "README.md", root / "README.md")
+    used = {m.group(2).split()[1] for page in P.pages() for m in P.BLOCK.finditer(page.read_text())}
+    assert used, "no page renders a table"
+    for record in M.load_all():
+        target = records / Path(record.path).relative_to(M.RECORDS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(record.to_dict()))
+    assert P.stale(root, records) == []
+    kind = sorted(used)[0]
+    record = M.newest(M.load_all(records), kind)
+    path = Path(record.path)
+    data = json.loads(path.read_text())
+    rows, key = (data["figures"]["methods"], "tokens_per_s") if "methods" in data["figures"] else (
+        data["figures"]["runs"], "calibration_s")  # a figure every renderer of the kind shows
+    next(iter(rows.values()))[key] *= 1.5
+    path.write_text(json.dumps(data))
+    assert P.stale(root, records), f"a changed {key} in {record.path} went unseen"
+    assert P.stale(root, records, write=True)
+    assert P.stale(root, records) == []
+
+
+def record(**changes) -> M.Measurement:
+    fields = dict(kind="embedded-benchmark", what="x", command="python -m eval.run", commit="abc1234",
+                  date="2026-12-01", machine={"cpu": "c", "capability": "AVX2", "cores": 2, "class": "avx2"},
+                  versions={"torch": "2.13.0"}, figures={"methods": {}})
+    return M.Measurement(**{**fields, **changes})
+
+
+def test_the_newest_record_of_a_kind_and_class_is_rendered():
+    older, newer = record(date="2026-11-30", path="a"), record(date="2026-12-01", path="b")
+    other = record(date="2026-12-02", machine={**newer.machine, "class": "xeon-amx"}, path="c")
+    assert M.newest([newer, older, other], "embedded-benchmark", "avx2") is newer
+    assert M.newest([newer, older, other], "embedded-benchmark") is other
+    with pytest.raises(LookupError, match="no measurement record of kind 'smollm2-mt-bench' on avx2"):
+        M.newest([older], "smollm2-mt-bench", "avx2")
+
+
+def test_a_record_of_another_format_or_missing_a_field_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="schema None, not 1"):
+        M.Measurement.from_dict({"runs": {}}, "old.json")
+    data = record().to_dict()
+    del data["command"]
+    with pytest.raises(ValueError, match="missing command"):
+        M.Measurement.from_dict(data, "x.json")
+    out = M.write(record(), tmp_path / "r.json")
+    assert M.Measurement.from_dict(json.loads(out.read_text())) == record()
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        M.write(record(), out)
