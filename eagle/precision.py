@@ -69,6 +69,11 @@ def _amd_core(family: int, model: int) -> str | None:
     return None
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (all of them where the OS cannot say, e.g. macOS)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo) with its family and model numbers, else what `platform` knows.
 

@@ -102,15 +102,13 @@ def cpu_class() -> str:
 
 def this_machine() -> tuple[dict, dict]:
     """(machine, versions) of this process's machine, as a record holds them."""
-    import os
-
     import torch
     import transformers
 
-    from eagle.precision import cpu_name
+    from eagle.precision import cores, cpu_name
 
     machine = {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(),
-               "cores": len(os.sched_getaffinity(0)), "class": cpu_class()}
+               "cores": cores(), "class": cpu_class()}
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__}
     return machine, versions

@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle.files import write_atomic
-from eagle.precision import DTYPES, cpu_name
+from eagle.precision import DTYPES, cores, cpu_name
 from eval.benchmarks import BENCHMARKS, load_questions
 from eval.benchmarks.prompting import PromptFormat
 from eval.benchmarks.questions import Question
@@ -154,10 +154,6 @@ def against_strict(key: str | None, records: dict[str, list[dict]], each: dict[s
 
 
 # --- the machine and the settings --------------------------------------------------------------
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
 
 def threads(run: RunConfig) -> int:
     """The job's torch threads: `threads`, else $OMP_NUM_THREADS where the user set it (e.g. one per job of a
