@@ -310,6 +310,19 @@ def test_a_batched_calibration_leaves_out_the_trees_batched_decoding_cannot_draf
     assert record.tree.batchable and all(p.tree.batchable for p in record.profiles)
 
 
+@pytest.mark.parametrize("bound", [0.0, float("inf")], ids=["cannot win", "can win"])
+def test_a_tree_whose_bound_cannot_win_is_skipped_after_the_first_profiles(tmp_path, monkeypatch, bound):
+    """The first MIN_PROFILES trees are profiled whatever their bound (a close call under load must not skip the
+    second of a user's two drafting modes); after them a tree whose every-draft-accepted bound is below the best
+    prediction so far is skipped."""
+    monkeypatch.setattr(search, "speed_bound", lambda parts, tree, overhead: bound)
+    trees = CANDIDATES[: search.MIN_PROFILES + 1]
+    kernels = [Kernels("float32", False, False)]
+    record = strict_of(tiny_pair_loader()[0], kernels, prompts_of(), plan(tmp_path, trees, budget=60.0))
+    profiled = [p.tree for p in record.profiles]
+    assert profiled == (list(trees[: search.MIN_PROFILES]) if bound == 0.0 else list(trees))
+
+
 def test_sampled_calibration_predicts_both_drafting_modes_and_keeps_one(tmp_path):
     """tree.drafting=auto when sampling: a fixed tree is a candidate with top-k drafts and with sampled children,
     both profiled and predicted, and the record's tree is one of them; drafting="sample" only sampled children;

@@ -64,7 +64,7 @@ PROFILE_UNITS = 2  # the first units: the profiles' (the race's: the first RACE_
 RACE_UNITS = 1  # plain decodings differ little from prompt to prompt: one block ranks them (the finals time the
 # fastest again beside every tree, on every held-out prompt)
 PROFILE_SHARE = 0.65  # of the budget, from its start, by which every method's profiles end (the finals get the rest)
-MIN_PROFILES = 2  # trees profiled per method whatever the budget
+MIN_PROFILES = 2  # trees profiled per method whatever the budget and the bound
 SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
 MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
 
@@ -257,8 +257,8 @@ class Search:
     def _profiles(self, gens, parts: dict[Kernels, Parts], candidates: list[Kernels], units: list[Unit],
                   sampling: SamplingConfig, deadline: float) -> list[Profile]:
         """Each tree's profile under `sampling` at the kernel set whose trees the parts make cheapest, in the order
-        of the prior; a tree whose bound (every draft accepted) cannot reach the best predicted speed so far is
-        skipped, and so are those left at `deadline` (after MIN_PROFILES: the prior puts the likely winners first)."""
+        of the prior; after the first MIN_PROFILES, a tree whose bound (every draft accepted) cannot reach the best
+        predicted speed so far is skipped, and so are those left at `deadline` (the prior puts likely winners first)."""
         fixed = [t for t in self.plan.trees if not t.adaptive]
         timed = [k for k in candidates if parts.get(k) is not None and parts[k].rows]
 
@@ -272,7 +272,8 @@ class Search:
             if len(profiles) >= MIN_PROFILES and time.perf_counter() > deadline:
                 self.say(f"budget: {len(self.plan.trees) - n} trees left unprofiled for {sampling.rule.name}")
                 break
-            if profiles and timed:
+            # the bound is measured too: below MIN_PROFILES a close call under load must not skip a tree
+            if len(profiles) >= MIN_PROFILES and timed:
                 overhead = typical_overhead(parts[home], profiles)
                 best = predict({home: parts[home]}, profiles)[0].tokens_per_s
                 bounds = [b for k in timed if (b := speed_bound(parts[k], tree, overhead)) is not None]
