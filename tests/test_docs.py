@@ -160,9 +160,9 @@ def test_the_readme_example_decodes_with_the_settings_it_measured(monkeypatch, c
     floor of held-out prompts, `mars.tuning.finals.FLOOR`; on the embedded pair) and the generator it returns
     decodes with what was measured: the trees at strict's kernels, MARS's own tree, plain decoding at the plain
     kernels calibration raced."""
-    from mars.tuning import plan
+    from mars.tuning import measure
 
-    monkeypatch.setattr(plan, "DEFAULT_BUDGET", 1.0)  # what `budget_for` grows from: the README passes no budget
+    monkeypatch.setattr(measure, "DEFAULT_BUDGET", 1.0)  # the README passes no budget
     scope = run_python(blocks(README, "python")[0], monkeypatch, "README.md")
     gen, out, base = scope["gen"], scope["out"], scope["base"]  # MARS and plain decoding
     assert len(base.tokens) == len(out.tokens) == 128 and out.num_cycles < 128

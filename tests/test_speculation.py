@@ -23,7 +23,7 @@ from mars.decoding.settings import DecodeSettings, Kernels, Setting, TreeShape
 from mars.tuning import search
 from mars.tuning.candidates import kernel_candidates
 from mars.tuning.measure import Request, measure
-from mars.tuning.plan import DEFAULT_BUDGET
+from mars.tuning.plan import DEFAULT_BUDGET, TIMED_TOKENS
 from mars.tuning.search import PROFILE_UNITS
 from mars.tuning.verdict import speculation_of
 
@@ -489,14 +489,20 @@ def test_a_rules_calibration_joins_stricts_finals_against_stricts_reference(tmp_
     assert later.speculation["mars"].plain == Instant.label
 
 
-def test_the_default_calibration_budget_grows_with_the_turns_it_times(tmp_path):
-    """With no budget given, `measure` hands the calibration the default for the run's turn length: at 128 tokens
-    twice the 64-token budget, so longer turns buy as many paired prompts; a budget given is kept."""
+def test_calibration_times_turns_of_at_most_timed_tokens_in_the_default_budget(tmp_path):
+    """With no budget given, `measure` hands the calibration DEFAULT_BUDGET whatever the run's length, and it
+    times turns of the run's length up to TIMED_TOKENS: a 128-token run and a TIMED_TOKENS one share a record.
+    A budget given is kept."""
     load, _ = tiny_pair_loader()
     prompts, kernels = tiny_prompts(), kernel_candidates("cpu", "float32")[:1]
-    budgets = {}
-    for tokens, budget in ((8, None), (128, None), (128, 3.0)):
+
+    def strict_at(tokens: int, budget: float | None, cache: str):
         request = Request(SamplingConfig(), trees=CANDIDATES[:1], budget=budget, max_new_tokens=tokens,
-                          cache_dir=tmp_path / f"{tokens}-{budget}", log=lambda _: None)
-        budgets[tokens, budget] = measure(load, kernels, prompts, request).records["strict"].budget_s
-    assert budgets == {(8, None): DEFAULT_BUDGET, (128, None): 2 * DEFAULT_BUDGET, (128, 3.0): 3.0}
+                          cache_dir=tmp_path / cache, log=lambda _: None)
+        return measure(load, kernels, prompts, request).records["strict"]
+    short, long = strict_at(8, None, "a"), strict_at(128, None, "a")
+    assert (short.budget_s, short.max_new_tokens, short.cached) == (DEFAULT_BUDGET, 8, False)
+    assert (long.budget_s, long.max_new_tokens, long.cached) == (DEFAULT_BUDGET, TIMED_TOKENS, False)
+    again = strict_at(TIMED_TOKENS, None, "a")
+    assert again.cached and again.cache == long.cache
+    assert strict_at(128, 3.0, "b").budget_s == 3.0

@@ -160,8 +160,9 @@ class TreeConfig:
     # does not answer, so that calibration times prompts like the run's (a chat head accepts more on its own kind
     # of prompt than on another: its prediction follows), the model's own where none is spare; or a prompt file.
     calibration_prompts: str = "model"
-    # Seconds for a run's calibrations together (the paired finals stop when they are spent); null: 50 s for turns
-    # of up to 64 tokens, grown in step with longer ones (mars.tuning.plan.budget_for)
+    # Seconds for a run's calibrations together (the paired finals stop when they are spent, after their floor of
+    # pairs); null: mars.tuning.plan.DEFAULT_BUDGET. Calibration times turns of at most 64 tokens, whatever the
+    # run's length (mars.tuning.plan.TIMED_TOKENS)
     calibration_budget: float | None = None
 
 

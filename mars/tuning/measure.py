@@ -21,7 +21,7 @@ import torch
 
 from mars.decoding.settings import Kernels, Speculation, TreeShape
 from mars.tuning.candidates import fixed_candidates
-from mars.tuning.plan import Load, Plan, Reference, budget_for
+from mars.tuning.plan import DEFAULT_BUDGET, TIMED_TOKENS, Load, Plan, Reference
 from mars.tuning.record import Calibration
 from mars.tuning.search import STRICT, calibrate
 from mars.tuning.verdict import speculation_of
@@ -32,7 +32,7 @@ from mars.verification.sampling import SamplingConfig
 class Request:
     """What a run asks the door for. strict: strict's sampling (the run's temperature, top-p, top-k); rules:
     {method name: its sampling, rule included}; trees: the candidates (None: `fixed_tree`, which speculates
-    whatever it costs); budget: seconds for every calibration together (None: `budget_for(max_new_tokens)`);
+    whatever it costs); budget: seconds for every calibration together (None: DEFAULT_BUDGET);
     run_prompts: how many prompts (or batches) the run times, which widen each predicted interval by their spread."""
 
     strict: SamplingConfig
@@ -79,12 +79,12 @@ def measure(load: Load, options: list[Kernels], prompts: list[torch.Tensor], req
     if len(options) == 1 and r.trees is None:  # nothing to choose: a forced tree at the only kernels
         return Measured(options[0], r.fixed_tree)
     rules = {} if r.shared or r.trees is None else dict(r.rules)
-    budget = budget_for(r.max_new_tokens) if r.budget is None else r.budget
+    budget = DEFAULT_BUDGET if r.budget is None else r.budget
     forced = r.trees is None or r.shared
     trees = r.trees or fixed_candidates(r.fixed_tree, not r.strict.greedy, r.drafting)
-    plan = Plan(tuple(trees),
-                time.perf_counter() + budget, budget, forced=forced, max_new_tokens=r.max_new_tokens, batch=r.batch,
-                references=r.references, drafting=r.drafting, cache_dir=r.cache_dir, log=r.log, exclusive=r.exclusive)
+    plan = Plan(tuple(trees), time.perf_counter() + budget, budget, forced=forced,
+                max_new_tokens=min(r.max_new_tokens, TIMED_TOKENS), batch=r.batch, references=r.references,
+                drafting=r.drafting, cache_dir=r.cache_dir, log=r.log, exclusive=r.exclusive)
     found = calibrate(load, options, prompts, plan, {STRICT: r.strict, **rules})
     for name, record in found.items():
         report(name, record, r.log)

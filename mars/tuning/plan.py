@@ -16,8 +16,11 @@ from mars.tuning.pairs import Unit
 from mars.verification.sampling import SamplingConfig
 
 Load = Callable[[str], tuple[torch.nn.Module, torch.nn.Module]]  # dtype name -> (target, draft head) in it
-DEFAULT_BUDGET = 57.0  # seconds for a run's calibrations on 2 cores, at turns of up to BUDGET_TOKENS ...
-BUDGET_TOKENS = 64  # ... longer turns get more (`budget_for`)
+DEFAULT_BUDGET = 57.0  # seconds for a run's calibrations together on 2 cores
+# Calibration decodes turns of at most this many tokens, whatever the run's length: a ratio's prompt-to-prompt
+# spread, not its length, sets how many turns a verdict needs, and longer turns only buy fewer of them in the
+# budget (a longer run's own turns then check the prediction).
+TIMED_TOKENS = 64
 
 
 class Reference(Protocol):
@@ -35,20 +38,14 @@ class Reference(Protocol):
              seed: int) -> tuple[int, float]: ...
 
 
-def budget_for(max_new_tokens: int) -> float:
-    """The default budget for turns of `max_new_tokens`: DEFAULT_BUDGET, grown in step with longer turns (every
-    decode is at the run's length)."""
-    return DEFAULT_BUDGET * max(1.0, max_new_tokens / BUDGET_TOKENS)
-
-
 @dataclass(frozen=True)
 class Plan:
     """How a calibration runs: what the door (`mars.tuning.measure`) carries inward.
 
     trees: the candidates (a fixed tree: its drafting modes, `forced`); deadline: `time.perf_counter()` by which
     the finals stop (after `mars.tuning.finals.FLOOR` blocks); budget_s: the budget it came from (recorded);
-    max_new_tokens: the run's length; batch: prompts per unit; references: plain decodings out of this process;
-    exclusive: held while timing (a machine-wide lock)."""
+    max_new_tokens: the turns' length (the run's, at most TIMED_TOKENS); batch: prompts per unit; references:
+    plain decodings out of this process; exclusive: held while timing (a machine-wide lock)."""
 
     trees: tuple[TreeShape, ...]
     deadline: float

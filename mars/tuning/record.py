@@ -66,6 +66,7 @@ class PlainSpeed:
 class Calibration:
     """What one calibration found for one method (strict, or a rule at strict's kernels).
 
+    max_new_tokens: the turns' length it timed (`mars.tuning.plan.TIMED_TOKENS` at most, whatever the run's);
     kernels, tree: what the method's trees verify with and draft; plain_kernels: our fastest plain decoding's
     kernels (vanilla's); reference: the fastest plain decoding of all (what a method that does not speculate
     decodes with, and what every speedup divides by), plains: every plain decoding raced; identical: per kernel

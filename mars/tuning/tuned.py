@@ -93,8 +93,9 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
     prompts: token tensors [1, n] to time on, the first 24 * batch_size of them (default: `calibration_prompts`
     with the target's tokenizer; `mars.tuning.search.UNITS`).
-    budget: seconds for all the timing together (first use only; None: `mars.tuning.plan.budget_for`).
-    max_new_tokens: the length your calls decode, which candidates are timed at. top_p, top_k: the sampling
+    budget: seconds for all the timing together (first use only; None: `mars.tuning.plan.DEFAULT_BUDGET`).
+    max_new_tokens: the length your calls decode; candidates are timed at it, or at
+    `mars.tuning.plan.TIMED_TOKENS` where that is shorter. top_p, top_k: the sampling
     filters your calls use (each its own record)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
