@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from compute.ragged import RowLengths, kept_columns
 from eagle.config import DraftConfig
 from eagle.modules import DraftAttention, DraftMLP, KVCache, RMSNorm, Rotary
-from eagle.ragged import RowLengths, kept_columns
 
 
 class DraftHead(nn.Module):
@@ -102,7 +102,7 @@ class DraftHead(nn.Module):
         out = self._run(hidden.to(self.dtype)[None], tokens[None], positions, mask, commit=False)[0]
         return out, self.logprobs(out)
 
-    # --- batched decoding: B sequences of different lengths (`eagle.ragged`) --------------------
+    # --- batched decoding: B sequences of different lengths (`compute.ragged`) --------------------
     def reset_rows(self, batch: int, device: torch.device) -> None:
         """Forget everything and start B empty sequences. One is a single sequence (`reset`): the `*_rows`
         calls then run `extend` and `propose`, the computations of one sequence."""

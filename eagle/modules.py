@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle.ragged import RowLengths, move_rows
+from compute.ragged import RowLengths, move_rows
 
 
 class RMSNorm(nn.Module):
@@ -100,7 +100,7 @@ class KVCache:
     `length` counts committed positions; tentative entries live after them and are dropped by
     `rollback()`. The buffer grows by doubling, so appends never concatenate.
     Batched decoding (`rows` set): row b's committed entries are its first `rows.host[b]`, and
-    `length` is where every row's next block goes, the longest row's end (`eagle.ragged`).
+    `length` is where every row's next block goes, the longest row's end (`compute.ragged`).
     """
 
     def __init__(self):
@@ -146,7 +146,7 @@ class KVCache:
 
     def keep_rows(self, put: torch.Tensor, take: torch.Tensor, counts: list[int], counts_device: torch.Tensor) -> None:
         """Batched: row b keeps entries take[b, :counts[b]] at put[b, :counts[b]] (padded by repeats,
-        `eagle.ragged.kept_columns`) and commits them; tentative entries are dropped."""
+        `compute.ragged.kept_columns`) and commits them; tentative entries are dropped."""
         move_rows(self.keys, put, take)
         move_rows(self.values, put, take)
         self.rows.advance(counts, counts_device)

@@ -3,7 +3,7 @@
 `eval.run` measures the precision on a CPU (`mars.tuning.search`: the fastest kernels that keep strict
 greedy output equal to plain decoding), because no rule got it right: on an AVX-512 BF16 CPU bf16
 verification was 1.3x slower than float32 with torch's kernels and is the fastest on prepacked
-weights (`eagle.kernels`). This module's rule is what a library call with dtype "auto" gets and
+weights (`compute.kernels`). This module's rule is what a library call with dtype "auto" gets and
 what GPUs get: bf16 on GPUs (float16 where bf16 is unsupported) and on CPUs with native bf16 matrix
 instructions (AVX-512 BF16, AMX); float32 on other CPUs (AVX2 only, or AVX-512 without BF16), where
 torch runs bf16 products over several rows without a native kernel, 3-6x slower than float32 on the

@@ -6,7 +6,7 @@ Verification multiplies every weight by the tree's rows at once, plain decoding 
 attention is already made row-exact (`mars/adapter/exact.py`), so what is left are the products.
 For each distinct linear shape of the target (and head), in the run's precision:
   - `lone_row_differs` / `most_rows`: whether oneDNN's packed product of a lone row differs from the same row
-    among several, and above how many rows another kernel takes over (`eagle.kernels.row_blocks`: such shapes
+    among several, and above how many rows another kernel takes over (`compute.kernels.row_blocks`: such shapes
     get a lone row as two and many rows in blocks);
 Then strict greedy with the model's head against our plain decoding, in bf16 with exact attention and
 packed weights, on the held-out chat prompts, twice, interleaved per prompt: with the two-row product
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from eagle import kernels
+from compute import kernels
 from eagle.checkpoint import load_draft
 from eagle.config import eos_token_ids
 from eval.config.paths import REPO_ROOT

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from compute.kernels import packs
 from eagle.checkpoint import load_draft
-from eagle.kernels import packs
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
 from mars import SpeculativeGenerator, TreeShape

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 README = REPO_ROOT / "README.md"
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
-PACKAGES = ("mars", "eagle", "eval")
-MODULE_PATH = re.compile(r"\b(?:mars|eagle|eval)/[\w/]*\w\.py\b")
+PACKAGES = ("mars", "eagle", "eval", "compute")
+MODULE_PATH = re.compile(r"\b(?:mars|eagle|eval|compute)/[\w/]*\w\.py\b")
 BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 
 
@@ -58,7 +58,7 @@ def test_every_module_is_named_in_the_docs_and_every_module_named_exists():
 
 def test_no_module_name_repeats_across_the_packages():
     # A file name says one thing (docs/architecture.md): `rows.py` is the decoding call's rows, so the
-    # cache's ragged rows are `eagle/ragged.py`; only a package's `__init__.py` may repeat.
+    # cache's ragged rows are `compute/ragged.py`; only a package's `__init__.py` may repeat.
     paths: dict[str, list[str]] = {}
     for package in PACKAGES:
         for p in sorted((REPO_ROOT / package).rglob("*.py")):
@@ -113,8 +113,8 @@ def test_every_script_imports_only_what_the_tree_holds():
 
 def test_the_import_check_would_catch_a_moved_module():
     assert missing_imports("from mars.adapter.kernels import onednn\nimport eagle.nowhere\n"
-                           "from eagle.kernels import onednn, nothing_here\nimport torch") == [
-        "mars.adapter.kernels", "eagle.nowhere", "eagle.kernels.nothing_here"]
+                           "from compute.kernels import onednn, nothing_here\nimport torch") == [
+        "mars.adapter.kernels", "eagle.nowhere", "compute.kernels.nothing_here"]
 
 
 def test_every_python_m_command_names_a_module():

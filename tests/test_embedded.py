@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from compute.kernels import packs
 from eagle import Eagle3Head, load_draft
-from eagle.kernels import packs
 from eagle.train.corpus import read_source, stdlib_files
 from eagle.train.data import chunk_tokens, tokenize_texts
 from eagle.train.evaluate import evaluate_head

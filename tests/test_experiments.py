@@ -120,7 +120,7 @@ def test_sweep_contention_runs_the_sweep_in_parallel_and_alone(tmp_path, monkeyp
 
 
 def test_bf16_exactness_probes_the_shapes_and_checks_strict_against_plain(tmp_path, monkeypatch):
-    from eagle.kernels import packs
+    from compute.kernels import packs
 
     out = tmp_path / "bf16.json"
     args = ("bf16_exactness", str(out), "--model", "embedded", "--prompts", "1", "--tokens", "8")

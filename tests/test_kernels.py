@@ -1,4 +1,4 @@
-"""Prepacked linears (eagle.kernels): used only inside the generator's calls, the same products up
+"""Prepacked linears (compute.kernels): used only inside the generator's calls, the same products up
 to rounding, row-invariant, refreshed when weights change, chosen by what fits. float32 packs
 wherever torch has oneDNN; bf16 only on CPUs with AVX-512 BF16 (the bf16 cases say so and skip
 elsewhere, while the test of the choice checks that such a CPU reports it cannot pack)."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import hf_greedy, random_prompt, summation_tolerance, tiny_model, unit_roundoff
 
+from compute import kernels as K
 from eagle import Eagle3Head
-from eagle import kernels as K
 from mars import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
 
@@ -158,7 +158,7 @@ def test_generator_packs_inside_its_calls_and_strict_greedy_still_equals_plain_g
 def test_a_model_moved_after_packing_to_a_precision_not_packed_here_keeps_torchs_product():
     # Packed in float32, then moved to bf16 (as a draft head is when the target is): where oneDNN cannot
     # pack bf16 (no AVX-512 BF16, or under ONEDNN_MAX_CPU_ISA=AVX2) the linear runs torch's own product.
-    from eagle.kernels import PackedLinears, packs
+    from compute.kernels import PackedLinears, packs
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 16))
@@ -180,7 +180,7 @@ def test_plain_decoding_can_run_at_its_own_kernels_while_the_tree_stays_packed(m
     # The fastest one-row products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC: torch's
     # own, oneDNN off, for a decoding step; packed oneDNN for a tree): vanilla and speculation off decode at
     # plain_kernels, the tree at its own, and strict equals plain decoding at the tree's kernels.
-    from eagle.kernels import packs
+    from compute.kernels import packs
 
     dtype = torch.bfloat16 if packs(torch.bfloat16) else torch.float32
     model = tiny_model("llama").to(dtype)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import OracleHead, hf_greedy, random_prompt, tiny_llama, tiny_model
 
+from compute.kernels import packs
 from eagle import Eagle3Head
 from eagle import precision as P
-from eagle.kernels import packs
 from mars import SamplingConfig, SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
 from mars.tuning import finals, plain_race, search

@@ -14,8 +14,8 @@ import torch
 from helpers import hf_greedy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from compute.kernels import packs
 from eagle.checkpoint import load_draft
-from eagle.kernels import packs
 from eval.benchmarks.prompting import encode, prompt_format
 from eval.benchmarks.questions import Question
 from eval.config.paths import REPO_ROOT
@@ -148,7 +148,7 @@ def test_strict_greedy_on_the_real_model_equals_model_generate(converted, accept
 def test_bf16_strict_greedy_on_the_real_model_equals_our_bf16_plain_decoding(converted):
     """In bf16 with exact attention and packed weights, as a job on an AVX-512 BF16 CPU runs it: the shipped
     head's strict greedy output is our plain decoding's, token for token. Before lone rows got the kernel of
-    several (eagle.kernels.row_blocks: the 1536-wide down projection), these four held-out
+    several (compute.kernels.row_blocks: the 1536-wide down projection), these four held-out
     prompts left plain decoding within 64 tokens (experiments/bf16_exactness.py, AVX-512 BF16 EPYC)."""
     model = AutoModelForCausalLM.from_pretrained(converted[0], dtype=torch.bfloat16).eval()
     tokenizer = AutoTokenizer.from_pretrained(converted[0])

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from compute.growing_cache import GrownCache
+from compute.kernels import packed_where_chosen
 from eagle.config import cache_keyword
-from eagle.growing_cache import GrownCache
-from eagle.kernels import packed_where_chosen
 
 ROOM = 256  # spare cache entries made at each rebuild (after rows join or leave)
 
@@ -162,7 +162,7 @@ def answer_prompts(
     finish, the rest stay unanswered (absent from the result), so a run on a lent machine ends in time with
     whole answers.
 
-    `prepack`: CPU linears multiply oneDNN-prepacked weights during the call (`eagle.kernels`; "auto": where
+    `prepack`: CPU linears multiply oneDNN-prepacked weights during the call (`compute.kernels`; "auto": where
     oneDNN packs the model's precision and the copy fits). At 64 rows MKL's float32 products of SmolLM2 ran
     at 75-90 GFLOP/s and the 49,152-word output layer at 41, packed ones at 110-116 (2-core AVX2 EPYC).
     """

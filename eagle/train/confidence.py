@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from compute.kernels import packed_where_chosen
 from eagle.files import write_atomic
 from eagle.heads import DraftHead
-from eagle.kernels import packed_where_chosen
 from eagle.train.data import Sequences, collect_features
 from eagle.train.evaluate import continuation_data, load_pair, pair_arguments
 from eagle.train.ttt import shift_left, ttt_unroll

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
+from compute.kernels import packed_where_chosen
 from eagle.config import eos_token_ids
 from eagle.files import save_atomic
-from eagle.kernels import packed_where_chosen
 from eagle.precision import HALF
 from eagle.train.answering import LoopCap, answer_prompts
 from eagle.train.corpus import read_source, stdlib_files
@@ -438,7 +438,7 @@ class FeatureStore:
         vocab = model.get_output_embeddings().weight.shape[0]
         id_dtype = torch.int16 if vocab <= torch.iinfo(torch.int16).max else torch.int32
         t0, done_tokens = time.time(), 0
-        # CPU linears on oneDNN-prepacked weights where oneDNN packs the target's precision (`eagle.kernels`): in
+        # CPU linears on oneDNN-prepacked weights where oneDNN packs the target's precision (`compute.kernels`): in
         # float32 at 64+ rows 1.4x MKL's products, 2.7x for SmolLM2's 49,152-word output layer (2-core AVX2 EPYC)
         with packed_where_chosen(model):
             for n, i in enumerate(todo):

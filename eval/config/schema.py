@@ -110,7 +110,7 @@ class ModelConfig:
     # that fp16/bf16 strict greedy is bit-identical to plain decoding rather than equal up to rounding.
     # null = auto: on in bf16/fp16 (full-attention models), off in float32 (not needed there).
     exact_attention: bool | None = None
-    # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (eagle/kernels.py): float32
+    # Linears on CPU multiplied by oneDNN-prepacked weights in our decoding loop (compute/kernels.py): float32
     # (~30% faster tree forwards where MKL's few-row products are slow) and bf16 on CPUs with AVX-512 BF16
     # (the weight is not reordered at every call). null = auto: measured with dtype=auto or tree=calibrated
     # (eval/runner/job_settings.py), else on where oneDNN packs. In float32 it moves the last bits only and

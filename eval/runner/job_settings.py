@@ -127,7 +127,7 @@ def prepack_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], rec
     if not on_cpu(run):
         return f"auto: oneDNN packs CPU weights only (here {run_device(run)})"
     if kernels.prepack:
-        return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (eagle/kernels.py)"
+        return f"auto: {kernels.dtype} on CPU, where oneDNN's prepacked products beat torch's (compute/kernels.py)"
     return f"auto: oneDNN does not pack {kernels.dtype} weights here, or a packed copy would not fit in memory"
 
 

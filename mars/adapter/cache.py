@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from compute.growing_cache import PreallocatedLayer  # noqa: F401  (re-exported for mars.adapter)
 from eagle.config import cache_keyword, text_config  # noqa: F401  (cache_keyword: re-exported for mars.adapter)
-from eagle.growing_cache import PreallocatedLayer  # noqa: F401  (re-exported for mars.adapter)
 
 
 class PathCache:
@@ -40,7 +40,7 @@ class PathCache:
             layer.truncate(length)
 
     def keep_rows(self, put: torch.Tensor, take: torch.Tensor) -> None:
-        """Batched decoding: in every row b, entries take[b] move to put[b] ([B, m] each; `eagle.ragged`)."""
+        """Batched decoding: in every row b, entries take[b] move to put[b] ([B, m] each; `compute.ragged`)."""
         on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         for layer in self.layers:
             where = layer.keys.device
@@ -65,7 +65,7 @@ class TreeCache(PathCache, DynamicCache):
 
     @classmethod
     def stacked(cls, config, caches: list[TreeCache]) -> TreeCache:
-        """The rows of a batch (`eagle.ragged`) from one-sequence caches of equal capacity, row b = caches[b]."""
+        """The rows of a batch (`compute.ragged`) from one-sequence caches of equal capacity, row b = caches[b]."""
         out = cls(config, caches[0].capacity)
         out.layers = [PreallocatedLayer.stacked([c.layers[i] for c in caches]) for i in range(len(out.layers))]
         return out

@@ -93,7 +93,7 @@ def exact_plan(prefix: int, depths: torch.Tensor, ancestors: torch.Tensor, level
 
 def exact_plan_rows(lengths: torch.Tensor, span: tuple[int, int], start: int, depths: torch.Tensor,
                     ancestors: torch.Tensor, levels: int) -> ExactPlan:
-    """`exact_plan` for B trees at once (batched decoding, `eagle.ragged`): row b's committed entries are its
+    """`exact_plan` for B trees at once (batched decoding, `compute.ragged`): row b's committed entries are its
     first lengths[b] [B] (on the device; span = their (min, max), known on the host), its tree nodes sit at
     `start` + node index. depths [B, n], ancestors [B, n, n]. Entries index the batch's keys laid end to
     end (row b's at b * (start + n) + position), rows in batch-major order (b * n + node)."""

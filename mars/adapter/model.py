@@ -15,9 +15,9 @@ from contextlib import contextmanager
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from compute.ragged import RowLengths, kept_columns
 from eagle.config import text_config
 from eagle.precision import needs_exact_attention
-from eagle.ragged import RowLengths, kept_columns
 from eagle.tree import DraftTree
 from mars.adapter.cache import StaticTreeCache, TreeCache, cache_keyword
 from mars.adapter.devices import route_devices
@@ -323,7 +323,7 @@ class TargetModel:
             self.cache.keep(self.committed, index if index is not None else torch.tensor(path, dtype=torch.long))
         self.committed += len(path)
 
-    # --- batched decoding: B sequences of different lengths in one cache (`eagle.ragged`) ---------------
+    # --- batched decoding: B sequences of different lengths in one cache (`compute.ragged`) ---------------
 
     def check_batching(self) -> None:
         """Raise a ValueError naming the setting if this adapter cannot decode a batch."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from eagle.kernels import choose_packing
+from compute.kernels import choose_packing
 from mars.adapter import TargetModel
 from mars.decoding.settings import Kernels
 

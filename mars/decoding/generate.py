@@ -13,7 +13,7 @@ one target forward, keep a path per prompt.
 One prompt is a forest of one: the adapter and the head then run their single-sequence code
 (`TargetModel.prefill_rows` of one prompt), which static shapes, compile and exact attention's plans
 are built for, and which the adaptive tree needs (`check_batching` says what several prompts refuse).
-Several prompts share one cache of ragged rows (`eagle.ragged`): row b's tokens first, then a gap its
+Several prompts share one cache of ragged rows (`compute.ragged`): row b's tokens first, then a gap its
 masks hide, then the block every row writes at the same place. Per cycle the host reads the verdicts
 once and uploads the paths, next tokens and kept rows once, whatever B (`tests/test_batch.py` counts
 it); the device work has no loop over rows; per-row Python is the bookkeeping of emitted tokens
@@ -44,9 +44,9 @@ from functools import partial
 
 import torch
 
+from compute.kernels import PackedLinears, choose_packing, onednn
 from eagle.config import eos_token_ids
 from eagle.heads import DraftHead
-from eagle.kernels import PackedLinears, choose_packing, onednn
 from eagle.sampled_trees import RANK_ACCEPTANCE
 from eagle.tree import DraftTree
 from mars.accounting.deferred import CostLedger
@@ -99,15 +99,15 @@ class SpeculativeGenerator:
     already reproduces plain decoding (`eagle.precision.needs_exact_attention`); `gen.target.exact_attention`
     tells what was chosen.
     prepack: multiply float32 CPU linears (target and head) by oneDNN-prepacked weights inside
-    `generate`/`vanilla` (`eagle.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
+    `generate`/`vanilla` (`compute.kernels`): ~30% faster tree forwards on CPUs where MKL's few-row
     products are slow, and row-invariant. "auto" (default): on for float32 CPU models when the packed
     copy fits in memory; `gen.prepack` / `gen.prepack_reason` tell what was chosen.
-    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`eagle.kernels.onednn`);
+    onednn: False multiplies with torch's own CPU kernels, oneDNN off (`compute.kernels.onednn`);
     needs prepack off.
     plain_kernels: the kernels of plain decoding (`vanilla`, and `generate` while `speculate` is False) where
     they differ from the tree's (a `mars.decoding.settings.Kernels`; None: the tree's). The fastest one-row
     products are not always the fastest few-row ones (bf16 on the AVX-512 EPYC: torch's own for one row,
-    packed oneDNN for a tree; `eagle.kernels`), nor in the same precision (the embedded pair there:
+    packed oneDNN for a tree; `compute.kernels`), nor in the same precision (the embedded pair there:
     float32 trees, bf16 plain decoding). plain_model: the target loaded in `plain_kernels`' precision, where
     that is not `target_model`'s (a second copy, the caller's to load). Strict greedy output equals plain
     greedy decoding at the tree's kernels, bit for bit; at other kernels the sums run in another order and

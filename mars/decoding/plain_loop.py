@@ -11,7 +11,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from eagle.kernels import PackedLinears, onednn
+from compute.kernels import PackedLinears, onednn
 from eagle.tree import DraftTree
 from mars.accounting.timing import PhaseClock
 from mars.adapter import TargetModel

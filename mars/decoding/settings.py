@@ -95,10 +95,10 @@ NAMED_TREES = {
 @dataclass(frozen=True)
 class Kernels:
     """How the target computes: its precision, whether verification attention is exact
-    (`mars.adapter.exact`), whether linears multiply prepacked weights (`eagle.kernels`), and whether
+    (`mars.adapter.exact`), whether linears multiply prepacked weights (`compute.kernels`), and whether
     torch may hand CPU products to oneDNN at all (`onednn` False: torch's own kernels, label "aten"; on the
     AVX-512 EPYC its one-row bf16 products stream SmolLM2's weights faster than packed oneDNN, though several
-    rows cost nearly that many times one, so it is a plain decoding's kernels, `eagle.kernels`)."""
+    rows cost nearly that many times one, so it is a plain decoding's kernels, `compute.kernels`)."""
 
     dtype: str  # a key of DTYPES
     exact_attention: bool

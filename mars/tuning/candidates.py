@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from eagle.kernels import packed_copy_fits, packs
+from compute.kernels import packed_copy_fits, packs
 from eagle.precision import needs_exact_attention, resolve_dtype
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
@@ -60,11 +60,11 @@ def kernel_candidates(device: str | torch.device, dtype: str = "auto", exact_att
 
     CPU: float32 and bf16; exact attention where the precision needs it to reproduce plain decoding
     (bf16: `eagle.precision.needs_exact_attention`) unless set; prepacked linears on and off where
-    oneDNN packs that precision here (`eagle.kernels.packs`) and a packed copy of the target's
-    `parameters` weights fits in memory (`eagle.kernels.packed_copy_fits`), unless set; and in bf16 /
+    oneDNN packs that precision here (`compute.kernels.packs`) and a packed copy of the target's
+    `parameters` weights fits in memory (`compute.kernels.packed_copy_fits`), unless set; and in bf16 /
     fp16, torch's own products with oneDNN off ("aten"), unless prepacking was asked for. Other devices:
     one candidate, the precision of `eagle.precision.resolve_dtype` and no prepacking (nothing on a GPU is timed:
-    float32 is never the faster there, and `eagle.kernels` packs CPU weights only).
+    float32 is never the faster there, and `compute.kernels` packs CPU weights only).
     """
     on_cpu = torch.device(device).type == "cpu"
     if dtype != "auto":

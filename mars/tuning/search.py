@@ -33,8 +33,8 @@ from dataclasses import replace
 
 import torch
 
+from compute.kernels import packed_copy_fits
 from eagle.files import write_atomic
-from eagle.kernels import packed_copy_fits
 from mars.accounting.timing import ForeignLoad
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape

@@ -35,9 +35,6 @@ so baselines timed with it are not sped up by us). A weight modified in place si
 (training, `load_state_dict`) is repacked at the next `active()`.
 
 The packed copy doubles the memory of the weights it covers; `auto` packs only where that fits.
-
-Here in `eagle/`, below `mars/`, because draft training's answering and feature stages
-(`eagle.train.answering`, `eagle.train.data`) multiply the target's weights over 8-128 rows too.
 """
 
 from __future__ import annotations

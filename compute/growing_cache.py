@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from eagle.ragged import move_rows
+from compute.ragged import move_rows
 
 
 class PreallocatedLayer(DynamicLayer):
