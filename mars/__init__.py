@@ -1,8 +1,8 @@
 """MARS: margin-aware speculative verification on top of EAGLE tree drafting.
 
 Rooms, each importing only those below it (tests/test_api.py):
-- `mars.tuning`: the fastest settings on this machine, measured (`calibrate`), and a generator with them in
-  one call (`tuned`);
+- `mars.tuning`: the fastest settings on this machine, measured (`calibrate`), a relaxed rule's parameter
+  chosen by a quality budget (`QualityBudget`), and a generator with them in one call (`tuned`);
 - `mars.decoding`: the decoding loop over one prompt or many (`generate`), the per-call drafting and the
   batch's rows it drives, the adaptive tree, what a call returns (`output`) and how a run decodes (`settings`);
 - `mars.verification`: acceptance under any rule (`verify`) and the sampling settings it shares with plain
@@ -19,11 +19,12 @@ from mars.accounting.stats import VerifyStats
 from mars.decoding.generate import GenerationOutput, SpeculativeGenerator
 from mars.decoding.settings import TreeShape
 from mars.rules import RULES, Rule, make_rule, register
+from mars.tuning.quality_budget import QualityBudget
 from mars.tuning.tuned import tuned
 from mars.verification.sampling import SamplingConfig, process_logits
 from mars.verification.verify import Verdict, accept
 
 __all__ = [
-    "RULES", "GenerationOutput", "Rule", "SamplingConfig", "SpeculativeGenerator", "TreeShape", "Verdict",
-    "VerifyStats", "accept", "make_rule", "process_logits", "register", "tuned",
+    "RULES", "GenerationOutput", "QualityBudget", "Rule", "SamplingConfig", "SpeculativeGenerator", "TreeShape",
+    "Verdict", "VerifyStats", "accept", "make_rule", "process_logits", "register", "tuned",
 ]

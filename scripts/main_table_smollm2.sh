@@ -20,7 +20,10 @@
 # Full: calibrated, a tree timed for strict and for each θ in each mode, cached per machine. Those 12 calibrations
 # need ~2 min each to time every candidate once on the 2-core AVX2 EPYC; inside a small budget they would time
 # only the first candidate or two.
-# BENCHES, TEMPERATURES, THETAS override the lists (comma-separated: BENCHES=mt_bench,gsm8k). Leaves
+# BENCHES, TEMPERATURES, THETAS override the lists (comma-separated: BENCHES=mt_bench,gsm8k); PLAIN the plain
+# decodings answered beside them (default generate,vanilla; "vanilla" leaves model.generate out), EXTRA further
+# baselines (EXTRA=typical@0.05), EXTRA_SAMPLED those at T = 1 only (a rule with no greedy form: EXTRA_SAMPLED=ears@0.1),
+# DRAFTING T = 1's drafting modes (default topk,sample). Leaves
 # OUT_DIR/runs/smollm2/<bench>/<method>-T<t>-<id>/ (answers, summary.json, config.yaml, wandb/), OUT_DIR/report.md,
 # report.csv and the plots; `wandb sync OUT_DIR/runs/*/*/*/wandb/offline-run-*` uploads the W&B runs later.
 # The times of both settings on this project's CPUs are in docs/real-models.md (the paper's main table on a real model).
@@ -35,19 +38,23 @@ IFS=, read -ra thetas <<< "${THETAS:-0.8,0.9,0.95}"
 # methods are timed interleaved, and the pair is loaded and warmed up once per benchmark and mode.
 others=""
 for theta in "${thetas[@]:1}"; do others+=",mars@$theta"; done
+[[ -n "${EXTRA:-}" ]] && others+=",$EXTRA"
+sampled="$others"  # rules with no greedy form (EARS) only where sampling
+[[ -n "${EXTRA_SAMPLED:-}" ]] && sampled+=",$EXTRA_SAMPLED"
 common=(model=smollm2 "bench=${BENCHES:-mt_bench,humaneval,gsm8k,alpaca,sum,qa,wmt19}"
         "num_prompts=${NUM_PROMPTS:-2}" "max_new_tokens=${MAX_NEW_TOKENS:-32}"
         "tree=${TREE:-cpu}"
-        method=mars "method.theta=${thetas[0]}" "baselines=[generate,vanilla,strict$others]"
+        method=mars "method.theta=${thetas[0]}"
         logging=offline logging.group=main_table_smollm2
         "out_dir=$out/runs/\${model.name}/\${bench.name}")
 start=$SECONDS
 IFS=, read -ra temperatures <<< "${TEMPERATURES:-0,1}"  # one sweep per temperature
 for t in "${temperatures[@]}"; do
     case "$t" in
-        0) python -m eval.run -m "${common[@]}" sampling=t0 "hydra.sweep.dir=$out/sweeps/t0" "$@" ;;
-        1) python -m eval.run -m "${common[@]}" sampling=t1 "tree.drafting=topk,sample" \
-               "hydra.sweep.dir=$out/sweeps/t1" "$@" ;;
+        0) python -m eval.run -m "${common[@]}" "baselines=[${PLAIN:-generate,vanilla},strict$others]" sampling=t0 \
+               "hydra.sweep.dir=$out/sweeps/t0" "$@" ;;
+        1) python -m eval.run -m "${common[@]}" "baselines=[${PLAIN:-generate,vanilla},strict$sampled]" sampling=t1 \
+               "tree.drafting=${DRAFTING:-topk,sample}" "hydra.sweep.dir=$out/sweeps/t1" "$@" ;;
         *) echo "TEMPERATURES holds $t: the protocol runs 0 and 1 (sampling presets t0, t1)" >&2; exit 2 ;;
     esac
 done

@@ -73,6 +73,9 @@ def test_the_newest_record_of_a_kind_and_class_is_rendered():
     assert M.newest([newer, older, other], "embedded-benchmark") is other
     with pytest.raises(LookupError, match="no measurement record of kind 'smollm2-mt-bench' on avx2"):
         M.newest([older], "smollm2-mt-bench", "avx2")
+    # a minute given sorts after its day alone and after an earlier minute, whatever the files' names
+    morning, noon = record(date="2026-12-01T09:05", path="z"), record(date="2026-12-01T12:40", path="a")
+    assert M.newest([noon, newer, morning], "embedded-benchmark", "avx2") is noon
 
 
 def test_a_record_of_another_format_or_missing_a_field_is_refused_by_name(tmp_path):

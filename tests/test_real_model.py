@@ -189,3 +189,42 @@ def test_task_openers_begin_the_prompts_the_target_writes(converted):
     assert all(p.startswith(openers) and len(p.split()) > len(o.split()) for p in prompts
                for o in openers if p.startswith(o))
     assert {o for o in openers for p in prompts if p.startswith(o)} == set(openers)
+
+
+def test_the_quality_table_script_answers_both_phases_in_directories_of_their_own(converted, tmp_path):
+    """scripts/quality_table_smollm2.sh, sized down (one Alpaca question of 4 tokens at T = 0, a fixed tree): the
+    quality phase answers vanilla, strict, MARS at three thetas and EARS with strict checked on every question;
+    the speed phase adds model.generate, in run directories of their own; each phase's report is written."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "BENCHES": "alpaca", "TEMPERATURES": "0", "QUALITY_PROMPTS": "1", "SPEED_PROMPTS": "1",
+           "MAX_NEW_TOKENS": "4", "TREE": "cpu"}
+    subprocess.run(["bash", "scripts/quality_table_smollm2.sh", str(tmp_path), "warmup=false", "logging=disabled"],
+                   cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=900)
+    runs = {phase: {p.name.split("-T0-")[0] for p in (tmp_path / phase / "runs" / "smollm2" / "alpaca").iterdir()}
+            for phase in ("quality", "speed")}
+    rules = {"strict", "mars@0.8", "mars@0.9", "mars@0.95"}  # EARS only at T = 1: it has no greedy form
+    assert runs["quality"] == {"vanilla", *rules}
+    assert {"generate", "vanilla", *rules} <= runs["speed"]
+    summary = json.loads(next((tmp_path / "quality" / "runs").rglob("summary.json")).read_text())
+    strict = summary["methods"]["strict"]  # equal to plain decoding at the tree's kernels, wherever it is checked
+    assert (strict["exact_at_tree_kernels"] if strict["exact_checked_turns"] else strict["identical_to_vanilla"]) == 1
+    assert all((tmp_path / phase / "report.md").exists() for phase in ("quality", "speed"))
+    answers = read_jsonl(next((tmp_path / "quality" / "runs").rglob("strict.jsonl"))).values()
+    assert len(answers) == 1 and len(answers[0]["choices"][0]["turns"]) == 1
+    # its record (eval.reporting.quality_table) and the table a page renders from it
+    from eval.reporting.measurements import Measurement
+    from eval.reporting.pages import quality_table
+    from eval.reporting.quality_table import figures_of
+
+    figures = figures_of(tmp_path)
+    rows = figures["temperatures"]["0"]["alpaca"]
+    assert set(rows) >= {"vanilla", *rules} and rows["strict"]["n"] == 1 and rows["strict"]["metric"] == "rougeL"
+    assert rows["mars@0.9"]["cost_metric"] == "logprob_regret" and rows["mars@0.9"]["speed"] is not None
+    assert rows["strict"]["recovery"] is None and rows["mars@0.9"]["loglik"] < 0
+    record = Measurement(kind="smollm2-quality-table", what="smoke", command="c", commit="x", date="2026-12-02",
+                         machine={"cpu": "cpu", "capability": "AVX2", "cores": 2, "class": "avx2"}, versions={},
+                         figures=figures)
+    table = "\n".join(quality_table(record, "r.json"))
+    assert "| alpaca | mars@0.9 | 1 |" in table and "logprob_regret / token" in table

@@ -56,12 +56,23 @@ def test_zero_strict_score_is_no_recovery_not_zero_over_zero():
     assert paired_recovery([], [])["undefined"] == "no question answered by both"
 
 
-def test_a_recovery_resting_on_one_question_has_no_interval():
-    """Strict solved 1 of 20: over a third of the resamples have no strict success, so no interval is given
-    (it would hide that the ratio rests on one question)."""
+def test_a_score_about_zero_is_left_out_of_recovery_and_says_so():
+    """Strict solved 1 of 20 (a 135M model on GSM8K): under a tenth of the questions, so there is no recovery,
+    and the reason says why; at 2 of 20 there is one."""
     strict = [1.0] + [0.0] * 19
     r = paired_recovery(strict, strict)
-    assert r["recovery"] == 1.0 and r["nonzero"] == 1 and (r["low"], r["high"]) == (None, None)
+    assert r["recovery"] is None and r["nonzero"] == 1 and (r["low"], r["high"]) == (None, None)
+    assert r["undefined"] == ("strict scores above 0 on 1 of 20 questions, under 10%: a score about 0, left out of "
+                              "recovery")
+    assert paired_recovery(strict[:1] * 2 + [0.0] * 18, strict[:1] * 2 + [0.0] * 18)["recovery"] == 1.0
+
+
+def test_a_recovery_resting_on_few_questions_has_no_interval():
+    """Strict solved 2 of 20: over a tenth of the resamples have no strict success, so no interval is given
+    (it would hide that the ratio rests on two questions)."""
+    strict = [1.0, 1.0] + [0.0] * 18
+    r = paired_recovery(strict, strict)
+    assert r["recovery"] == 1.0 and r["nonzero"] == 2 and (r["low"], r["high"]) == (None, None)
 
 
 def test_unpaired_figures_are_refused():

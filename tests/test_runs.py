@@ -132,6 +132,23 @@ def test_each_method_lives_in_a_directory_named_by_its_settings_and_resumes_ther
     assert {m: snapshot(d) for m, d in dirs.items()} == before
 
 
+def test_max_turns_answers_the_first_turns_in_directories_of_their_own(standin, tmp_path):
+    """bench.max_turns=1 (MT-bench's first turns) answers one turn of a two-turn question, in run directories
+    other than the full run's, so neither is resumed as the other; 0 turns is refused."""
+    questions = tmp_path / "two_turns.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "turns": [f"def f{i}(x):", "Again, shorter."]}) + "\n"
+                                 for i in range(2)))
+    out, few = tmp_path / "out", ("method=strict", "baselines=[vanilla]", f"bench.questions={questions}")
+    every, first = config(standin, out, *few), config(standin, out, *few, "bench.max_turns=1")
+    for cfg, turns in ((every, 2), (first, 1)):
+        run(cfg)
+        for method in ("strict", "vanilla"):
+            assert [len(r["choices"][0]["turns"]) for r in answers(directories(cfg)[method], method)] == [turns] * 2
+    assert set(directories(every).values()).isdisjoint(directories(first).values())
+    with pytest.raises(ValueError, match="bench.max_turns"):
+        validate(config(standin, out, "bench.max_turns=0"))
+
+
 def test_a_theta_sweep_times_the_baselines_once_and_skips_finished_jobs(standin, tmp_path, capsys):
     out = tmp_path / "out"
     first = run(config(standin, out, "method.theta=0.8"))

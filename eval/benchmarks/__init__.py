@@ -22,7 +22,7 @@ Question records (the JSONL layout): `question_id`, `category`, `turns` (user tu
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -198,8 +198,9 @@ def question_records(name: str, data_dir: str | Path | None = None, source: str 
 
 
 def load_questions(name: str, data_dir: str | Path | None = None, limit: int | None = None,
-                   source: str = "auto") -> list[Question]:
-    """Questions of a set (`question_records`), in order; the first `limit` of them if given."""
+                   source: str = "auto", max_turns: int | None = None) -> list[Question]:
+    """Questions of a set (`question_records`), in order; the first `limit` of them if given, each with its first
+    `max_turns` user turns if given (MT-bench's first turns: 1)."""
     questions = [read_question(record, where) for where, record in located_records(name, data_dir, source)]
     if not questions:
         raise ValueError(f"{name} holds no questions")
@@ -208,6 +209,8 @@ def load_questions(name: str, data_dir: str | Path | None = None, limit: int | N
         directory = resolve(name).parent if name.endswith(".jsonl") else bench_path(data_dir)
         BENCHMARKS[stem].prepare(questions, directory)
         questions = BENCHMARKS[stem].order(questions)
+    if max_turns is not None:
+        questions = [replace(q, turns=q.turns[:max_turns]) for q in questions]
     return questions[:limit] if limit else questions
 
 

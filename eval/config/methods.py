@@ -24,6 +24,7 @@ from omegaconf import MISSING
 from mars.decoding.reference import ISA_LIMITS  # what `generate@<dtype>+<isa>` sets in its process's environment
 from mars.rules import RULES, Rule, make_rule, rule_class
 from mars.rules.strict import Strict
+from mars.tuning.quality_budget import MARGIN, QualityBudget
 
 SPEC = re.compile(r"^(\w+)(?:@([^\[\]]+))?(?:\[(.*)\])?$")  # a rule's display name: name@value[k=v,...]
 GENERATE, VANILLA = "generate", "vanilla"
@@ -70,12 +71,39 @@ class GenerateConfig(MethodConfig):
 
 
 @dataclass
+class QualityBudgetConfig:
+    """`method.quality_budget`: the most the rule may cost per emitted token, its main parameter then chosen
+    (`mars.tuning.quality_budget.QualityBudget`, `eval.runner.budgeted`): metric kl_per_token or tv_per_token
+    when sampling, logprob_regret or argmax_mismatch when greedy ("": no budget, the parameter as given); grid:
+    the values to choose among (empty: the rule's own). Always an object, never null: Hydra merges a
+    `method.quality_budget={...}` override into it."""
+
+    metric: str = ""
+    per_token: float = 0.0
+    margin: float = MARGIN
+    grid: list[float] = field(default_factory=list)
+
+    def budget(self) -> QualityBudget | None:
+        """The budget (None where no metric is set; a ValueError where a bound is given without one)."""
+        if not self.metric:
+            if self.per_token or self.grid:
+                raise ValueError("method.quality_budget gives a bound but no metric: set quality_budget.metric "
+                                 "(logprob_regret or argmax_mismatch at T = 0, kl_per_token or tv_per_token at T > 0)")
+            return None
+        return QualityBudget(self.metric, self.per_token, self.margin, tuple(self.grid))
+
+
+@dataclass
 class RuleMethod(MethodConfig):
     """Our speculative loop verified by rule `kind`. Each registered rule gets a subclass with its
-    parameters as typed fields (`rule_schema`): `method=typical method.epsilon=0.05`."""
+    parameters as typed fields (`rule_schema`): `method=typical method.epsilon=0.05`. quality_budget (the job's
+    own method only): its main parameter is chosen within that cost instead (`QualityBudgetConfig`)."""
+
+    quality_budget: QualityBudgetConfig = field(default_factory=QualityBudgetConfig)
 
     def rule(self) -> Rule:
-        return make_rule(self.kind, **{f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "kind"})
+        return make_rule(self.kind, **{f.name: plain(getattr(self, f.name)) for f in fields(self)
+                                       if f.name not in ("kind", "quality_budget")})
 
     @property
     def name(self) -> str:

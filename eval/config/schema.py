@@ -134,6 +134,9 @@ class BenchConfig:
     # local: <questions>.jsonl in data_dir; hub: the benchmark's Hugging Face dataset (eval/benchmarks/,
     # through `datasets`); auto: the local file when there, else the hub
     source: str = "auto"
+    # Answer at most this many user turns of each question (1: MT-bench's first turns only); null: every turn.
+    # The run directory names it when set, so answers to fewer turns are never resumed as the full ones.
+    max_turns: int | None = None
 
 
 @dataclass
@@ -261,6 +264,8 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
     check_static_options(run.model.static, run.model.compile, run.model.max_cache_len)
     if run.bench.source not in ("local", "hub", "auto"):
         raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
+    if run.bench.max_turns is not None:
+        _positive("bench.max_turns", run.bench.max_turns)
     tree = run.tree
     shape = TreeShape(tree.total_tokens, tree.depth, tree.branching, tree.adaptive, tree.drafting)  # checks the tree
     if tree.calibration_budget is not None and not tree.calibration_budget >= 0:

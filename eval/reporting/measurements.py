@@ -40,7 +40,7 @@ class Measurement:
     what: str
     command: str
     commit: str
-    date: str  # ISO, the day the figures were measured
+    date: str  # ISO: the day the figures were measured, or the minute (2026-12-02T08:10), later on that day
     machine: dict  # cpu, capability, cores, class
     versions: dict  # python, torch, transformers
     figures: dict
@@ -80,7 +80,8 @@ def load_all(root: Path = RECORDS) -> list[Measurement]:
 
 
 def newest(records: list[Measurement], kind: str, cpu_class: str | None = None) -> Measurement:
-    """The newest record of `kind` (and CPU class): by date, then by path (a later file of the same day)."""
+    """The newest record of `kind` (and CPU class): by date (a minute given sorts after its day alone, and after
+    an earlier minute), then by path."""
     mine = [r for r in records if r.kind == kind and (cpu_class is None or r.cpu_class == cpu_class)]
     if not mine:
         where = f" on {cpu_class}" if cpu_class else ""
@@ -137,7 +138,7 @@ def commit_of(repo: Path = REPO_ROOT) -> str:
 
 def write(record: Measurement, out: Path | None = None) -> Path:
     """Write `record` (to its default place when `out` is None); never over an existing file."""
-    out = out or RECORDS / f"{record.date}-{record.cpu_class}" / f"{record.kind}_{record.commit}.json"
+    out = out or RECORDS / f"{record.date[:10]}-{record.cpu_class}" / f"{record.kind}_{record.commit}.json"
     if out.exists():
         raise FileExistsError(f"{out} exists: records are never overwritten; pass --out for another name")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command", required=True, help="the command that made the summary")
     parser.add_argument("--what", required=True, help="one sentence: what was measured")
     parser.add_argument("--commit", help="default: this checkout's HEAD")
-    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--date", default=datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"),
+                        help="when the figures were measured (default: now, to the minute)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     machine, versions = this_machine()

@@ -45,7 +45,8 @@ def _x(value: float | None) -> str:
 
 def provenance(record: Measurement, link: str) -> str:
     m = record.machine
-    return (f"{record.date}, {m['cpu']} (`{m['capability']}`, {m['cores']} cores), commit `{record.commit}`, "
+    cores = f", {m['cores']} cores" if m.get("cores") else ""
+    return (f"{record.date}, {m['cpu']} (`{m['capability']}`{cores}), commit `{record.commit}`, "
             f"torch {record.versions.get('torch', '?')}: `{record.command}` ([record]({link}))")
 
 
@@ -94,6 +95,48 @@ def calibration_check(record: Measurement, link: str) -> list[str]:
                           f"{m['predicted']:.2f}× [{low:.2f}, {high:.2f}]"))
         lines.append(f"| {name} | {run['calibration_s']:.0f} s | {cells[0][0]} | {cells[0][1]} | {cells[0][2]} | "
                      f"{cells[1][1]} | {cells[1][2]} |")
+    return lines
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@renderer("quality-table")
+def quality_table(record: Measurement, link: str) -> list[str]:
+    """The real pair's main table (`eval.reporting.quality_table`), one table per temperature: per benchmark and
+    method its questions, paired speed over the fastest plain decoding, tau, score, recovery against strict with
+    its paired 95% interval, the target's log-likelihood per token and the relaxation's cost per token."""
+    hours = record.figures.get("cpu_hours")
+    lines = [provenance(record, link) + (f"; {hours:.1f} CPU hours" if hours else "")]
+    for t, benches in record.figures["temperatures"].items():
+        cost = next((m["cost_metric"] for b in benches.values() for m in b.values() if m.get("cost_metric")), "cost")
+        lines += ["", f"**T = {t}**", "",
+                  f"| bench | method | n | speed vs fastest plain, paired (n) | τ | score | recovery vs strict [95%] "
+                  f"(nonzero) | log-lik / token | {cost} / token |", "|---|---|---|---|---|---|---|---|---|"]
+        for bench, methods in benches.items():
+            for name, m in methods.items():
+                speed = "-" if m.get("speed") is None else f"{m['speed']:.2f}× ({m.get('speed_n')})"
+                score = "-" if m.get("score") is None else f"{m['score']:.2f} {m['metric']}"
+                recovery = "-" if m.get("recovery") is None else (
+                    f"{m['recovery']:.3f} [{_num(m.get('low'), 3)}, {_num(m.get('high'), 3)}] ({m.get('nonzero')})")
+                lines.append(f"| {bench} | {name} | {m.get('n') or '-'} | {speed} | {_num(m.get('tau'))} | {score} | "
+                             f"{recovery} | {_num(m.get('loglik'), 3)} | {_num(m.get('cost'), 4)} |")
+    return lines
+
+
+@renderer("head-heldout")
+def head_heldout(record: Measurement, link: str) -> list[str]:
+    """Per draft head: its held-out agreement by draft step (top-1 on greedy answers, sum min(p, q) on T = 1
+    answers) and strict greedy's tau at one fixed tree, offline and decoded."""
+    lines = [provenance(record, link), "",
+             "| head | top-1 by draft step, greedy answers | Σ min(p, q) by step, T = 1 answers | "
+             "τ offline / decoded (tree) |", "|---|---|---|---|"]
+    for name, h in record.figures["heads"].items():
+        steps = " / ".join(f"{x:.3f}" for x in h["t0_top1"])
+        mass = " / ".join(f"{x:.3f}" for x in h["t1_sum_min_pq"])
+        lines.append(f"| {name} | {steps} | {mass} | {h['offline_tau']:.2f} / "
+                     f"{h['online_tau']:.2f} ({h['tree']}) |")
     return lines
 
 

@@ -137,7 +137,9 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, flo
 
 def plot_pareto(entries: list[Entry], out: Path, written: list[str], colors: dict) -> None:
     """Speed vs quality recovery (raw quality when no recovery exists), one point per method × bench:
-    colour = method (as in every plot), marker = bench; each bench's Pareto front ringed and connected."""
+    colour = method (as in every plot), marker = bench; each bench's Pareto front ringed and connected. A
+    recovery carries its paired 95% bootstrap interval (`quality_recovery_ci`) as a vertical bar: a front
+    point whose bar crosses 1 has not been shown to lose quality."""
     plt = pyplot()
     from matplotlib.lines import Line2D
 
@@ -153,6 +155,11 @@ def plot_pareto(entries: list[Entry], out: Path, written: list[str], colors: dic
         xy = [(e.value("speedup"), e.value(y_name)) for e in mine]
         marker, style = "osD^v<>"[i % 7], ["-", "--", ":", "-."][i % 4]
         ax.scatter(*zip(*xy, strict=True), c=[colors[e.method] for e in mine], marker=marker, s=55, zorder=3)
+        for e, (x, _) in zip(mine, xy, strict=True):
+            ci = e.fig.get("quality_recovery_ci") or {} if y_name == "quality_recovery" else {}
+            if ci.get("low") is not None and ci.get("high") is not None:  # the per-question interval (a corpus
+                # headline's ratio, WMT19's BLEU, may lie outside it)
+                ax.vlines(x, ci["low"], ci["high"], colors=[colors[e.method]], lw=1, zorder=2)
         front = pareto_front(xy)
         ax.plot(*zip(*front, strict=True), color="black", ls=style, lw=1.2, zorder=2)
         ax.scatter(*zip(*front, strict=True), marker=marker, s=190, facecolors="none", edgecolors="black", zorder=2)

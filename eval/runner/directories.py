@@ -58,6 +58,8 @@ def method_identity(run: RunConfig, method: MethodConfig, settings: DecodeSettin
         "prompt": plain(m.prompt), "bench": run.bench.name, "questions": run.bench.questions,
         "sampling": plain(run.sampling), "max_new_tokens": run.max_new_tokens, "seed": run.seed, "shard": run.shard,
     }
+    if run.bench.max_turns is not None:  # named only when set: earlier run directories keep their names
+        identity["max_turns"] = run.bench.max_turns
     if run.batch_size > 1:  # named only when batched: earlier run directories keep their names
         identity["batch_size"] = run.batch_size
     if method.kind != GENERATE and m.static:  # named only when on: earlier run directories keep their names

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle.files import write_atomic
 from eagle.precision import DTYPES, cores, cpu_name
-from eval.benchmarks import BENCHMARKS, load_questions
+from eval.benchmarks import BENCHMARKS
 from eval.benchmarks.prompting import PromptFormat
 from eval.benchmarks.questions import Question
 from eval.benchmarks.score_files import answer_turns, score
@@ -44,6 +44,7 @@ from eval.reporting.tracking import start_tracking
 from eval.rundirs.layout import CONFIG, SUMMARY, read_answers
 from eval.runner import locks
 from eval.runner.answer_loop import Evaluator, answer_questions
+from eval.runner.budgeted import budgeted
 from eval.runner.directories import (
     answer_path,
     answered,
@@ -52,7 +53,7 @@ from eval.runner.directories import (
     job_records,
     method_dtype,
 )
-from eval.runner.job_settings import resolve_settings, timing_device
+from eval.runner.job_settings import bench_questions, resolve_settings, timing_device
 from eval.runner.models import (
     claim_gpus,
     load_head,
@@ -146,6 +147,8 @@ def against_strict(key: str | None, records: dict[str, list[dict]], each: dict[s
             # Its "recovery" is the ratio of the per-question means it resamples: the headline's ratio, except
             # where the headline is a corpus figure (BLEU; `figure` names what it is).
             figures[method]["quality_recovery_ci"] = {**ci, "figure": key}
+            if ci["recovery"] is None:  # strict's score is 0 or about 0 (`undefined` says which): none in the tables
+                figures[method].pop("quality_recovery", None)
         mine = {str(r["question_id"]): answer_turns(r) for r in records[method]}
         paired = [q for q in strict_turns if q in mine]
         if paired:
@@ -261,8 +264,7 @@ def check_settings(run: RunConfig) -> tuple[PromptFormat, list[tuple[int, Questi
     if unknown:
         raise ValueError(f"unknown quality figures {sorted(unknown)}; known: {quality.FIGURES}")
     fmt = PromptFormat.of(run.model.prompt)
-    questions = list(enumerate(load_questions(run.bench.questions, run.bench.data_dir, run.num_prompts,
-                                              run.bench.source)))
+    questions = list(enumerate(bench_questions(run, run.num_prompts)))
     shard = parse_shard(run.shard)
     if shard:
         questions = questions[shard[0]::shard[1]]
@@ -280,6 +282,7 @@ def run(composed: DictConfig | RunConfig) -> dict:
     fmt, questions, level = check_settings(config)  # bad settings fail before any model loads
     if level == sandbox.UNISOLATED:
         print("sandbox: unisolated (sandbox.allow_unisolated=true): HumanEval's programs run with your permissions")
+    config, choice = budgeted(config, fmt)  # a method.quality_budget chooses the method's parameter first
     # Resolved once, before the run directories (their names include the precision and the tree); every
     # later step reads this object.
     resolved = resolve_settings(config, fmt)
@@ -296,13 +299,15 @@ def run(composed: DictConfig | RunConfig) -> dict:
         print(f"done already: {job_dir} (every answer and the summary are there; nothing to run)")
         return summary
     started = time.time()
-    tracker = _start_job(composed, config, resolved, level, job_dir)
+    tracker = _start_job(composed if choice is None else config, config, resolved, level, job_dir)  # θ as chosen
     answered_now = answer_pending(config, resolved, fmt, questions, pending, directories, tracker) if pending else []
     records = job_records(methods, directories, ids)
     categories = question_categories(config, questions)
     settings = settings_record(config, resolved, len(ids), directories)
     if level is not None:
         settings["sandbox"] = level  # the report's settings show it (unisolated: the code ran unconfined)
+    if choice is not None:
+        settings["quality_budget"] = choice.to_dict()  # the value chosen and every value measured
     summary = {"machine": machine(), "settings": settings,
                "job": {"host": platform.node(), "pid": os.getpid(), "started": started, "finished": time.time(),
                        "answered": answered_now},  # the methods this job added answers to

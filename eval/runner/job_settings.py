@@ -178,6 +178,11 @@ def dtype_reason(run: RunConfig, kernels: Kernels, options: list[Kernels], recor
 BENCH_CALIBRATION_TURNS = 16
 
 
+def bench_questions(run: RunConfig, limit: int | None = None) -> list[Question]:
+    """The benchmark's questions as the run asks them (`bench.max_turns` of each), the first `limit` if given."""
+    return load_questions(run.bench.questions, run.bench.data_dir, limit, run.bench.source, run.bench.max_turns)
+
+
 def calibration_questions(run: RunConfig) -> list[Question]:
     """The questions calibration times: the file `tree.calibration_prompts`, or with "bench" the benchmark's
     questions after the run's first `num_prompts` (never one the run answers) in the run's mix: for each of the
@@ -189,7 +194,7 @@ def calibration_questions(run: RunConfig) -> list[Question]:
         return load_questions(run.model.calibration_prompts)
     if run.tree.calibration_prompts != "bench":
         return load_questions(run.tree.calibration_prompts)
-    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    every = bench_questions(run)
     spare = every[run.num_prompts:] if run.num_prompts else []
     asked = [q.category for q in every[:run.num_prompts]]
     by_kind: dict[str, list[Question]] = {}
@@ -210,7 +215,7 @@ def calibration_questions(run: RunConfig) -> list[Question]:
 def too_few_spare(run: RunConfig) -> bool:
     """Whether the benchmark's questions the run does not answer make too few turns for a calibration (its
     profiles' and its paired finals' least): the model's own calibration prompts are timed instead."""
-    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    every = bench_questions(run)
     spare = every[run.num_prompts:] if run.num_prompts else []
     return sum(min(len(q.turns), 2) for q in spare) < (PROFILE_UNITS + FLOOR) * run.batch_size
 
@@ -222,7 +227,7 @@ def calibration_mix(run: RunConfig) -> str | None:
     calibrated on roleplay and at 1.08x on its writing ones (docs/real-models.md). None for a prompt file."""
     if run.tree.calibration_prompts != "bench":
         return None
-    every = load_questions(run.bench.questions, run.bench.data_dir, None, run.bench.source)
+    every = bench_questions(run)
     if too_few_spare(run):
         return (f"calibration times the model's own prompts ({run.model.calibration_prompts}): {run.bench.name} has "
                 f"{len(every)} questions and the run answers {run.num_prompts or 'all'}, too few to spare")

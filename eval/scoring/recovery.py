@@ -11,8 +11,9 @@ a run reports, beside it:
                questions with replacement, fixed seed, so a rerun gives the same figures); resamples
                whose strict mean is zero have no ratio and are left out, and when more of them are
                left out than the interval's tail share, the interval is given as unknown (None)
-  undefined    why there is no recovery at all: strict scored zero on every question, or nothing was
-               paired (the recovery and interval are then None, never 0/0)
+  undefined    why there is no recovery at all: strict scored zero on every question, or above zero on fewer than
+               MIN_SCORED_SHARE of them (a 135M model on GSM8K or HumanEval: a ratio of two near-zero means says
+               nothing about kept quality), or nothing was paired (the recovery and interval are then None)
 
 The per-question figure resampled is the benchmark's own (`Benchmark.figure_of_question`): the headline's
 per-question value (correct, passed, ROUGE-L), or its sentence-level form where the headline is a corpus
@@ -34,6 +35,7 @@ from eval.scoring.text import mean_figure, vs_vanilla_each
 
 RESAMPLES = 2000
 LEVEL = 0.95
+MIN_SCORED_SHARE = 0.1  # strict must score above zero on at least this share of the questions for a recovery
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -54,6 +56,11 @@ def paired_recovery(method: Sequence[float], strict: Sequence[float], *, resampl
         return out
     if sum(strict) == 0:
         out["undefined"] = f"strict scores 0 on all {n} questions"
+        return out
+    scored = sum(1 for s in strict if s > 0)
+    if scored < MIN_SCORED_SHARE * n:
+        out["undefined"] = (f"strict scores above 0 on {scored} of {n} questions, under {MIN_SCORED_SHARE:.0%}: a "
+                            "score about 0, left out of recovery")
         return out
     out["recovery"] = _mean(method) / _mean(strict)
     rng = random.Random(seed)

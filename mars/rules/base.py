@@ -189,6 +189,9 @@ class Rule:
     # aggressive, each relaxing at least as much as the one before (tests/test_zoo.py checks it on a random
     # tree); () keeps the rule out of the zoo.
     sweep: ClassVar[tuple[dict, ...]] = ()
+    # The values of its main parameter (`label`) a quality budget chooses among (`mars.tuning.quality_budget`);
+    # () : a budget gives its own grid.
+    budget_grid: ClassVar[tuple[float, ...]] = ()
 
     def relax(self, view: TargetView) -> Relaxation:  # pragma: no cover - every rule overrides it
         raise NotImplementedError

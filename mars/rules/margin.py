@@ -76,6 +76,8 @@ class Mars(Rule):
     # is far from undecided (the zoo's pilot, T=1: 25% of tokens relaxed at 0.95, 70% at 0.6).
     sweep: ClassVar[tuple[dict, ...]] = ({"theta": 0.98}, {"theta": 0.9}, {"theta": 0.8}, {"theta": 0.6})
     label: ClassVar[str] = "theta"
+    # From relaxing wherever the runner-up is within half the top logit to the paper's ablation's strictest
+    budget_grid: ClassVar[tuple[float, ...]] = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
     theta: float = 0.9  # relax where z2 / z1 > theta (logprob_gap: where z1 - z2 < theta)
     margin: str = "logit_ratio"
     fallback: str = "strict"  # sampling only: strict | reference

@@ -34,6 +34,7 @@ a 2-core CPU is slower than plain decoding: on a CPU, use `tuned`.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,6 +45,9 @@ from mars.decoding.settings import NAMED_TREES, TreeShape
 from mars.rules import make_rule
 from mars.tuning.candidates import kernel_candidates, tree_candidates
 from mars.tuning.measure import Measured, Request, measure
+from mars.tuning.plan import TIMED_TOKENS
+from mars.tuning.quality_budget import BUDGET_PROMPTS, Choice, QualityBudget, choose_value
+from mars.tuning.search import STRICT
 from mars.verification.sampling import SamplingConfig
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts"
@@ -87,7 +91,7 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
           batch_size: int = 1, device: str | None = None, dtype: str = "auto", tree: str | TreeShape = "auto",
           drafting: str = "auto", prompts: list[torch.Tensor] | None = None, budget: float | None = None,
           max_new_tokens: int = 64, top_p: float = 1.0, top_k: int = 0, cache_dir: Path | None = None, log=print,
-          **rule_params) -> SpeculativeGenerator:
+          quality_budget: QualityBudget | None = None, **rule_params) -> SpeculativeGenerator:
     """A `SpeculativeGenerator` for `target` (a local directory or hub id) and its EAGLE `draft`, with
     the settings measured on this machine for decoding at `temperature` with `rule` (and `rule_params`,
     e.g. theta=0.9) at `batch_size` (see the module docstring). device: default CUDA when available.
@@ -96,7 +100,10 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     budget: seconds for all the timing together (first use only; None: `mars.tuning.plan.DEFAULT_BUDGET`).
     max_new_tokens: the length your calls decode; candidates are timed at it, or at
     `mars.tuning.plan.TIMED_TOKENS` where that is shorter. top_p, top_k: the sampling
-    filters your calls use (each its own record)."""
+    filters your calls use (each its own record). quality_budget: the rule's main parameter (MARS's theta) is
+    chosen, not given: the value that accepts the most while its exact cost per token on the prompts stays within
+    the budget (`mars.tuning.quality_budget`), at strict's measured kernels and tree; `gen.quality_choice` holds
+    it and every value measured, and the call is `gen.generate(ids, rule=rule, **gen.quality_choice.params)`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle.checkpoint import load_draft
@@ -119,18 +126,38 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     prompts = [p.to(device) for p in prompts]
     trees = tree_candidates(sampled, drafting) if fixed is None else None
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-    rules = {rule: SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k,
-                                  rule=make_rule(rule, **rule_params))} if rule != "strict" and fixed is None else {}
     references = limited_references(target, device)  # a worker process, started at its first timing
     try:  # the one door `eval.run` goes through too
-        request = Request(sampling, rules=rules, trees=trees, fixed_tree=fixed, drafting=drafting, batch=batch_size,
+        request = Request(sampling, trees=trees, fixed_tree=fixed, drafting=drafting, batch=batch_size,
                           budget=budget, max_new_tokens=max_new_tokens, references=references, cache_dir=cache_dir,
                           log=log)
+        choice = None if quality_budget is None else _budgeted(
+            load, options, prompts, request, rule=rule, params=rule_params, budget=quality_budget, target=target)
+        if choice is not None:
+            log(choice.describe(rule))
+            rule_params = {**rule_params, **choice.params}
+        if rule != STRICT and fixed is None:
+            request = replace(request, rules={rule: replace(sampling, rule=make_rule(rule, **rule_params))})
         found = measure(load, options, prompts, request)
     finally:
         for reference in references:
             reference.close()
-    return _generator(found, rule, load, target, log)
+    gen = _generator(found, rule, load, target, log)
+    gen.quality_choice = choice
+    return gen
+
+
+def _budgeted(load, options: list, prompts: list[torch.Tensor], request: Request, *, rule: str, params: dict,
+              budget: QualityBudget, target: str) -> Choice:
+    """`rule`'s main parameter chosen by `budget` (`mars.tuning.quality_budget`) at strict's measured kernels and
+    tree: strict's calibration first (then cached for the rule's), a generator with it, the grid decoded there."""
+    strict = _generator(measure(load, options, prompts, request), STRICT, load, target, lambda _: None)
+    budgets = Path(request.cache_dir) / "budgets" if request.cache_dir else None
+    try:
+        return choose_value(strict, prompts[:BUDGET_PROMPTS], rule, params, request.strict, budget,
+                            min(request.max_new_tokens, TIMED_TOKENS), budgets)
+    finally:
+        strict.close()
 
 
 def _generator(found: Measured, rule: str, load, target: str, log) -> SpeculativeGenerator:
