@@ -35,6 +35,7 @@ from mars.accounting.stats import VerifyStats
 from mars.decoding.generate import SpeculativeGenerator
 from mars.rules import make_rule, rule_class
 from mars.tuning import record as records
+from mars.tuning.plain_race import seeded
 from mars.verification.sampling import SamplingConfig
 
 # The costs a budget may bound: those a sampled run measures, and those a greedy one does.
@@ -156,8 +157,8 @@ def _decode_grid(gen: SpeculativeGenerator, prompts: list[torch.Tensor],
     for value in grid:
         sampling, stats, tokens, cycles = sampling_at(value), VerifyStats(), 0, 0
         for seed, prompt in enumerate(prompts):
-            draws = None if sampling.greedy else torch.Generator(gen.target.devices.logits).manual_seed(seed)
-            for out in gen.generate([prompt], sampling, max_new_tokens=max_new_tokens, generator=draws):
+            for out in gen.generate([prompt], sampling, max_new_tokens=max_new_tokens,
+                                    generator=seeded(gen, sampling, seed)):
                 stats.merge(out.stats)
                 tokens, cycles = tokens + max(len(out.tokens) - 1, 0), cycles + out.num_cycles
         points.append(GridPoint(value, stats.cost(), tokens / max(cycles, 1), tokens))
