@@ -323,6 +323,17 @@ def test_a_tree_whose_bound_cannot_win_is_skipped_after_the_first_profiles(tmp_p
     assert profiled == (list(trees[: search.MIN_PROFILES]) if bound == 0.0 else list(trees))
 
 
+def test_a_spent_budget_still_profiles_the_chains_and_the_first_branching_tree(tmp_path):
+    """Past the profiles' deadline the search still profiles the prior's first MIN_PROFILES trees, which reach its
+    first branching tree (where a relaxed rule's longer accepted paths may pay), and no tree after them."""
+    trees = CALIBRATED[: search.MIN_PROFILES + 2]  # the shipped prior
+    record = strict_of(tiny_pair_loader()[0], [Kernels("float32", False, False)], prompts_of(),
+                       plan(tmp_path, trees, budget=0.0))
+    profiled = [p.tree for p in record.profiles]
+    assert profiled == list(trees[: search.MIN_PROFILES])
+    assert any(t.branching > 1 for t in profiled), "no branching tree among the trees a spent budget profiles"
+
+
 def test_sampled_calibration_predicts_both_drafting_modes_and_keeps_one(tmp_path):
     """tree.drafting=auto when sampling: a fixed tree is a candidate with top-k drafts and with sampled children,
     both profiled and predicted, and the record's tree is one of them; drafting="sample" only sampled children;

@@ -7,10 +7,10 @@ beats the fastest plain decoding, in four steps.
    tree's drafting. Kernel sets whose strict greedy output differs from their own plain greedy output are never
    candidates (the exactness every strict run promises), though their plain decoding still races.
 3. Profiles, per method: each tree decoded on the first units with the method's rule, at the kernels whose trees
-   the parts make cheapest, which gives its tau; a tree that could not catch the best so far even with every
-   draft accepted is skipped, and so are those left when the profiles' share of the budget (PROFILE_SHARE) is
-   spent (the prior puts the likely winners first). Every kernels x tree pair is then predicted
-   (`cost_model.predict`).
+   the parts make cheapest, which gives its tau. After the first MIN_PROFILES (the chains and a branching tree,
+   where a relaxed rule's longer accepted paths may pay), a tree that could not catch the best so far with every
+   draft accepted is skipped, and so are those left when PROFILE_SHARE of the budget is spent (the prior puts
+   likely winners first). Every kernels x tree pair is then predicted (`cost_model.predict`).
 4. Finals (`mars.tuning.finals`): strict's best predicted candidate and any the model cannot separate from it
    (within SEPARATION, at most MAX_FINALISTS), and each rule's best at those kernels, decode the held-out units
    with the reference in rotated blocks until every verdict is decided, the units run out, or the budget does.
@@ -64,7 +64,7 @@ PROFILE_UNITS = 2  # the first units: the profiles' (the race's: the first RACE_
 RACE_UNITS = 1  # plain decodings differ little from prompt to prompt: one block ranks them (the finals time the
 # fastest again beside every tree, on every held-out prompt)
 PROFILE_SHARE = 0.65  # of the budget, from its start, by which every method's profiles end (the finals get the rest)
-MIN_PROFILES = 2  # trees profiled per method whatever the budget and the bound
+MIN_PROFILES = 4  # per method whatever the budget and bound: the prior's chains and first branching tree
 SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
 MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
 
