@@ -12,7 +12,7 @@ EOS ignored: every request decodes `--tokens` tokens. All requests of a batch ar
 a request's latency runs from its batch's start to its last token.
 
     python experiments/batch_check.py OUT.json [--prompts 64] [--tokens 128] [--batches 1,4,16] [--theta 0.9]
-                                      [--t1] [--api] [--plain NAME,...] [eval.run overrides ...]
+                                      [--t1] [--api] [--plain NAME,...] [--record] [eval.run overrides ...]
 
 --api: the settings and generator of the Python API instead (`mars.tuned(target, draft, batch_size=B)`:
 what a researcher who imports the engine gets), strict's rows checked against that generator's `vanilla`
@@ -22,11 +22,14 @@ of each prompt alone.
 and generate@bfloat16+avx2 on a CPU with more than AVX2). Trailing eval.run overrides apply to every
 configuration (e.g. `tree=cpu model.dtype=float32`: nothing is timed before decoding).
 
+--record: also a measurement record of kind "batch-check" (`eval.reporting.measurements`; every figure but the
+calibration's settings, which stay in OUT.json) under benchmarks/records/, the table docs/batching.md renders.
+
 --t1: temperature 1 instead (the run's `sampling=t1`: calibration among top-k and sampled drafts; every
 method seeded per batch; no identity check, sampling is compared in distribution by the tests).
 
 Writes {"machine", "capability", "prompts", "max_new_tokens", "batches": {B: {"settings", "tokens_per_s":
-{method: throughput}, "latency_p90": {method: s}, "latency_mean", "tau", "identical_to_alone": strict rows
+{method: throughput}, "latency_p90": {method: s}, "latency_mean", "tau", "tree", "identical_to_alone": strict rows
 equal to decoding alone / prompts, "fastest_plain", "speedup_vs_fastest_plain", "speedup_vs_vanilla",
 "predicted_speedup_vs_fastest_plain": calibration's figure for strict, "speculation": each verdict}}}.
 """
@@ -34,14 +37,18 @@ equal to decoding alone / prompts, "fastest_plain", "speedup_vs_fastest_plain", 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
+from eval.reporting.measurements import RECORDS, Measurement, commit_of, this_machine, write
 from mars import SamplingConfig, tuned
 
 GREEDY = SamplingConfig()
@@ -62,10 +69,12 @@ def main() -> None:
     parser.add_argument("--t1", action="store_true", help="temperature 1 instead of greedy")
     parser.add_argument("--api", action="store_true", help="settings and generator from mars.tuned")
     parser.add_argument("--plain", help="only these plain decodings, comma-separated (generate@float32,...)")
+    parser.add_argument("--record", action="store_true", help="also write a measurement record (batch-check)")
     args, overrides = parser.parse_known_args()
     if not args.out:
         parser.error("give the output JSON path")
     sizes = [int(b) for b in args.batches.split(",")]
+    started = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
     cfg = SamplingConfig(temperature=1.0) if args.t1 else GREEDY
     pair = JobPair.of("model=embedded", *(["sampling=t1"] if args.t1 else []), *overrides)
     prompts = [torch.tensor(ids) for ids in pair.prompts(args.prompts)]
@@ -93,6 +102,10 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # every finished batch size kept
     for decoder in plain_decoders.values():
         decoder.close()
+    if args.record:
+        record = measurement(result, started)
+        name = "_".join([record.kind, record.commit, *(["t1"] if args.t1 else []), *(["api"] if args.api else [])])
+        print(write(record, RECORDS / f"{record.date[:10]}-{record.cpu_class}" / f"{name}.json"))
 
 
 def seeded(t1: bool) -> dict:
@@ -175,7 +188,7 @@ def batch_record(args: argparse.Namespace, cfg: SamplingConfig, gen, speed: dict
         "tokens_per_s": {m: round(v, 2) for m, v in speed.items()},
         "latency_p90": {m: round(p90(v), 4) for m, v in timed["latency"].items()},
         "latency_mean": {m: round(sum(v) / len(v), 4) for m, v in timed["latency"].items()},
-        "tau": round(timed["cycle_tokens"] / cycles, 3) if cycles else None,
+        "tau": round(timed["cycle_tokens"] / cycles, 3) if cycles else None, "tree": gen.tree.label,
         "identical_to_alone": None if args.t1 else f"{timed['same']}/{prompts}",
         "temperature": cfg.temperature, "drafting": gen.tree.drafts(not cfg.greedy),
         "fastest_plain": {"method": fastest, "tokens_per_s": round(plains[fastest], 2)},
@@ -186,6 +199,17 @@ def batch_record(args: argparse.Namespace, cfg: SamplingConfig, gen, speed: dict
                                                else None},
         "speculation": {name: v.state for name, v in verdicts.items()},
     }
+
+
+def measurement(result: dict, date: str) -> Measurement:
+    """The run as a measurement record: the batch sizes' figures without their calibration settings."""
+    machine_, versions = this_machine()
+    rows = {b: {k: v for k, v in row.items() if k != "settings"} for b, row in result["batches"].items()}
+    figures = {**{k: v for k, v in result.items() if k not in ("machine", "capability", "batches")}, "batches": rows}
+    command = shlex.join(["python", "experiments/batch_check.py", *sys.argv[1:]])
+    return Measurement(kind="batch-check", what="batched speculation against batched plain decoding of the embedded "
+                       "pair, by batch size, interleaved", command=command, commit=commit_of(), date=date,
+                       machine=machine_, versions=versions, figures=figures)
 
 
 if __name__ == "__main__":

@@ -53,14 +53,22 @@ def test_precision_check_times_each_setting_and_checks_strict_against_plain(tmp_
 
 
 def test_batch_check_keeps_every_row_equal_to_its_prompt_alone(tmp_path, monkeypatch):
+    """...and with --record writes the measurement record docs/batching.md renders, one row per batch size."""
+    from eval.reporting import measurements, pages
+
     out = tmp_path / "batch.json"
+    monkeypatch.setattr(measurements, "RECORDS", tmp_path / "records")
     run_script("batch_check", str(out), "--prompts", "2", "--tokens", "4", "--batches", "1,2", "--plain",
-               "generate@float32", "tree=cpu", "model.dtype=float32", monkeypatch=monkeypatch)
+               "generate@float32", "--record", "tree=cpu", "model.dtype=float32", monkeypatch=monkeypatch)
     batches = json.loads(out.read_text())["batches"]
     assert set(batches) == {"1", "2"}
     for row in batches.values():
         assert row["identical_to_alone"] == "2/2" and row["settings"]["tree"]["total_tokens"] == 20
         assert {"generate@float32", "vanilla", "strict", "mars@0.9"} == set(row["tokens_per_s"])
+    (record,) = measurements.load_all(tmp_path / "records")
+    assert record.kind == "batch-check" and "settings" not in record.figures["batches"]["2"]
+    rows = [line for line in pages.batch_table(record, "r.json") if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(rows) == 2 and all("| 20/4/5 |" in r and "| 2/2 |" in r for r in rows), rows
 
 
 def test_cycle_costs_times_each_phase_of_a_cycle(tmp_path, monkeypatch):

@@ -140,6 +140,28 @@ def head_heldout(record: Measurement, link: str) -> list[str]:
     return lines
 
 
+@renderer("batch-table")
+def batch_table(record: Measurement, link: str) -> list[str]:
+    """Per batch size of `experiments/batch_check.py --record`: the fastest plain decoding's throughput, strict's
+    and MARS's speedups over it and over our batched vanilla, tau, the tree, strict's rows equal to decoding alone,
+    and strict's p90 latency beside the fastest plain decoding's."""
+    batches = record.figures["batches"]
+    mars = next((m for row in batches.values() for m in row["speedup_vs_fastest_plain"] if m != "strict"), None)
+    lines = [provenance(record, link), "", f"{record.figures['prompts']} prompts × {record.figures['max_new_tokens']} "
+             "tokens, every method interleaved batch by batch; throughput of whole batches.", "",
+             "| B | fastest plain (tok/s) | strict vs it / vs vanilla | "
+             f"{mars or 'MARS'} vs it / vs vanilla | τ | tree | strict = alone | p90 latency: strict / plain |",
+             "|---|---|---|---|---|---|---|---|"]
+    for size, row in batches.items():
+        plain, fast, ours = row["fastest_plain"], row["speedup_vs_fastest_plain"], row["speedup_vs_vanilla"]
+        p90 = row["latency_p90"]
+        lines.append(f"| {size} | {plain['method']} ({plain['tokens_per_s']:.1f}) | {_x(fast.get('strict'))} / "
+                     f"{_x(ours.get('strict'))} | {_x(fast.get(mars))} / {_x(ours.get(mars))} | "
+                     f"{_num(row.get('tau'))} | {row.get('tree', '-')} | {row.get('identical_to_alone') or '-'} | "
+                     f"{p90['strict']:.2f} s / {p90[plain['method']]:.2f} s |")
+    return lines
+
+
 def render(text: str, page: Path, records: list[Measurement]) -> str:
     """`text` (the page at `page`) with every marked block rendered from `records`."""
     def block(match: re.Match) -> str:
