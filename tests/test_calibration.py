@@ -15,7 +15,7 @@ import pytest
 from mars.decoding.settings import Kernels, TreeShape
 from mars.tuning import record as records
 from mars.tuning.cost_model import Parts, Prediction, Profile, predict, row_grid, speed_bound
-from mars.tuning.finals import Arm, Finals
+from mars.tuning.finals import Arm, Finals, finalists
 from mars.tuning.pairs import Contender, Estimate, estimate, t_quantile, time_block
 from mars.tuning.record import Calibration, PlainSpeed
 from mars.tuning.verdict import speculation_of
@@ -186,6 +186,30 @@ def test_a_burst_on_the_plain_decoding_leaves_a_slower_tree_off():
     _, loaded = new_design([(2.0, 12.0)], 80.0, speeds)
     assert loaded.decided and loaded.high < 1.0
     assert old_design([(2.0, 12.0)], 80.0, speeds)[1] > 1.0
+
+
+def test_a_rules_close_second_goes_to_the_finals_where_stricts_finalists_share_their_kernels():
+    """Where strict's finalists share one kernel set, a rule whose two best trees there the model cannot separate
+    (within 10%) times both, as strict does; a third within the margin, a tree predicted clearly slower, and one
+    at kernels strict does not take stay out. Where strict's finalists span two kernel sets, each method keeps
+    two arms: a rule's best at each."""
+    SHALLOW, WIDE = TreeShape(4, 4, 1, drafting="topk"), TreeShape(20, 6, 5, drafting="topk")
+
+    def at(kernels, tree, speed):
+        return Prediction(kernels, tree, speed, 0.03, 4.0)
+
+    rules = {"mars@0.9": [at(BF16, CHAIN, 270.2), at(BF16, DEEP, 268.8), at(F32, DEEP, 268.0),
+                          at(BF16, SHALLOW, 250.0), at(F32, CHAIN, 245.0)],
+             "mars@0.8": [at(BF16, DEEP, 322.6), at(BF16, WIDE, 280.0), at(BF16, CHAIN, 270.0), at(F32, DEEP, 260.0)]}
+    chosen = finalists({"strict": [at(BF16, CHAIN, 270.0), at(BF16, DEEP, 254.0), at(F32, CHAIN, 240.0)], **rules})
+    assert [p.tree for p in chosen["strict"]] == [CHAIN, DEEP]
+    assert [(p.kernels, p.tree) for p in chosen["mars@0.9"]] == [(BF16, CHAIN), (BF16, DEEP)]
+    assert [p.tree for p in chosen["mars@0.8"]] == [DEEP]  # 280 is 13% under 322.6: the model separates them
+    spanning = finalists({"strict": [at(BF16, CHAIN, 270.0), at(F32, CHAIN, 250.0)], **rules})
+    assert [(p.kernels, p.tree) for p in spanning["mars@0.9"]] == [(BF16, CHAIN), (F32, DEEP)]
+    # strict's record decided the kernels: a rule timed alone takes its close ones there
+    alone = finalists({"mars@0.9": rules["mars@0.9"]}, F32)
+    assert [(p.kernels, p.tree) for p in alone["mars@0.9"]] == [(F32, DEEP), (F32, CHAIN)]
 
 
 def test_a_kernel_set_stops_where_a_method_runs_clearly_slower_there_and_arms_stop_within_their_method():

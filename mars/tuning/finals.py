@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from mars.accounting.timing import ForeignLoad
 from mars.decoding.generate import SpeculativeGenerator
 from mars.decoding.settings import Kernels, TreeShape
+from mars.rules.strict import Strict
 from mars.tuning.cost_model import Prediction
 from mars.tuning.pairs import Contender, Estimate, Unit, compare, time_block
 from mars.tuning.plain_race import seeded
@@ -32,6 +33,8 @@ FLOOR = 8
 LEAST = 4  # blocks before an arm or kernel set may stop, or the finals end early
 TARGET_SE = 0.04  # the finals end once every method's lead is decided at this standard error of the log ratio
 TIE = 0.04  # an arm within this of the fastest (paired) is tied with it: the cheaper cycle wins
+SEPARATION = 0.10  # candidates predicted within this of a method's best are timed end to end beside it
+MAX_FINALISTS = 2  # per method
 
 
 @dataclass
@@ -45,6 +48,29 @@ class Arm:
     @property
     def kernels(self) -> Kernels:
         return self.prediction.kernels
+
+
+def finalists(predictions: dict[str, list[Prediction]], kernels: Kernels | None = None) -> dict[str, list[Prediction]]:
+    """The candidates each method takes to the finals, from its predictions (fastest first), at most MAX_FINALISTS
+    each: strict's best and those predicted within SEPARATION of it; a rule's best at each kernel set of strict's
+    finalists (or at `kernels`, where strict's record decided them), and where those are one kernel set, also
+    those within SEPARATION of its best there. A rule's longer accepted paths make its deeper trees tie with its
+    shallower ones in the model more often than strict's, and one picked from a tie the model cannot resolve
+    may run several percent slower (the embedded pair's MARS at 6/6/1 against 8/8/1, 0.5% apart in the model,
+    benchmarks/records/2026-12-02-epyc-avx512/calibration-ab_c253e0d.json). The arms stay at most MAX_FINALISTS
+    per method, so that the finals' pairs, and the interval of the prediction, do not thin."""
+    def close(found: list[Prediction], most: int) -> list[Prediction]:
+        best = found[0]
+        return [best, *[p for p in found[1:] if p.tokens_per_s >= (1 - SEPARATION) * best.tokens_per_s]][:most]
+
+    strict = Strict.name
+    chosen = {strict: close(predictions[strict], MAX_FINALISTS)} if strict in predictions else {}
+    at = list(dict.fromkeys(p.kernels for p in chosen[strict])) if chosen else [kernels]
+    most = max(1, MAX_FINALISTS // len(at))
+    for name, found in predictions.items():
+        if name != strict:
+            chosen[name] = [p for k in at for p in close([q for q in found if q.kernels == k], most)]
+    return chosen
 
 
 def no_pairs() -> Estimate:

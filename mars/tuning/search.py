@@ -11,9 +11,10 @@ beats the fastest plain decoding, in four steps.
    where a relaxed rule's longer accepted paths may pay), a tree that could not catch the best so far with every
    draft accepted is skipped, and so are those left when PROFILE_SHARE of the budget is spent (the prior puts
    likely winners first). Every kernels x tree pair is then predicted (`cost_model.predict`).
-4. Finals (`mars.tuning.finals`): strict's best predicted candidate and any the model cannot separate from it
-   (within SEPARATION, at most MAX_FINALISTS), and each rule's best at those kernels, decode the held-out units
-   with the reference in rotated blocks until every verdict is decided, the units run out, or the budget does.
+4. Finals (`mars.tuning.finals`): strict's best predicted candidate and any the model cannot separate from it,
+   and each rule's best at those kernels with any the model cannot separate from that (`finals.finalists`),
+   decode the held-out units with the reference in rotated blocks until every verdict is decided, the units run
+   out, or the budget does.
 The verdict (`mars.tuning.verdict`): on where the winner's interval lies above 1, off where below; where it
 straddles 1 when the budget ends, the point estimate decides and the record says the verdict is uncertain.
 
@@ -51,7 +52,7 @@ from mars.tuning.cost_model import (
     speed_bound,
     typical_overhead,
 )
-from mars.tuning.finals import Arm, Finals, arm_contender
+from mars.tuning.finals import Arm, Finals, arm_contender, finalists
 from mars.tuning.pairs import Contender, Unit
 from mars.tuning.plain_race import RACE_VANILLAS, plain_contenders, plain_kernels, race
 from mars.tuning.plan import Load, Plan, batches_of
@@ -65,8 +66,6 @@ RACE_UNITS = 1  # plain decodings differ little from prompt to prompt: one block
 # fastest again beside every tree, on every held-out prompt)
 PROFILE_SHARE = 0.65  # of the budget, from its start, by which every method's profiles end (the finals get the rest)
 MIN_PROFILES = 4  # per method whatever the budget and bound: the prior's chains and first branching tree
-SEPARATION = 0.10  # candidates predicted within this of the best are timed end to end beside it
-MAX_FINALISTS = 2  # strict's; a rule's: its best at each of those kernels
 
 
 def calibrate(load: Load, kernels: list[Kernels], prompts: list[torch.Tensor], plan: Plan,
@@ -284,17 +283,7 @@ class Search:
 
     # --- 4. the finals ----------------------------------------------------------------------------------
     def _arms(self, gens, predictions: dict[str, list[Prediction]]) -> list[Arm]:
-        """Strict's finalists (its best prediction and those within SEPARATION of it, at most MAX_FINALISTS; or
-        strict's record's kernels), then each rule's best at each of their kernels."""
-        if STRICT in predictions:
-            best = predictions[STRICT][0]
-            close = [p for p in predictions[STRICT][1:] if p.tokens_per_s >= (1 - SEPARATION) * best.tokens_per_s]
-            chosen = {STRICT: [best, *close[: MAX_FINALISTS - 1]]}
-            kernels = list(dict.fromkeys(p.kernels for p in chosen[STRICT]))
-        else:
-            chosen, kernels = {}, [self.strict.kernels]
-        for name, found in predictions.items():
-            if name != STRICT:
-                chosen[name] = [next(p for p in found if p.kernels == k) for k in kernels]
+        """Each method's finalists (`finals.finalists`) as arms of the finals."""
+        fixed = None if STRICT in predictions else self.strict.kernels
         return [Arm(name, p, arm_contender(p.kernels, p.tree, gens[p.kernels], self.methods[name]))
-                for name, ps in chosen.items() for p in ps]
+                for name, ps in finalists(predictions, fixed).items() for p in ps]
