@@ -48,7 +48,7 @@ import torch
 
 from eval.config.paths import REPO_ROOT
 from eval.harness import JobPair, machine
-from eval.reporting.measurements import RECORDS, Measurement, commit_of, this_machine, write
+from eval.reporting.measurements import Measurement, commit_of, this_machine, write
 from mars import SamplingConfig, tuned
 
 GREEDY = SamplingConfig()
@@ -103,9 +103,8 @@ def main() -> None:
     for decoder in plain_decoders.values():
         decoder.close()
     if args.record:
-        record = measurement(result, started)
-        name = "_".join([record.kind, record.commit, *(["t1"] if args.t1 else []), *(["api"] if args.api else [])])
-        print(write(record, RECORDS / f"{record.date[:10]}-{record.cpu_class}" / f"{name}.json"))
+        record = measurement(result, started, args.out)
+        print(write(record, suffixes=(*(["t1"] if args.t1 else []), *(["api"] if args.api else []))))
 
 
 def seeded(t1: bool) -> dict:
@@ -201,12 +200,14 @@ def batch_record(args: argparse.Namespace, cfg: SamplingConfig, gen, speed: dict
     }
 
 
-def measurement(result: dict, date: str) -> Measurement:
-    """The run as a measurement record: the batch sizes' figures without their calibration settings."""
+def measurement(result: dict, date: str, out: str) -> Measurement:
+    """The run as a measurement record: the batch sizes' figures without their calibration settings, the command
+    naming its output OUT.json (where this run wrote it says nothing to a reader)."""
     machine_, versions = this_machine()
     rows = {b: {k: v for k, v in row.items() if k != "settings"} for b, row in result["batches"].items()}
     figures = {**{k: v for k, v in result.items() if k not in ("machine", "capability", "batches")}, "batches": rows}
-    command = shlex.join(["python", "experiments/batch_check.py", *sys.argv[1:]])
+    argv = ["OUT.json" if a == out else a for a in sys.argv[1:]]
+    command = shlex.join(["python", "experiments/batch_check.py", *argv])
     return Measurement(kind="batch-check", what="batched speculation against batched plain decoding of the embedded "
                        "pair, by batch size, interleaved", command=command, commit=commit_of(), date=date,
                        machine=machine_, versions=versions, figures=figures)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -67,6 +68,7 @@ def test_batch_check_keeps_every_row_equal_to_its_prompt_alone(tmp_path, monkeyp
         assert {"generate@float32", "vanilla", "strict", "mars@0.9"} == set(row["tokens_per_s"])
     (record,) = measurements.load_all(tmp_path / "records")
     assert record.kind == "batch-check" and "settings" not in record.figures["batches"]["2"]
+    assert record.command.startswith("python experiments/batch_check.py OUT.json --prompts 2"), record.command
     rows = [line for line in pages.batch_table(record, "r.json") if line.startswith(("| 1 |", "| 2 |"))]
     assert len(rows) == 2 and all("| 20/4/5 |" in r and "| 2/2 |" in r for r in rows), rows
 
@@ -140,3 +142,39 @@ def test_bf16_exactness_probes_the_shapes_and_checks_strict_against_plain(tmp_pa
     report = json.loads(out.read_text())
     assert report["strict_vs_plain"]["fixed"]["identical"] == 1
     assert all(isinstance(s["lone_row_differs"], bool) for s in report["shapes"].values())
+
+
+def test_ab_runs_times_both_commits_in_abba_order_from_clean_clones(tmp_path, monkeypatch):
+    """Each pass runs in a clone at its commit from an empty cache, in the order A1 B1 B2 A2; a finished pass is
+    not run again; the record holds per pass the summary's figures and the calibration seconds of its log."""
+    from eval.reporting import measurements
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def commit(speed: int) -> None:
+        (repo / "speed.txt").write_text(f"{speed}\n")
+        for cmd in (["add", "speed.txt"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+            subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commit(10)
+    commit(12)
+    # the command: records its pass in order, checks its cache is empty, prints one calibration of two methods
+    # (3 s in all) and writes a summary
+    program = ("import json, os, sys; assert not os.listdir(os.environ['MARS_CACHE_DIR']); "
+               "open(sys.argv[2], 'a').write(open('speed.txt').read()); "
+               "print('calibrated strict in 3 s', 'calibrated mars in 3 s', sep=chr(10)); "
+               "v = float(open('speed.txt').read()); json.dump({'methods': {'strict': {'tokens_per_s': v}}}, "
+               "open(sys.argv[1], 'w'))")
+    order = tmp_path / "order.txt"
+    monkeypatch.setattr(measurements, "RECORDS", tmp_path / "records")
+    args = [str(tmp_path / "ab"), "--a", "HEAD~1", "--b", "HEAD", "--repo", str(repo), "--kind", "ab-smoke",
+            "--what", "a smoke test", "--", sys.executable, "-c", program, "OUT", str(order)]
+    run_script("ab_runs", *args, monkeypatch=monkeypatch)
+    assert order.read_text().split() == ["10", "12", "12", "10"]
+    (record,) = measurements.load_all(tmp_path / "records")
+    assert record.figures["b_over_a_tokens_per_s"] == {"strict": 1.2}
+    assert [r["calibration_s"] for r in record.figures["runs"].values()] == [3.0] * 4
+    run_script("ab_runs", *args[:7], *args[11:], monkeypatch=monkeypatch)  # every pass finished: none reruns
+    assert order.read_text().split() == ["10", "12", "12", "10"]

@@ -136,9 +136,11 @@ def commit_of(repo: Path = REPO_ROOT) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def write(record: Measurement, out: Path | None = None) -> Path:
-    """Write `record` (to its default place when `out` is None); never over an existing file."""
-    out = out or RECORDS / f"{record.date[:10]}-{record.cpu_class}" / f"{record.kind}_{record.commit}.json"
+def write(record: Measurement, out: Path | None = None, suffixes: tuple[str, ...] = ()) -> Path:
+    """Write `record` (to its default place, `<kind>_<commit>[_<suffix>...].json` in its date and CPU class's
+    folder, when `out` is None); never over an existing file."""
+    name = "_".join([record.kind, record.commit, *suffixes])
+    out = out or RECORDS / f"{record.date[:10]}-{record.cpu_class}" / f"{name}.json"
     if out.exists():
         raise FileExistsError(f"{out} exists: records are never overwritten; pass --out for another name")
     out.parent.mkdir(parents=True, exist_ok=True)
