@@ -35,6 +35,15 @@ def test_every_rendered_table_is_what_its_record_renders():
     assert P.stale() == [], "run: python -m eval.reporting.pages"
 
 
+def a_shown_figure(figures: dict) -> tuple[dict, str]:
+    """A figure every renderer of a record with these figures shows: the dict holding it, and its key."""
+    if "methods" in figures:  # an eval.run summary's record
+        return next(iter(figures["methods"].values())), "tokens_per_s"
+    if "batches" in figures:  # batch-check
+        return next(iter(figures["batches"].values()))["fastest_plain"], "tokens_per_s"
+    return next(iter(figures["runs"].values())), "calibration_s"  # calibration-check
+
+
 def test_a_changed_figure_fails_the_check_until_the_pages_are_rendered_again(tmp_path):
     root, records = tmp_path / "repo", tmp_path / "repo" / "benchmarks" / "records"
     shutil.copytree(REPO_ROOT / "docs", root / "docs")
@@ -50,11 +59,8 @@ def test_a_changed_figure_fails_the_check_until_the_pages_are_rendered_again(tmp
     record = M.newest(M.load_all(records), kind)
     path = Path(record.path)
     data = json.loads(path.read_text())
-    figures = data["figures"]  # a figure every renderer of the kind shows
-    rows, key = ((figures["methods"], "tokens_per_s") if "methods" in figures else
-                 ({0: next(iter(figures["batches"].values()))["fastest_plain"]}, "tokens_per_s")
-                 if "batches" in figures else (figures["runs"], "calibration_s"))
-    next(iter(rows.values()))[key] *= 1.5
+    holder, key = a_shown_figure(data["figures"])
+    holder[key] *= 1.5
     path.write_text(json.dumps(data))
     assert P.stale(root, records), f"a changed {key} in {record.path} went unseen"
     assert P.stale(root, records, write=True)
@@ -91,3 +97,17 @@ def test_a_record_of_another_format_or_missing_a_field_is_refused_by_name(tmp_pa
     assert M.Measurement.from_dict(json.loads(out.read_text())) == record()
     with pytest.raises(FileExistsError, match="never overwritten"):
         M.write(record(), out)
+
+
+def test_the_quality_line_states_whether_each_interval_tells_a_loss_from_none():
+    """The README's quality sentence: MARS θ = 0.9's recovery per temperature and benchmark with a score, and what
+    its interval tells; a benchmark without a score (MT-bench) stays out."""
+    def mars(recovery, low, high):
+        return {"n": 80, "tau": 2.4, "metric": "rougeL", "recovery": recovery, "low": low, "high": high}
+    temperatures = {"0": {"alpaca": {"strict": {"tau": 2.0}, "mars@0.9": mars(0.95, 0.90, 0.99)},
+                          "sum": {"strict": {"tau": 2.1}, "mars@0.9": mars(1.01, 0.97, 1.05)},
+                          "mt_bench": {"strict": {"tau": 2.2}, "mars@0.9": {"n": 80, "tau": 2.5, "recovery": None}}}}
+    (line,) = P.quality_line(record(kind="smollm2-quality-table", figures={"temperatures": temperatures}), "r.json")
+    assert "alpaca at T = 0 0.950 [0.900, 0.990] of strict's rougeL over 80 questions (a loss; τ 2.40" in line
+    assert "sum at T = 0 1.010 [0.970, 1.050] of strict's rougeL over 80 questions (its interval holds 1;" in line
+    assert "mt_bench" not in line

@@ -228,3 +228,14 @@ def test_the_quality_table_script_answers_both_phases_in_directories_of_their_ow
                          figures=figures)
     table = "\n".join(quality_table(record, "r.json"))
     assert "| alpaca | mars@0.9 | 1 |" in table and "logprob_regret / token" in table
+    assert rows["strict"]["exact"] == 1 and "the tree's kernels, of those checked: alpaca 1/1." in table
+    # a speed phase run on another day joins the quality figures of an earlier record
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / "speed").symlink_to(tmp_path / "speed")
+    merged = figures_of(later, quality=json.loads(json.dumps(figures["temperatures"])))
+    assert merged == figures
+    # ...and a benchmark answered since joins the record's: its rows added, the record's kept
+    earlier = {"0": {"sum": {"strict": {"n": 80, "tau": 2.0, "speed": 9.9}}}}  # its speed is the old phase's
+    joined = figures_of(tmp_path, quality=earlier)["temperatures"]["0"]
+    assert joined["alpaca"] == rows and joined["sum"] == {"strict": {"n": 80, "tau": 2.0}}

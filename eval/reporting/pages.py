@@ -122,7 +122,32 @@ def quality_table(record: Measurement, link: str) -> list[str]:
                     f"{m['recovery']:.3f} [{_num(m.get('low'), 3)}, {_num(m.get('high'), 3)}] ({m.get('nonzero')})")
                 lines.append(f"| {bench} | {name} | {m.get('n') or '-'} | {speed} | {_num(m.get('tau'))} | {score} | "
                              f"{recovery} | {_num(m.get('loglik'), 3)} | {_num(m.get('cost'), 4)} |")
+        checked = [f"{bench} {round(s['exact'] * s['exact_checked'])}/{s['exact_checked']}"
+                   for bench, methods in benches.items() if (s := methods.get("strict", {})).get("exact_checked")]
+        if checked:
+            lines += ["", "Strict's turns equal to plain decoding at the tree's kernels, of those checked: "
+                      + ", ".join(checked) + "."]
     return lines
+
+
+@renderer("quality-line")
+def quality_line(record: Measurement, link: str) -> list[str]:
+    """One sentence from the real pair's main table: MARS θ = 0.9's recovery of strict's score with its paired 95%
+    interval, per temperature and benchmark with a score, and whether the interval tells a loss or a gain from
+    none."""
+    parts = []
+    for t, benches in record.figures["temperatures"].items():
+        for bench, methods in benches.items():
+            m, s = methods.get("mars@0.9") or {}, methods.get("strict") or {}
+            if m.get("recovery") is None or m.get("low") is None:
+                continue
+            told = "a loss" if m["high"] < 1 else "a gain" if m["low"] > 1 else "its interval holds 1"
+            parts.append(f"{bench} at T = {t} {m['recovery']:.3f} [{m['low']:.3f}, {m['high']:.3f}] of strict's "
+                         f"{m['metric']} over {m['n']} questions ({told}; τ {_num(m.get('tau'))} against strict's "
+                         f"{_num(s.get('tau'))} at one tree)")
+    return [f"MARS θ = 0.9's quality recovery, paired 95% interval: {'; '.join(parts) or 'none scored yet'}; "
+            f"{record.machine['cpu']} (`{record.machine['capability']}`), {record.date}, commit `{record.commit}` "
+            f"([record]({link}))."]
 
 
 @renderer("head-heldout")

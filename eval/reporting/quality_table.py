@@ -9,10 +9,15 @@ keeps: `n` (questions scored), `speed` (paired speedup over the fastest plain de
 vanilla's answers, MT-bench), `recovery` with `low` and `high` (the paired 95% bootstrap interval of the score
 against strict's on the same questions; `nonzero`: the questions it rests on), `loglik` (the target's mean
 log-likelihood per token of the method's answers) and `cost` (the relaxation's exact cost per token: log-prob
-regret at T = 0, KL at T > 0).
+regret at T = 0, KL at T > 0); strict's rows also `exact` (the share of its checked turns equal to plain decoding at
+the tree's kernels) and `exact_checked` (those turns).
+
+The phases, and a phase's benchmarks, may run on different days (a temperature takes 2-3 CPU hours on 2 cores):
+`--quality-from RECORD` starts from the quality figures of an earlier record of this kind, adds (or replaces)
+those of the benchmarks OUT_DIR/quality holds, and takes the speed from OUT_DIR/speed.
 
     python -m eval.reporting.quality_table OUT_DIR --command "scripts/quality_table_smollm2.sh OUT_DIR" \\
-        --what "..." [--cpu-hours H]
+        --what "..." [--cpu-hours H] [--quality-from RECORD]
 """
 
 from __future__ import annotations
@@ -40,14 +45,24 @@ def _quality(e: Entry) -> dict:
             "score": (fig.get("quality") or {}).get(headline) if headline else None,
             "recovery": ci.get("recovery") if headline else None, "low": ci.get("low") if headline else None,
             "high": ci.get("high") if headline else None, "nonzero": ci.get("nonzero") if headline else None,
-            "loglik": fig.get("loglik"), "cost_metric": cost, "cost": fig.get(cost)}
+            "loglik": fig.get("loglik"), "cost_metric": cost, "cost": fig.get(cost),
+            **({"exact": fig.get("exact_at_tree_kernels"), "exact_checked": fig.get("exact_checked_turns")}
+               if fig.get("exact_checked_turns") else {})}
 
 
-def figures_of(out: Path) -> dict:
-    """{"temperatures": {T: {bench: {method: figures}}}} from OUT/quality and OUT/speed (see the docstring)."""
+SPEED_KEYS = ("speed", "speed_n", "speed_tree", "speculation")
+
+
+def figures_of(out: Path, quality: dict | None = None) -> dict:
+    """{"temperatures": {T: {bench: {method: figures}}}} from OUT/quality, or from `quality` (an earlier record's
+    "temperatures"), and OUT/speed (see the docstring)."""
     table: dict[str, dict[str, dict[str, dict]]] = {}
-    for e in _entries(out / "quality"):
-        table.setdefault(f"{e.temperature:g}", {}).setdefault(e.bench, {})[e.method] = _quality(e)
+    if quality is not None:  # its quality rows (a speed phase's own rows, model.generate's, have no tau)
+        table = {t: {b: {m: {k: v for k, v in row.items() if k not in SPEED_KEYS} for m, row in rows.items()
+                         if "tau" in row} for b, rows in benches.items()} for t, benches in quality.items()}
+    if (out / "quality").is_dir():  # a benchmark answered since joins them, or replaces its rows
+        for e in _entries(out / "quality"):
+            table.setdefault(f"{e.temperature:g}", {}).setdefault(e.bench, {})[e.method] = _quality(e)
     if (out / "speed").is_dir():
         for e in _entries(out / "speed"):
             row = table.get(f"{e.temperature:g}", {}).get(e.bench, {})
@@ -71,9 +86,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="when the figures were measured (default: now, to the minute)")
     parser.add_argument("--kind", default="smollm2-quality-table")
     parser.add_argument("--record", type=Path, help="where to write it (default: benchmarks/records/...)")
+    parser.add_argument("--quality-from", type=Path, help="an earlier record of this kind whose quality figures "
+                        "to keep (OUT_DIR then needs only its speed phase)")
     args = parser.parse_args(argv)
     machine, versions = this_machine()
-    figures = {**figures_of(args.out), "cpu_hours": args.cpu_hours}
+    quality = json.loads(args.quality_from.read_text())["figures"]["temperatures"] if args.quality_from else None
+    figures = {**figures_of(args.out, quality), "cpu_hours": args.cpu_hours}
     record = Measurement(kind=args.kind, what=args.what, command=args.command, commit=args.commit or commit_of(),
                          date=args.date, machine=machine, versions=versions, figures=json.loads(json.dumps(figures)))
     print(write(record, args.record))
