@@ -30,17 +30,12 @@ from pathlib import Path
 from statistics import mean
 
 from eval.config.paths import REPO_ROOT
-from eval.reporting.measurements import Measurement, figures_of_run, this_machine, write
+from eval.reporting.measurements import Measurement, commit_of, figures_of_run, this_machine, write
 
 ORDER = ("A1", "B1", "B2", "A2")
 # "calibrated strict in 31 s": a calibration of all of a run's methods together prints one such line per method,
 # each with the same seconds; an older one ("calibrated in 31 s") calibrated each method on its own.
 CALIBRATED = re.compile(r"calibrated( \S+)? in ([\d.]+) s")
-
-
-def short(commit: str, repo: Path = REPO_ROOT) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", commit], capture_output=True, text=True,
-                          check=True).stdout.strip()
 
 
 def run_pass(directory: Path, name: str, commit: str, command: list[str], repo: Path) -> dict:
@@ -99,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the command names no OUT: write OUT where its summary JSON goes")
     if args.kind and not args.what:
         parser.error("--kind needs --what: one sentence on what the passes compare")
-    commits = {"A": short(args.a, args.repo), "B": short(args.b, args.repo)}
+    commits = {"A": commit_of(args.repo, args.a), "B": commit_of(args.repo, args.b)}
+    if "unknown" in commits.values():
+        parser.error(f"{args.a} or {args.b} names no commit of {args.repo}")
     (args.dir / "clones").mkdir(parents=True, exist_ok=True)
     book = args.dir / "passes.json"
     passes = json.loads(book.read_text()) if book.exists() else {}

@@ -131,8 +131,9 @@ def figures_of_run(summary: dict) -> dict:
     return {"methods": methods, "fastest_plain": fastest, "dtype": summary.get("settings", {}).get("dtype")}
 
 
-def commit_of(repo: Path = REPO_ROOT) -> str:
-    out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+def commit_of(repo: Path = REPO_ROOT, rev: str = "HEAD") -> str:
+    """`rev`'s short hash in `repo`, or "unknown" where git cannot say."""
+    out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", rev], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
 
 
