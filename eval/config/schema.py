@@ -42,7 +42,7 @@ from eval.config.methods import (
 )
 from eval.config.paths import REPO_ROOT
 from mars.adapter.static import check_static_options
-from mars.decoding.settings import NAMED_TREES, TreeShape
+from mars.decoding.settings import NAMED_TREES, Kernels, TreeShape
 from mars.rules import RULES, make_rule
 
 if TYPE_CHECKING:
@@ -116,6 +116,10 @@ class ModelConfig:
     # (eval/runner/job_settings.py), else on where oneDNN packs. In float32 it moves the last bits only and
     # does not name the run directory; in bf16 it changes greedy tokens and names it.
     prepack: bool | None = None
+    # Our vanilla's kernels as their label names them (bfloat16+aten, float32+packed): null = the calibration's
+    # fastest plain decoding (the plain race's pick), else the trees' kernels. Set it with the tree and kernels
+    # to rerun or resume a calibrated run's directories without calibrating again (its log names the label).
+    plain_kernels: str | None = None
     # Static shapes for the target's tree forward and decoding step (mars/adapter/static.py): a cache of
     # max_cache_len entries made once, trees padded to total_tokens + 1; what CUDA graphs need.
     # compile: a torch.compile mode for those forwards (default | reduce-overhead | max-autotune; needs
@@ -262,6 +266,11 @@ def validate(composed: DictConfig | RunConfig) -> RunConfig:
             raise ValueError("a model.generate baseline's dtype must be bfloat16, float16 or float32 (generate@auto "
                              "is the run's own precision: use generate)")
     check_static_options(run.model.static, run.model.compile, run.model.max_cache_len)
+    if run.model.plain_kernels is not None:
+        try:
+            Kernels.from_label(run.model.plain_kernels)
+        except ValueError as e:
+            raise ValueError(f"model.plain_kernels: {e}") from None
     if run.bench.source not in ("local", "hub", "auto"):
         raise ValueError(f"bench.source must be local, hub or auto, got {run.bench.source!r}")
     if run.bench.max_turns is not None:

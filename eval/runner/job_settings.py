@@ -374,7 +374,11 @@ def resolve_settings(run: RunConfig, fmt: PromptFormat, log: Callable[[str], Non
     else:
         tree_setting = Setting(tree, "set in the config (tree=...)")
     plain_kernels = None
-    if found.plain_kernels is not None and found.plain_kernels != kernels:
+    if run.model.plain_kernels is not None:
+        chosen = Kernels.from_label(run.model.plain_kernels)
+        if chosen != kernels:
+            plain_kernels = Setting(chosen, "set explicitly (model.plain_kernels)")
+    elif found.plain_kernels is not None and found.plain_kernels != kernels:
         plain_kernels = Setting(found.plain_kernels, plain_kernels_reason(record, kernels, found.plain_kernels))
     return DecodeSettings(
         dtype=Setting(kernels.dtype, dtype_reason(run, kernels, options, record)),

@@ -118,6 +118,16 @@ class Kernels:
         return "+".join([self.dtype, *(["exact"] if self.exact_attention else []),
                          *(["packed"] if self.prepack else []), *([] if self.onednn else ["aten"])])
 
+    @classmethod
+    def from_label(cls, label: str) -> Kernels:
+        """The kernels a `label` names ("bfloat16+aten", "float32+exact+packed"): its inverse."""
+        dtype, *flags = label.split("+")
+        unknown = sorted(set(flags) - {"exact", "packed", "aten"})
+        if dtype not in DTYPES or unknown or len(set(flags)) != len(flags):
+            raise ValueError(f"kernels {label!r}: write a precision ({', '.join(DTYPES)}) followed by any of "
+                             f"+exact, +packed, +aten, each once, e.g. bfloat16+aten (a run's log names its own)")
+        return cls(dtype, "exact" in flags, "packed" in flags, "aten" not in flags)
+
 
 @dataclass(frozen=True)
 class Setting:
