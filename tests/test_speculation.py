@@ -427,6 +427,32 @@ def test_vanillas_run_directory_names_plain_decodings_kernels_where_they_are_not
     assert method_identity(run, strict, fixed_settings(aten)) == method_identity(run, strict, fixed_settings())
 
 
+def test_plain_kernels_set_by_label_name_vanillas_directory_as_a_calibration_that_picked_them_would(standin, tmp_path):
+    """`model.plain_kernels` forces our vanilla's kernels with no calibration, so a calibrated run's directories can
+    be resumed with every setting forced: vanilla's identity is the one the calibration's pick gave; a label equal
+    to the trees' kernels names nothing; a label that names no kernels is refused at validation."""
+    from eval.benchmarks.prompting import PromptFormat
+    from eval.config.methods import method_spec
+    from eval.config.schema import validate
+    from eval.runner.directories import method_identity
+    from eval.runner.job_settings import resolve_settings
+
+    aten = Kernels("bfloat16", False, False, onednn=False)
+    forced = ("model.dtype=bfloat16", "model.exact_attention=true", "model.prepack=false")
+    run = validate(config(standin, tmp_path / "out", *forced, f"model.plain_kernels={aten.label}"))
+    settings = resolve_settings(run, PromptFormat.of(run.model.prompt), log=lambda line: None)
+    assert settings.plain == aten and "model.plain_kernels" in settings.plain_kernels.reason
+    vanilla = method_spec("vanilla")
+    calibrated = replace(settings, plain_kernels=Setting(aten, "measured"))
+    assert method_identity(run, vanilla, settings) == method_identity(run, vanilla, calibrated)
+    assert method_identity(run, vanilla, settings)["plain_kernels"] == "bfloat16+aten"
+    trees = settings.kernels.label
+    same = validate(config(standin, tmp_path / "out", *forced, f"model.plain_kernels={trees}"))
+    assert resolve_settings(same, PromptFormat.of(same.model.prompt), log=lambda line: None).plain_kernels is None
+    with pytest.raises(ValueError, match=r"model.plain_kernels: kernels 'bf16\+aten'.*bfloat16\+aten"):
+        validate(config(standin, tmp_path / "out", "model.plain_kernels=bf16+aten"))
+
+
 def test_strict_greedy_is_checked_against_plain_decoding_at_the_trees_kernels():
     """Plain decoding's fastest kernels need not be the trees' (bf16 on the AVX-512 EPYC: torch's own one-row
     products, a tree packed): a run's vanilla decodes at the plain kernels, and strict greedy's answers are checked
