@@ -111,3 +111,9 @@ def test_the_quality_line_states_whether_each_interval_tells_a_loss_from_none():
     assert "alpaca at T = 0 0.950 [0.900, 0.990] of strict's rougeL over 80 questions (a loss; τ 2.40" in line
     assert "sum at T = 0 1.010 [0.970, 1.050] of strict's rougeL over 80 questions (its interval holds 1;" in line
     assert "mt_bench" not in line
+    assert "AVX2" in line  # one machine: the record's own is named
+    mixed = {"temperatures": temperatures, "answered_on": ["alpaca: Zen 4 (`AVX512`) at abc", "sum: Xeon at def"]}
+    (line,) = P.quality_line(record(kind="smollm2-quality-table", figures=mixed), "r.json")
+    assert "answered on alpaca: Zen 4 (`AVX512`) at abc; sum: Xeon at def;" in line and "AVX2" not in line
+    assert "Answered on more than one machine: alpaca: Zen 4" in "\n".join(P.quality_table(
+        record(kind="smollm2-quality-table", figures=mixed), "r.json"))

@@ -127,7 +127,16 @@ def quality_table(record: Measurement, link: str) -> list[str]:
         if checked:
             lines += ["", "Strict's turns equal to plain decoding at the tree's kernels, of those checked: "
                       + ", ".join(checked) + "."]
+    if record.figures.get("answered_on"):
+        lines += ["", "Answered on more than one machine: " + "; ".join(record.figures["answered_on"]) + "."]
     return lines
+
+
+def _where(record: Measurement) -> str:
+    """The machine a record's figures come from, or the machines its answers came from."""
+    if record.figures.get("answered_on"):
+        return "answered on " + "; ".join(record.figures["answered_on"])
+    return f"{record.machine['cpu']} (`{record.machine['capability']}`)"
 
 
 @renderer("quality-line")
@@ -146,8 +155,7 @@ def quality_line(record: Measurement, link: str) -> list[str]:
                          f"{m['metric']} over {m['n']} questions ({told}; τ {_num(m.get('tau'))} against strict's "
                          f"{_num(s.get('tau'))} at one tree)")
     return [f"MARS θ = 0.9's quality recovery, paired 95% interval: {'; '.join(parts) or 'none scored yet'}; "
-            f"{record.machine['cpu']} (`{record.machine['capability']}`), {record.date}, commit `{record.commit}` "
-            f"([record]({link}))."]
+            f"{_where(record)}; recorded {record.date}, commit `{record.commit}` ([record]({link}))."]
 
 
 @renderer("head-heldout")

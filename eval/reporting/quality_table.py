@@ -10,7 +10,9 @@ vanilla's answers, MT-bench), `recovery` with `low` and `high` (the paired 95% b
 against strict's on the same questions; `nonzero`: the questions it rests on), `loglik` (the target's mean
 log-likelihood per token of the method's answers) and `cost` (the relaxation's exact cost per token: log-prob
 regret at T = 0, KL at T > 0); strict's rows also `exact` (the share of its checked turns equal to plain decoding at
-the tree's kernels) and `exact_checked` (those turns).
+the tree's kernels) and `exact_checked` (those turns). `answered_on` (where answers came from several machines):
+which machine answered which questions, as given; every method's answer to one question comes from one machine,
+so the paired figures pair like with like.
 
 The phases, and a phase's benchmarks, may run on different days (a temperature takes 2-3 CPU hours on 2 cores):
 `--quality-from RECORD` starts from the quality figures of an earlier record of this kind, adds (or replaces)
@@ -88,10 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", type=Path, help="where to write it (default: benchmarks/records/...)")
     parser.add_argument("--quality-from", type=Path, help="an earlier record of this kind whose quality figures "
                         "to keep (OUT_DIR then needs only its speed phase)")
+    parser.add_argument("--answered-on", action="append", default=[], metavar="TEXT",
+                        help="where the answers came from more than one machine: which answered what, with its CPU "
+                        "and commit (repeat it); the record's own machine is this one")
     args = parser.parse_args(argv)
     machine, versions = this_machine()
     quality = json.loads(args.quality_from.read_text())["figures"]["temperatures"] if args.quality_from else None
-    figures = {**figures_of(args.out, quality), "cpu_hours": args.cpu_hours}
+    figures = {**figures_of(args.out, quality), "cpu_hours": args.cpu_hours,
+               **({"answered_on": args.answered_on} if args.answered_on else {})}
     record = Measurement(kind=args.kind, what=args.what, command=args.command, commit=args.commit or commit_of(),
                          date=args.date, machine=machine, versions=versions, figures=json.loads(json.dumps(figures)))
     print(write(record, args.record))
