@@ -117,3 +117,15 @@ def test_the_quality_line_states_whether_each_interval_tells_a_loss_from_none():
     assert "answered on alpaca: Zen 4 (`AVX512`) at abc; sum: Xeon at def;" in line and "AVX2" not in line
     assert "Answered on more than one machine: alpaca: Zen 4" in "\n".join(P.quality_table(
         record(kind="smollm2-quality-table", figures=mixed), "r.json"))
+
+
+def test_the_quality_tables_speed_names_the_tree_a_method_was_calibrated_to_or_that_it_was_off():
+    """The speed phase's speed is the one a user gets: at each method's calibrated tree, or plain decoding where no
+    tree beat it; the cell says which, so a 1.00x reads as speculation off, not as a tree that gained nothing."""
+    rows = {"strict": {"n": 80, "speed": 1.0, "speed_n": 24, "speed_tree": "8/4/2", "speculation": "off"},
+            "mars@0.9": {"n": 80, "speed": 1.43, "speed_n": 24, "speed_tree": "8/4/2", "speculation": "on"},
+            "generate": {"n": None, "speed": 0.75, "speed_n": 24}}
+    table = "\n".join(P.quality_table(record(kind="smollm2-quality-table",
+                                             figures={"temperatures": {"0": {"sum": rows}}}), "r.json"))
+    assert "| sum | strict | 80 | 1.00× (24; off: plain decoding) |" in table
+    assert "| sum | mars@0.9 | 80 | 1.43× (24; 8/4/2) |" in table and "| sum | generate | - | 0.75× (24) |" in table

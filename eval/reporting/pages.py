@@ -105,7 +105,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 @renderer("quality-table")
 def quality_table(record: Measurement, link: str) -> list[str]:
     """The real pair's main table (`eval.reporting.quality_table`), one table per temperature: per benchmark and
-    method its questions, paired speed over the fastest plain decoding, tau, score, recovery against strict with
+    method its questions, paired speed over the fastest plain decoding (with the tree it was calibrated to, or
+    "off" where none beat plain decoding), tau, score, recovery against strict with
     its paired 95% interval, the target's log-likelihood per token and the relaxation's cost per token."""
     hours = record.figures.get("cpu_hours")
     lines = [provenance(record, link) + (f"; {hours:.1f} CPU hours" if hours else "")]
@@ -116,7 +117,7 @@ def quality_table(record: Measurement, link: str) -> list[str]:
                   f"(nonzero) | log-lik / token | {cost} / token |", "|---|---|---|---|---|---|---|---|---|"]
         for bench, methods in benches.items():
             for name, m in methods.items():
-                speed = "-" if m.get("speed") is None else f"{m['speed']:.2f}× ({m.get('speed_n')})"
+                speed = "-" if m.get("speed") is None else f"{m['speed']:.2f}× ({m.get('speed_n')}{_how(m)})"
                 score = "-" if m.get("score") is None else f"{m['score']:.2f} {m['metric']}"
                 recovery = "-" if m.get("recovery") is None else (
                     f"{m['recovery']:.3f} [{_num(m.get('low'), 3)}, {_num(m.get('high'), 3)}] ({m.get('nonzero')})")
@@ -130,6 +131,13 @@ def quality_table(record: Measurement, link: str) -> list[str]:
     if record.figures.get("answered_on"):
         lines += ["", "Answered on more than one machine: " + "; ".join(record.figures["answered_on"]) + "."]
     return lines
+
+
+def _how(row: dict) -> str:
+    """How a method decoded in the speed phase: its calibrated tree, or off (the fastest plain decoding instead)."""
+    if row.get("speculation") == "off":
+        return "; off: plain decoding"
+    return f"; {row['speed_tree']}" if row.get("speed_tree") else ""
 
 
 def _where(record: Measurement) -> str:
