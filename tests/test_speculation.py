@@ -515,6 +515,29 @@ def test_a_rules_calibration_joins_stricts_finals_against_stricts_reference(tmp_
     assert later.speculation["mars"].plain == Instant.label
 
 
+def test_a_rule_after_stricts_cached_record_is_timed_at_stricts_precision_when_it_is_not_the_first_candidates(
+        tmp_path):
+    """Strict's cached record may name kernels in another precision than the first candidate's (SmolLM2 on the
+    Xeon: bf16 trees, float32 listed first): a rule asked for later loads strict's precision and is timed there."""
+    from mars.rules import make_rule
+    from mars.tuning import record as records
+
+    load, _ = tiny_pair_loader()
+    prompts = tiny_prompts()
+    kernels = [kernel_candidates("cpu", "float32")[0], kernel_candidates("cpu", "bfloat16")[0]]
+
+    def measured(rules: dict):
+        return measure(load, kernels, prompts, Request(SamplingConfig(), rules=rules, trees=CANDIDATES[:1],
+                                                       references=[Instant()], budget=3.0, max_new_tokens=8,
+                                                       cache_dir=tmp_path, log=lambda _: None))
+
+    path = Path(measured({}).records["strict"].cache)
+    bf16 = replace(records.load(path), kernels=kernels[1])  # as if the bf16 trees had won
+    path.write_text(json.dumps(bf16.to_dict()))
+    later = measured({"mars": SamplingConfig(rule=make_rule("mars", theta=0.9))})
+    assert later.records["strict"].cached and later.records["mars"].kernels == kernels[1]
+
+
 def test_calibration_times_turns_of_at_most_timed_tokens_in_the_default_budget(tmp_path):
     """With no budget given, `measure` hands the calibration DEFAULT_BUDGET whatever the run's length, and it
     times turns of the run's length up to TIMED_TOKENS: a 128-token run and a TIMED_TOKENS one share a record.

@@ -146,7 +146,9 @@ class Search:
             if not strict.reference.ours and "+" not in strict.reference.label:
                 wanted.append(strict.reference.label.removeprefix("generate@"))
         dtypes = list(dict.fromkeys(wanted))
-        weights = sum(p.numel() for model in held[kernels[0].dtype] for p in model.parameters())
+        # any precision loaded counts the parameters (strict's may not be loaded yet: calibrate loads the first
+        # candidate's to read its cache)
+        weights = sum(p.numel() for model in next(iter(held.values())) for p in model.parameters())
         if len(dtypes) > 1 and not packed_copy_fits(2 * weights * sum(getattr(torch, d).itemsize for d in dtypes)):
             self.log(f"calibration: the target's copies in {', '.join(dtypes)} do not fit in memory together; "
                      f"only {dtypes[0]} is calibrated")
