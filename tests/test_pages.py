@@ -114,7 +114,7 @@ def test_the_quality_line_states_whether_each_interval_tells_a_loss_from_none():
     assert "AVX2" in line  # one machine: the record's own is named
     mixed = {"temperatures": temperatures, "answered_on": ["alpaca: Zen 4 (`AVX512`) at abc", "sum: Xeon at def"]}
     (line,) = P.quality_line(record(kind="smollm2-quality-table", figures=mixed), "r.json")
-    assert "answered on alpaca: Zen 4 (`AVX512`) at abc; sum: Xeon at def;" in line and "AVX2" not in line
+    assert "answers from 2 machines or commits, which the record names (its own: c, `AVX2`);" in line
     assert "Answered on more than one machine: alpaca: Zen 4" in "\n".join(P.quality_table(
         record(kind="smollm2-quality-table", figures=mixed), "r.json"))
 
@@ -129,3 +129,26 @@ def test_the_quality_tables_speed_names_the_tree_a_method_was_calibrated_to_or_t
                                              figures={"temperatures": {"0": {"sum": rows}}}), "r.json"))
     assert "| sum | strict | 80 | 1.00× (24; off: plain decoding) |" in table
     assert "| sum | mars@0.9 | 80 | 1.43× (24; 8/4/2) |" in table and "| sum | generate | - | 0.75× (24) |" in table
+
+
+def test_a_budget_runs_record_shows_the_theta_chosen_and_its_cost_where_it_was_used(tmp_path):
+    """`quality_table.budget_of` reads a budgeted run's summary: the budget, θ, the grid's costs on the calibration
+    prompts, and the run's own cost; the table says whether that cost kept within the budget."""
+    from eval.reporting.quality_table import budget_of
+
+    points = [{"value": v, "costs": {"logprob_regret": c}, "tau": t, "tokens": 768}
+              for v, c, t in ((0.9, 0.08, 2.3), (0.95, 0.03, 2.2), (0.98, 0.01, 2.1))]
+    fig = {"questions": 24, "logprob_regret": 0.045, "tau": 2.25, "speedup_vs_fastest_paired": 1.3,
+           "speedup_vs_fastest_paired_n": 24, "tree": "8/4/2", "speculation": "on"}
+    summary = {"settings": {"method": "mars@0.95", "bench": "alpaca",
+                            "quality_budget": {"parameter": "theta", "value": 0.95, "metric": "logprob_regret",
+                                               "per_token": 0.08, "margin": 0.5, "points": points}},
+               "methods": {"mars@0.95": fig, "strict": {"questions": 24}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    budget = budget_of(tmp_path / "summary.json")
+    assert (budget["value"], budget["cost"], budget["grid"]["0.9"]["cost"]) == (0.95, 0.045, 0.08)
+    tight = {**budget, "per_token": 0.04}  # the same run against a budget it overspent
+    lines = P.quality_budgets(record(kind="q", figures={"budgets": [budget, tight]}), "r.json")
+    assert "| logprob_regret 0.08 | 0.95 | 0.030 (≤ 0.040) | 0.9: 0.080, 0.95: 0.030, 0.98: 0.010 | 24 | 0.045 | yes" \
+        in lines[-2] and "| 1.30× (24; 8/4/2) |" in lines[-2]
+    assert "| 0.045 | no |" in lines[-1]

@@ -233,9 +233,16 @@ def test_the_quality_table_script_answers_both_phases_in_directories_of_their_ow
     later = tmp_path / "later"
     later.mkdir()
     (later / "speed").symlink_to(tmp_path / "speed")
-    merged = figures_of(later, quality=json.loads(json.dumps(figures["temperatures"])))
-    assert merged == figures
-    # ...and a benchmark answered since joins the record's: its rows added, the record's kept
-    earlier = {"0": {"sum": {"strict": {"n": 80, "tau": 2.0, "speed": 9.9}}}}  # its speed is the old phase's
-    joined = figures_of(tmp_path, quality=earlier)["temperatures"]["0"]
-    assert joined["alpaca"] == rows and joined["sum"] == {"strict": {"n": 80, "tau": 2.0}}
+    assert figures_of(later, earlier=figures["temperatures"]) == figures
+    # ...and a quality phase alone keeps the record's speed where it holds no speed phase of its own
+    (later / "speed").unlink()
+    (later / "quality").symlink_to(tmp_path / "quality")
+    assert figures_of(later, earlier=figures["temperatures"]) == figures
+    # ...and a benchmark answered since joins the record's: its rows added, the record's kept, speed included
+    earlier = {"0": {"sum": {"strict": {"n": 80, "tau": 2.0, "speed": 9.9}}}}
+    joined = figures_of(tmp_path, earlier=earlier)["temperatures"]["0"]
+    assert joined["alpaca"] == rows and joined["sum"] == earlier["0"]["sum"]
+    # ...and a speed phase of a benchmark replaces the record's speed there, model.generate's rows with it
+    stale = {"0": {"alpaca": {**rows, "generate@old": {"n": None, "speed": 0.1},
+                              "strict": {**rows["strict"], "speed": 9.9}}}}
+    assert figures_of(tmp_path, earlier=stale)["temperatures"]["0"]["alpaca"] == rows

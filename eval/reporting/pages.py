@@ -141,10 +141,32 @@ def _how(row: dict) -> str:
 
 
 def _where(record: Measurement) -> str:
-    """The machine a record's figures come from, or the machines its answers came from."""
+    """The machine a record's figures come from, or where its answers came from several (the record says which
+    answered what, and its table shows it)."""
     if record.figures.get("answered_on"):
-        return "answered on " + "; ".join(record.figures["answered_on"])
+        return (f"answers from {len(record.figures['answered_on'])} machines or commits, which the record names "
+                f"(its own: {record.machine['cpu']}, `{record.machine['capability']}`)")
     return f"{record.machine['cpu']} (`{record.machine['capability']}`)"
+
+
+@renderer("quality-budgets")
+def quality_budgets(record: Measurement, link: str) -> list[str]:
+    """The runs whose θ a quality budget chose (`eval.reporting.quality_table --budget-runs`): per budget the θ
+    taken, what it and the grid cost on the calibration prompts, and what it cost on the run's own questions."""
+    lines = [provenance(record, link), "",
+             "| budget / token | θ chosen | its cost on the calibration prompts (within margin × budget) | "
+             "every θ's cost there | run: n | run's cost / token | within budget | τ | speed vs fastest plain, "
+             "paired |", "|---|---|---|---|---|---|---|---|---|"]
+    for b in record.figures.get("budgets", []):
+        grid = ", ".join(f"{v}: {p['cost']:.3f}" for v, p in b["grid"].items())
+        chosen = b["grid"][f"{b['value']:g}"]["cost"]
+        speed = "-" if b.get("speed") is None else f"{b['speed']:.2f}× ({b.get('speed_n')}{_how(b)})"
+        allowed = b["margin"] * b["per_token"]
+        lines.append(f"| {b['metric']} {b['per_token']:g} | {b['value']:g} | {chosen:.3f} (≤ {allowed:.3f}) "
+                     f"| {grid} | {b['n']} | {_num(b.get('cost'), 3)} | "
+                     f"{'yes' if b.get('cost') is not None and b['cost'] <= b['per_token'] else 'no'} | "
+                     f"{_num(b.get('tau'))} | {speed} |")
+    return lines
 
 
 @renderer("quality-line")

@@ -10,13 +10,15 @@ vanilla's answers, MT-bench), `recovery` with `low` and `high` (the paired 95% b
 against strict's on the same questions; `nonzero`: the questions it rests on), `loglik` (the target's mean
 log-likelihood per token of the method's answers) and `cost` (the relaxation's exact cost per token: log-prob
 regret at T = 0, KL at T > 0); strict's rows also `exact` (the share of its checked turns equal to plain decoding at
-the tree's kernels) and `exact_checked` (those turns). `answered_on` (where answers came from several machines):
+the tree's kernels) and `exact_checked` (those turns). `budgets` (`--budget-runs`): per run whose θ a quality
+budget chose, the budget, θ, each θ's cost and tau on the calibration prompts, and the run's own cost, tau and
+speed (`budget_of`). `answered_on` (where answers came from several machines):
 which machine answered which questions, as given; every method's answer to one question comes from one machine,
 so the paired figures pair like with like.
 
 The phases, and a phase's benchmarks, may run on different days (a temperature takes 2-3 CPU hours on 2 cores):
-`--quality-from RECORD` starts from the quality figures of an earlier record of this kind, adds (or replaces)
-those of the benchmarks OUT_DIR/quality holds, and takes the speed from OUT_DIR/speed.
+`--quality-from RECORD` starts from an earlier record of this kind; the benchmarks OUT_DIR/quality holds replace
+its quality figures, those OUT_DIR/speed holds its speed figures, and the rest is kept.
 
     python -m eval.reporting.quality_table OUT_DIR --command "scripts/quality_table_smollm2.sh OUT_DIR" \\
         --what "..." [--cpu-hours H] [--quality-from RECORD]
@@ -52,29 +54,51 @@ def _quality(e: Entry) -> dict:
                if fig.get("exact_checked_turns") else {})}
 
 
-SPEED_KEYS = ("speed", "speed_n", "speed_tree", "speculation")
+def _speed(fig: dict) -> dict:
+    """A speed phase's figures of one method: paired speed over the fastest plain decoding, its tree, on or off."""
+    return {"speed": fig.get("speedup_vs_fastest_paired"),
+            "speed_n": fig.get("speedup_vs_fastest_paired_n") or fig.get("questions"),
+            "speed_tree": fig.get("tree"), "speculation": fig.get("speculation")}
 
 
-def figures_of(out: Path, quality: dict | None = None) -> dict:
-    """{"temperatures": {T: {bench: {method: figures}}}} from OUT/quality, or from `quality` (an earlier record's
-    "temperatures"), and OUT/speed (see the docstring)."""
-    table: dict[str, dict[str, dict[str, dict]]] = {}
-    if quality is not None:  # its quality rows (a speed phase's own rows, model.generate's, have no tau)
-        table = {t: {b: {m: {k: v for k, v in row.items() if k not in SPEED_KEYS} for m, row in rows.items()
-                         if "tau" in row} for b, rows in benches.items()} for t, benches in quality.items()}
-    if (out / "quality").is_dir():  # a benchmark answered since joins them, or replaces its rows
-        for e in _entries(out / "quality"):
-            table.setdefault(f"{e.temperature:g}", {}).setdefault(e.bench, {})[e.method] = _quality(e)
-    if (out / "speed").is_dir():
-        for e in _entries(out / "speed"):
-            row = table.get(f"{e.temperature:g}", {}).get(e.bench, {})
-            if e.method in row or e.method.startswith("generate"):
-                target = row.setdefault(e.method, {"n": None})
-                target["speed"] = e.fig.get("speedup_vs_fastest_paired")
-                target["speed_n"] = e.fig.get("speedup_vs_fastest_paired_n") or e.fig.get("questions")
-                target["speed_tree"] = e.fig.get("tree")
-                target["speculation"] = e.fig.get("speculation")
+SPEED_KEYS = ("speed", "speed_n", "speed_tree", "speculation")  # _speed's keys
+
+
+def figures_of(out: Path, earlier: dict | None = None) -> dict:
+    """{"temperatures": {T: {bench: {method: figures}}}} from OUT/quality and OUT/speed, on top of `earlier` (an
+    earlier record's "temperatures"): a benchmark OUT/quality holds replaces its methods' quality figures, one
+    OUT/speed holds its speed figures (model.generate's rows with them); the rest of the earlier record stays."""
+    table: dict[str, dict[str, dict[str, dict]]] = json.loads(json.dumps(earlier or {}))
+    quality = _entries(out / "quality") if (out / "quality").is_dir() else []
+    speed = _entries(out / "speed") if (out / "speed").is_dir() else []
+    for e in quality:
+        rows = table.setdefault(f"{e.temperature:g}", {}).setdefault(e.bench, {})
+        kept = {k: v for k, v in rows.get(e.method, {}).items() if k in SPEED_KEYS}
+        rows[e.method] = {**_quality(e), **kept}
+    for t, bench in {(f"{e.temperature:g}", e.bench) for e in speed}:  # a speed phase since: its speed replaces
+        rows = table.get(t, {}).get(bench, {})
+        for method in list(rows):
+            rows[method] = {k: v for k, v in rows[method].items() if k not in SPEED_KEYS}
+            if "tau" not in rows[method]:  # a speed phase's own row (model.generate's)
+                del rows[method]
+    for e in speed:
+        row = table.get(f"{e.temperature:g}", {}).get(e.bench, {})
+        if e.method in row or e.method.startswith("generate"):
+            row.setdefault(e.method, {"n": None}).update(_speed(e.fig))
     return {"temperatures": table}
+
+
+def budget_of(summary_path: Path) -> dict:
+    """What one run whose θ a quality budget chose (`method.quality_budget`, eval/runner/budgeted.py) shows: the
+    budget, the θ chosen, each θ's cost and tau on the calibration prompts, and the run's own cost per token, tau
+    and paired speed on its questions (the budget checked where it is used)."""
+    summary = json.loads(summary_path.read_text())
+    choice, name = summary["settings"]["quality_budget"], summary["settings"]["method"]
+    fig, metric = summary["methods"][name], choice["metric"]
+    return {"method": name, "metric": metric, "per_token": choice["per_token"], "margin": choice["margin"],
+            "parameter": choice["parameter"], "value": choice["value"], "bench": summary["settings"]["bench"],
+            "grid": {f"{p['value']:g}": {"cost": p["costs"][metric], "tau": p["tau"]} for p in choice["points"]},
+            "n": fig.get("questions"), "cost": fig.get(metric), "tau": fig.get("tau"), **_speed(fig)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,16 +112,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="when the figures were measured (default: now, to the minute)")
     parser.add_argument("--kind", default="smollm2-quality-table")
     parser.add_argument("--record", type=Path, help="where to write it (default: benchmarks/records/...)")
-    parser.add_argument("--quality-from", type=Path, help="an earlier record of this kind whose quality figures "
-                        "to keep (OUT_DIR then needs only its speed phase)")
+    parser.add_argument("--quality-from", type=Path, help="an earlier record of this kind to build on: OUT_DIR's "
+                        "phases replace, per benchmark, the figures they hold, and the rest is kept")
+    parser.add_argument("--budget-runs", type=Path, nargs="*", default=[], metavar="DIR",
+                        help="runs whose θ a quality budget chose (their directories, or folders above them)")
     parser.add_argument("--answered-on", action="append", default=[], metavar="TEXT",
                         help="where the answers came from more than one machine: which answered what, with its CPU "
                         "and commit (repeat it); the record's own machine is this one")
     args = parser.parse_args(argv)
     machine, versions = this_machine()
-    quality = json.loads(args.quality_from.read_text())["figures"]["temperatures"] if args.quality_from else None
-    figures = {**figures_of(args.out, quality), "cpu_hours": args.cpu_hours,
+    earlier = json.loads(args.quality_from.read_text())["figures"]["temperatures"] if args.quality_from else None
+    figures = {**figures_of(args.out, earlier), "cpu_hours": args.cpu_hours,
                **({"answered_on": args.answered_on} if args.answered_on else {})}
+    budgets = [budget_of(p) for d in args.budget_runs for p in find_summaries(d, depth=6)]
+    if budgets:
+        figures["budgets"] = sorted(budgets, key=lambda b: (b["metric"], b["per_token"]))
     record = Measurement(kind=args.kind, what=args.what, command=args.command, commit=args.commit or commit_of(),
                          date=args.date, machine=machine, versions=versions, figures=json.loads(json.dumps(figures)))
     print(write(record, args.record))
