@@ -140,7 +140,7 @@ def test_a_budget_runs_record_shows_the_theta_chosen_and_its_cost_where_it_was_u
               for v, c, t in ((0.9, 0.08, 2.3), (0.95, 0.03, 2.2), (0.98, 0.01, 2.1))]
     fig = {"questions": 24, "logprob_regret": 0.045, "tau": 2.25, "speedup_vs_fastest_paired": 1.3,
            "speedup_vs_fastest_paired_n": 24, "tree": "8/4/2", "speculation": "on"}
-    summary = {"settings": {"method": "mars@0.95", "bench": "alpaca",
+    summary = {"settings": {"method": {"kind": "mars", "theta": 0.95}, "bench": "alpaca",
                             "quality_budget": {"parameter": "theta", "value": 0.95, "metric": "logprob_regret",
                                                "per_token": 0.08, "margin": 0.5, "points": points}},
                "methods": {"mars@0.95": fig, "strict": {"questions": 24}}}

@@ -93,7 +93,8 @@ def budget_of(summary_path: Path) -> dict:
     budget, the θ chosen, each θ's cost and tau on the calibration prompts, and the run's own cost per token, tau
     and paired speed on its questions (the budget checked where it is used)."""
     summary = json.loads(summary_path.read_text())
-    choice, name = summary["settings"]["quality_budget"], summary["settings"]["method"]
+    choice = summary["settings"]["quality_budget"]
+    name = f"{summary['settings']['method']['kind']}@{choice['value']:g}"  # the method as the run named it
     fig, metric = summary["methods"][name], choice["metric"]
     return {"method": name, "metric": metric, "per_token": choice["per_token"], "margin": choice["margin"],
             "parameter": choice["parameter"], "value": choice["value"], "bench": summary["settings"]["bench"],
