@@ -143,12 +143,16 @@ def test_a_budget_runs_record_shows_the_theta_chosen_and_its_cost_where_it_was_u
     summary = {"settings": {"method": {"kind": "mars", "theta": 0.95}, "bench": "alpaca",
                             "quality_budget": {"parameter": "theta", "value": 0.95, "metric": "logprob_regret",
                                                "per_token": 0.08, "margin": 0.5, "points": points}},
-               "methods": {"mars@0.95": fig, "strict": {"questions": 24}}}
+               "methods": {"mars@0.95": fig, "strict": {"questions": 24},
+                           "mars@0.9": {**fig, "tau": 2.4, "speedup_vs_fastest_paired": 1.4, "logprob_regret": 0.09}}}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     budget = budget_of(tmp_path / "summary.json")
     assert (budget["value"], budget["cost"], budget["grid"]["0.9"]["cost"]) == (0.95, 0.045, 0.08)
     tight = {**budget, "per_token": 0.04}  # the same run against a budget it overspent
     lines = P.quality_budgets(record(kind="q", figures={"budgets": [budget, tight]}), "r.json")
     assert "| logprob_regret 0.08 | 0.95 | 0.030 (≤ 0.040) | 0.9: 0.080, 0.95: 0.030, 0.98: 0.010 | 24 | 0.045 | yes" \
-        in lines[-2] and "| 1.30× (24; 8/4/2) |" in lines[-2]
-    assert "| 0.045 | no |" in lines[-1]
+        in lines[4] and "| 1.30× (24; 8/4/2) |" in lines[4]
+    assert "| 0.045 | no |" in lines[5]
+    assert set(budget["beside"]) == {"mars@0.9"}  # the same rule at another θ in the same run; strict is not
+    assert ("In the run of budget 0.08, mars@0.9 answered beside mars@0.95, question by question: 1.40× against "
+            "1.30×") in lines[7]

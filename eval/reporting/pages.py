@@ -166,6 +166,13 @@ def quality_budgets(record: Measurement, link: str) -> list[str]:
                      f"| {grid} | {b['n']} | {_num(b.get('cost'), 3)} | "
                      f"{'yes' if b.get('cost') is not None and b['cost'] <= b['per_token'] else 'no'} | "
                      f"{_num(b.get('tau'))} | {speed} |")
+    for b in record.figures.get("budgets", []):
+        for name, m in b.get("beside", {}).items():
+            lines += ["", f"In the run of budget {b['per_token']:g}, {name} answered beside {b['method']}, question by "
+                      f"question: {_num(m.get('speed'))}× against {_num(b.get('speed'))}× the fastest plain decoding "
+                      f"(paired), τ {_num(m.get('tau'))} against {_num(b.get('tau'))} ({m.get('speed_tree')} against "
+                      f"{b.get('speed_tree')}), {b['metric']} {_num(m.get('cost'), 3)} against "
+                      f"{_num(b.get('cost'), 3)} per token."]
     return lines
 
 

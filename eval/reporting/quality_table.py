@@ -99,7 +99,10 @@ def budget_of(summary_path: Path) -> dict:
     return {"method": name, "metric": metric, "per_token": choice["per_token"], "margin": choice["margin"],
             "parameter": choice["parameter"], "value": choice["value"], "bench": summary["settings"]["bench"],
             "grid": {f"{p['value']:g}": {"cost": p["costs"][metric], "tau": p["tau"]} for p in choice["points"]},
-            "n": fig.get("questions"), "cost": fig.get(metric), "tau": fig.get("tau"), **_speed(fig)}
+            "n": fig.get("questions"), "cost": fig.get(metric), "tau": fig.get("tau"), **_speed(fig),
+            # the same rule at other values answered in the same run (baselines): speeds paired with the chosen's
+            "beside": {m: {"cost": f.get(metric), "tau": f.get("tau"), **_speed(f)}
+                       for m, f in summary["methods"].items() if m != name and m.startswith(name.split("@")[0] + "@")}}
 
 
 def main(argv: list[str] | None = None) -> None:
