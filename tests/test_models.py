@@ -39,8 +39,8 @@ PAPER_MODELS = {"vicuna13b", "llama31_8b", "llama33_70b", "qwen3_8b", "qwen3_32b
 MODEL_CONFIGS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 DRAFTS = sorted(p.stem for p in FIXTURES.glob("*.json"))
 TOP_KEYS = {"name", "target", "target_sha256", "draft", "sampling_draft", "tokenizer", "dtype", "device", "device_map",
-            "max_memory", "headroom_gib", "allow_offload", "prompt", "exact_attention", "prepack", "static", "compile",
-            "max_cache_len", "calibration_prompts"}
+            "max_memory", "headroom_gib", "allow_offload", "prompt", "exact_attention", "prepack", "plain_kernels",
+            "static", "compile", "max_cache_len", "calibration_prompts"}
 
 
 def compose_run(name: str):
