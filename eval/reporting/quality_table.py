@@ -61,7 +61,7 @@ def _speed(fig: dict) -> dict:
             "speed_tree": fig.get("tree"), "speculation": fig.get("speculation")}
 
 
-SPEED_KEYS = ("speed", "speed_n", "speed_tree", "speculation")  # _speed's keys
+SPEED_KEYS = tuple(_speed({}))
 
 
 def figures_of(out: Path, earlier: dict | None = None) -> dict:
@@ -94,7 +94,8 @@ def budget_of(summary_path: Path) -> dict:
     and paired speed on its questions (the budget checked where it is used)."""
     summary = json.loads(summary_path.read_text())
     choice = summary["settings"]["quality_budget"]
-    name = f"{summary['settings']['method']['kind']}@{choice['value']:g}"  # the method as the run named it
+    kind = summary["settings"]["method"]["kind"]
+    name = f"{kind}@{choice['value']:g}"  # the method as the run named it
     fig, metric = summary["methods"][name], choice["metric"]
     return {"method": name, "metric": metric, "per_token": choice["per_token"], "margin": choice["margin"],
             "parameter": choice["parameter"], "value": choice["value"], "bench": summary["settings"]["bench"],
@@ -102,7 +103,7 @@ def budget_of(summary_path: Path) -> dict:
             "n": fig.get("questions"), "cost": fig.get(metric), "tau": fig.get("tau"), **_speed(fig),
             # the same rule at other values answered in the same run (baselines): speeds paired with the chosen's
             "beside": {m: {"cost": f.get(metric), "tau": f.get("tau"), **_speed(f)}
-                       for m, f in summary["methods"].items() if m != name and m.startswith(name.split("@")[0] + "@")}}
+                       for m, f in summary["methods"].items() if m != name and m.startswith(f"{kind}@")}}
 
 
 def main(argv: list[str] | None = None) -> None:
