@@ -156,3 +156,21 @@ def test_a_budget_runs_record_shows_the_theta_chosen_and_its_cost_where_it_was_u
     assert set(budget["beside"]) == {"mars@0.9"}  # the same rule at another θ in the same run; strict is not
     assert ("In the run of budget 0.08, mars@0.9 answered beside mars@0.95, question by question: 1.40× against "
             "1.30×") in lines[7]
+
+
+def test_a_record_built_on_an_earlier_one_keeps_its_budgets_and_provenance(tmp_path):
+    """`quality_table --quality-from`: a benchmark answered later joins an earlier record without losing the earlier
+    record's budget runs or its lines on which machine answered what; a line given again is not repeated."""
+    from eval.reporting.quality_table import main
+
+    budget = {"bench": "alpaca", "metric": "logprob_regret", "per_token": 0.08, "value": 0.98}
+    earlier = {"temperatures": {"0": {"alpaca": {"strict": {"n": 80, "tau": 2.0}}}},
+               "answered_on": ["alpaca: Zen 4 at abc"], "budgets": [budget]}
+    (tmp_path / "earlier.json").write_text(json.dumps({"figures": earlier}))
+    (tmp_path / "out").mkdir()
+    main([str(tmp_path / "out"), "--command", "c", "--what", "w", "--commit", "x", "--record",
+          str(tmp_path / "r.json"), "--quality-from", str(tmp_path / "earlier.json"),
+          "--answered-on", "alpaca: Zen 4 at abc", "--answered-on", "mt_bench: Xeon at def"])
+    figures = json.loads((tmp_path / "r.json").read_text())["figures"]
+    assert figures["temperatures"] == earlier["temperatures"] and figures["budgets"] == [budget]
+    assert figures["answered_on"] == ["alpaca: Zen 4 at abc", "mt_bench: Xeon at def"]

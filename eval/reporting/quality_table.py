@@ -18,7 +18,8 @@ so the paired figures pair like with like.
 
 The phases, and a phase's benchmarks, may run on different days (a temperature takes 2-3 CPU hours on 2 cores):
 `--quality-from RECORD` starts from an earlier record of this kind; the benchmarks OUT_DIR/quality holds replace
-its quality figures, those OUT_DIR/speed holds its speed figures, and the rest is kept.
+its quality figures, those OUT_DIR/speed holds its speed figures, and the rest is kept: its budgets (a new budget
+run of the same benchmark, metric and budget replaces one) and its `answered_on` lines (new ones are added).
 
     python -m eval.reporting.quality_table OUT_DIR --command "scripts/quality_table_smollm2.sh OUT_DIR" \\
         --what "..." [--cpu-hours H] [--quality-from RECORD]
@@ -106,12 +107,23 @@ def budget_of(summary_path: Path) -> dict:
                        for m, f in summary["methods"].items() if m != name and m.startswith(f"{kind}@")}}
 
 
+def joined(earlier: dict, figures: dict, budgets: list[dict], answered_on: list[str]) -> dict:
+    """`figures` (figures_of's, on top of `earlier`'s table) with what else the earlier record's figures hold: its
+    budgets, less those a new one of the same benchmark, metric and budget replaces, and its provenance lines
+    followed by the new ones."""
+    kept = {(b["bench"], b["metric"], b["per_token"]): b for b in [*earlier.get("budgets", []), *budgets]}
+    lines = list(dict.fromkeys([*earlier.get("answered_on", []), *answered_on]))
+    return {**figures, **({"answered_on": lines} if lines else {}),
+            **({"budgets": sorted(kept.values(), key=lambda b: (b["metric"], b["per_token"]))} if kept else {})}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Make the real pair's main-table record from a quality-table run.")
     parser.add_argument("out", type=Path, help="the OUT_DIR of scripts/quality_table_smollm2.sh")
     parser.add_argument("--command", required=True)
     parser.add_argument("--what", required=True)
-    parser.add_argument("--cpu-hours", type=float, help="the run's CPU hours, both phases")
+    parser.add_argument("--cpu-hours", type=float, help="the CPU hours of every answer the record holds, "
+                        "both phases (an earlier record's included)")
     parser.add_argument("--commit", help="default: this checkout's HEAD")
     parser.add_argument("--date", default=datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"),
                         help="when the figures were measured (default: now, to the minute)")
@@ -126,12 +138,10 @@ def main(argv: list[str] | None = None) -> None:
                         "and commit (repeat it); the record's own machine is this one")
     args = parser.parse_args(argv)
     machine, versions = this_machine()
-    earlier = json.loads(args.quality_from.read_text())["figures"]["temperatures"] if args.quality_from else None
-    figures = {**figures_of(args.out, earlier), "cpu_hours": args.cpu_hours,
-               **({"answered_on": args.answered_on} if args.answered_on else {})}
+    earlier = json.loads(args.quality_from.read_text())["figures"] if args.quality_from else {}
     budgets = [budget_of(p) for d in args.budget_runs for p in find_summaries(d, depth=6)]
-    if budgets:
-        figures["budgets"] = sorted(budgets, key=lambda b: (b["metric"], b["per_token"]))
+    figures = joined(earlier, {**figures_of(args.out, earlier.get("temperatures")), "cpu_hours": args.cpu_hours},
+                     budgets, args.answered_on)
     record = Measurement(kind=args.kind, what=args.what, command=args.command, commit=args.commit or commit_of(),
                          date=args.date, machine=machine, versions=versions, figures=json.loads(json.dumps(figures)))
     print(write(record, args.record))
