@@ -174,3 +174,27 @@ def test_a_record_built_on_an_earlier_one_keeps_its_budgets_and_provenance(tmp_p
     figures = json.loads((tmp_path / "r.json").read_text())["figures"]
     assert figures["temperatures"] == earlier["temperatures"] and figures["budgets"] == [budget]
     assert figures["answered_on"] == ["alpaca: Zen 4 at abc", "mt_bench: Xeon at def"]
+
+
+def test_a_quality_phase_answered_in_batches_keeps_the_methods_names_and_says_its_batch(tmp_path):
+    """`quality_table.figures_of`: a quality phase that answered 8 questions at a time (batch_size=8, a throughput
+    device) gives the rows of strict and MARS under their own names, so that the table and the README's line find
+    them, with the batch size beside n; the same method at two batch sizes in one phase is refused, naming both."""
+    from eval.reporting.quality_table import figures_of
+
+    def run(name: str, size: int) -> None:
+        fig = {"questions": 80, "tau": 2.4, "batch_size": size, "quality": {"rougeL": 18.0}, "loglik": -0.7}
+        summary = {"settings": {"model": "smollm2", "bench": "alpaca", "temperature": 1.0},
+                   "methods": {"strict": fig, "mars@0.9": fig}}
+        (tmp_path / "quality" / name).mkdir(parents=True)
+        (tmp_path / "quality" / name / "summary.json").write_text(json.dumps(summary))
+
+    run("b8", 8)
+    rows = figures_of(tmp_path)["temperatures"]["1"]["alpaca"]
+    assert set(rows) == {"strict", "mars@0.9"} and rows["mars@0.9"]["batch"] == 8
+    table = "\n".join(P.quality_table(record(kind="q", figures={"temperatures": {"1": {"alpaca": rows}}}), "r.json"))
+    assert "| alpaca | mars@0.9 | 80 (B=8) |" in table
+    run("b1", 1)
+    with pytest.raises(ValueError, match="holds (strict|mars@0.9) at T = 1 on alpaca twice") as refused:
+        figures_of(tmp_path)
+    assert all(str(tmp_path / "quality" / d) in str(refused.value) for d in ("b1", "b8"))

@@ -107,7 +107,8 @@ def quality_table(record: Measurement, link: str) -> list[str]:
     """The real pair's main table (`eval.reporting.quality_table`), one table per temperature: per benchmark and
     method its questions, paired speed over the fastest plain decoding (with the tree it was calibrated to, or
     "off" where none beat plain decoding), tau, score, recovery against strict with
-    its paired 95% interval, the target's log-likelihood per token and the relaxation's cost per token."""
+    its paired 95% interval, the target's log-likelihood per token and the relaxation's cost per token; "(B=b)"
+    after n where the quality phase answered b questions at a time."""
     hours = record.figures.get("cpu_hours")
     lines = [provenance(record, link) + (f"; {hours:.1f} CPU hours" if hours else "")]
     for t, benches in record.figures["temperatures"].items():
@@ -121,7 +122,8 @@ def quality_table(record: Measurement, link: str) -> list[str]:
                 score = "-" if m.get("score") is None else f"{m['score']:.2f} {m['metric']}"
                 recovery = "-" if m.get("recovery") is None else (
                     f"{m['recovery']:.3f} [{_num(m.get('low'), 3)}, {_num(m.get('high'), 3)}] ({m.get('nonzero')})")
-                lines.append(f"| {bench} | {name} | {m.get('n') or '-'} | {speed} | {_num(m.get('tau'))} | {score} | "
+                n = f"{m.get('n') or '-'}" + (f" (B={m['batch']})" if m.get("batch") else "")
+                lines.append(f"| {bench} | {name} | {n} | {speed} | {_num(m.get('tau'))} | {score} | "
                              f"{recovery} | {_num(m.get('loglik'), 3)} | {_num(m.get('cost'), 4)} |")
         checked = [f"{bench} {round(s['exact'] * s['exact_checked'])}/{s['exact_checked']}"
                    for bench, methods in benches.items() if (s := methods.get("strict", {})).get("exact_checked")]

@@ -8,9 +8,10 @@ keeps: `n` (questions scored), `speed` (paired speedup over the fastest plain de
 `speed_n`, `tau` (quality phase), `score` and `metric` (the benchmark's headline; None where it only compares with
 vanilla's answers, MT-bench), `recovery` with `low` and `high` (the paired 95% bootstrap interval of the score
 against strict's on the same questions; `nonzero`: the questions it rests on), `loglik` (the target's mean
-log-likelihood per token of the method's answers) and `cost` (the relaxation's exact cost per token: log-prob
-regret at T = 0, KL at T > 0); strict's rows also `exact` (the share of its checked turns equal to plain decoding at
-the tree's kernels) and `exact_checked` (those turns). `budgets` (`--budget-runs`): per run whose θ a quality
+log-likelihood per token of the method's answers), `cost` (the relaxation's exact cost per token: log-prob
+regret at T = 0, KL at T > 0) and `batch` where the quality phase answered that many questions at a time;
+strict's rows also `exact` (the share of its checked turns equal to plain decoding at the tree's kernels) and
+`exact_checked` (those turns). `budgets` (`--budget-runs`): per run whose θ a quality
 budget chose, the budget, θ, each θ's cost and tau on the calibration prompts, and the run's own cost, tau and
 speed (`budget_of`). `answered_on` (where answers came from several machines):
 which machine answered which questions, as given; every method's answer to one question comes from one machine,
@@ -33,7 +34,7 @@ import json
 from pathlib import Path
 
 from eval.reporting.measurements import Measurement, commit_of, this_machine, write
-from eval.reporting.summaries import Entry, find_summaries, merge_runs, read_summary
+from eval.reporting.summaries import Entry, batch_of, find_summaries, merge_runs, read_summary
 
 COST = {0.0: "logprob_regret", 1.0: "kl_per_token"}  # the relaxation's cost reported per temperature
 
@@ -72,10 +73,17 @@ def figures_of(out: Path, earlier: dict | None = None) -> dict:
     table: dict[str, dict[str, dict[str, dict]]] = json.loads(json.dumps(earlier or {}))
     quality = _entries(out / "quality") if (out / "quality").is_dir() else []
     speed = _entries(out / "speed") if (out / "speed").is_dir() else []
+    answered: dict[tuple, list[str]] = {}  # (T, bench, method): the quality phase's runs of it
     for e in quality:
-        rows = table.setdefault(f"{e.temperature:g}", {}).setdefault(e.bench, {})
-        kept = {k: v for k, v in rows.get(e.method, {}).items() if k in SPEED_KEYS}
-        rows[e.method] = {**_quality(e), **kept}
+        method, size = batch_of(e.method)  # a batch is a throughput device here: its rows are the method's
+        t = f"{e.temperature:g}"
+        if (t, e.bench, method) in answered:
+            raise ValueError(f"{out / 'quality'} holds {method} at T = {t} on {e.bench} twice (at two batch "
+                             f"sizes?): {answered[t, e.bench, method] + e.run_dirs}; move one of them out")
+        answered[t, e.bench, method] = e.run_dirs
+        rows = table.setdefault(t, {}).setdefault(e.bench, {})
+        kept = {k: v for k, v in rows.get(method, {}).items() if k in SPEED_KEYS}
+        rows[method] = {**_quality(e), **({"batch": size} if size > 1 else {}), **kept}
     for t, bench in {(f"{e.temperature:g}", e.bench) for e in speed}:  # a speed phase since: its speed replaces
         rows = table.get(t, {}).get(bench, {})
         for method in list(rows):
