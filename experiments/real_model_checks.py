@@ -16,7 +16,8 @@ tests of the same properties run on tiny models and on a few prompts of this one
   on a chat prompt (token 1 from the prefill, tokens 2-3 from the first cycle(s): drafted, verified,
   corrected). The exact joint p(x1) p(x2 | x1) p(x3 | x1, x2) is computed by target forwards over every
   prefix above a mass threshold; the rest of the mass is one cell. One χ² goodness-of-fit test per
-  drafting mode (top-k trees and sampled trees, with the head eval.run samples with), p > 0.01 passes,
+  drafting mode (top-k trees and sampled trees, with the head eval.run samples with) and one of our plain
+  decoding (vanilla, the other lossless row of a T = 1 table), p > 0.01 passes,
   as the suite's tests of the tiny models do (tests/test_lossless.py).
 """
 
@@ -118,21 +119,24 @@ def exact_joint(model, ids: torch.Tensor, depth: int = 3, mass: float = MASS) ->
 
 
 def chi2(pair: JobPair, model, head, tree: TreeShape, samples: int, seed: int = 0, mass: float = MASS,
-         prompt: str = CHI2_PROMPT) -> dict:
+         prompt: str = CHI2_PROMPT, plain: bool = False) -> dict:
+    """One χ² test of strict sampling over `tree` (`plain`: of our plain decoding, vanilla, instead)."""
     ids = torch.tensor([pair.encode(prompt)])
     exact = exact_joint(model, ids, mass=mass)
     gen = SpeculativeGenerator(model, head, tree)
+    decode = gen.vanilla if plain else gen.generate
     cfg = SamplingConfig(temperature=1.0)
     counts, accepted = Counter(), 0
     generator = torch.Generator().manual_seed(seed)
     for _ in range(samples):
-        out = gen.generate(ids, cfg, max_new_tokens=3, generator=generator)
+        out = decode(ids, cfg, max_new_tokens=3, generator=generator)
         key = tuple(out.tokens[:3])
         counts[key if key in exact else ("other",)] += 1
         accepted += max(out.accept_lengths[:1], default=0)
     p = chi_square_pvalue(counts, exact, MIN_EXPECTED)
     cells = sorted(exact, key=exact.get, reverse=True)
-    return {"drafting": tree.drafting, "tree": tree.label, "samples": samples, "cells_before_pooling": len(exact),
+    return {"drafting": "none: vanilla" if plain else tree.drafting, "tree": None if plain else tree.label,
+            "samples": samples, "cells_before_pooling": len(exact),
             "p_value": p, "passes": p > 0.01, "first_cycle_accepted_mean": accepted / samples, "prompt": prompt,
             "top_cells": {" ".join(map(str, c)): {"exact": exact[c], "observed": counts.get(c, 0) / samples}
                           for c in cells[:8] if c != ("other",)},
@@ -178,6 +182,9 @@ def main() -> None:
         sampled = TreeShape(total, depth, branching, drafting="sample")
         report["chi2"] = [chi2(pair, model, sampling_head, shape, args.samples, seed, args.mass, args.chi2_prompt)
                           for seed, shape in enumerate([tree, sampled])]
+        # Our plain decoding at T = 1, the table's vanilla row: the same test of the same prompt.
+        report["chi2"].append(chi2(pair, model, sampling_head, tree, args.samples, 2, args.mass, args.chi2_prompt,
+                                   plain=True))
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "load"}, indent=2)[:3000])
 
