@@ -279,3 +279,38 @@ def test_without_the_timing_lock_a_contended_answer_is_kept_and_marked(tmp_path,
     other.join(30)
     # exclusive_timing=false: a parallel job is expected, so nothing is repeated; the figure says so.
     assert (result, timing.retimed, timing.exclusive, timing.contended) == (1, 0, False, True)
+
+
+def test_a_load_that_outlasts_the_wait_for_quiet_is_not_waited_for_again(tmp_path, monkeypatch):
+    """Steal on a shared host, or work not ours, that no wait ends: the contended answer is kept, marked, and so are
+    the next ones without a wait, until an answer is timed alone (which makes the next contended one wait again)."""
+    monkeypatch.setenv("MARS_LOCK_DIR", str(tmp_path))
+    monkeypatch.setattr(locks, "QUIET_WAIT_S", 0.5)
+    monkeypatch.setattr(locks, "_LOAD_PERSISTS", False)
+    waits = []
+    real_wait = locks.wait_quiet
+    monkeypatch.setattr(locks, "wait_quiet", lambda *a, **k: waits.append(k.get("limit")) or real_wait(*a, **k))
+    context = multiprocessing.get_context("fork")
+    spinning, stop = context.Event(), context.Event()
+
+    def registered_spinner() -> None:
+        with locks.registered("cpu"):
+            spinning.set()
+            while not stop.is_set():
+                spin(0.05)
+
+    def answer() -> tuple[int, bool]:
+        calls = []
+        _, timing = locks.run_timed("cpu", lambda: calls.append(spin(0.3)), log=lambda _: None)
+        return len(calls), timing.contended
+
+    other = context.Process(target=registered_spinner)
+    other.start()
+    assert spinning.wait(30)
+    try:
+        assert answer() == (1, True) and waits == [0.5]  # waited once, in vain: kept, marked
+        assert answer() == (1, True) and waits == [0.5]  # not waited for again
+    finally:
+        stop.set()
+        other.join(30)
+    assert answer() == (1, False) and not locks._LOAD_PERSISTS  # timed alone: the next contention waits again

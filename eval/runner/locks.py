@@ -24,7 +24,9 @@ lock; and what any process not of this job took (`mars.accounting.timing.Foreign
 that no lock keeps out). With the timing lock and a quiet machine that is ~0; otherwise
 (`exclusive_timing=false`, a sibling still starting, work that is not ours to lock) the answer is marked
 `contended`, and so are its figures downstream. Under the timing lock a contended answer is answered again
-(`run_timed`) once the others are quiet, at most `RETIMES` times; its record says how often.
+(`run_timed`) once the others are quiet, at most `RETIMES` times; its record says how often. A load that
+outlasts `QUIET_WAIT_S` (steal on a shared host, work not ours) is not waited for again: contended answers are
+kept, marked, until one is timed alone.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from mars.accounting.timing import ForeignLoad
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SWEEP_PID = "MARS_SWEEP_PID"  # the process that started a sweep (set by eval.run), parent of its launcher's workers
 RETIMES = 2  # at most this many repeats of a contended timed answer (`run_timed`)
-QUIET_WAIT_S = 60.0  # how long a repeat waits for the others to go quiet before it times anyway
+QUIET_WAIT_S = 60.0  # how long a repeat waits for the others to go quiet before the answer is kept, marked
+_LOAD_PERSISTS = False  # a wait for quiet ran out and no answer has been timed alone since (`run_timed`)
 T = TypeVar("T")
 
 
@@ -204,17 +207,28 @@ def run_timed(device: str, work: Callable[[], T], enabled: bool = True, retimes:
     all under the one lock (a job that keeps the protocol cannot start meanwhile; what still computes is
     a sibling worker starting up, or a process that is not ours to lock). `work` must give the same
     result when repeated (the answers are seeded). Returns the last attempt's result and timing."""
+    global _LOAD_PERSISTS
     start = time.perf_counter()
     with exclusive(device, enabled):
         waited = time.perf_counter() - start
         for attempt in range(retimes + 1):
             with timed(device, enabled) as timing:  # the lock is held already: no wait
                 result = work()
-            if not (enabled and timing.contended) or attempt == retimes:
+            if not (enabled and timing.contended):
+                _LOAD_PERSISTS = False
+                break
+            if attempt == retimes or _LOAD_PERSISTS:
                 break
             log(f"timing: another process used {max(timing.others_cpu_s, timing.foreign_cpu_s or 0.0):.2f} s of CPU "
                 f"in {timing.wall_s:.2f} s; answering again once it is quiet")
-            wait_quiet(device)
+            if not wait_quiet(device, limit=QUIET_WAIT_S):
+                # A load we cannot wait out (a hypervisor's steal, someone else's job): answering again would be
+                # contended too, so this answer is kept, marked, and so is every contended one after it without
+                # a wait, until one is timed alone.
+                _LOAD_PERSISTS = True
+                log(f"timing: the load outlasted {QUIET_WAIT_S:.0f} s; keeping contended answers, marked, "
+                    "without waiting, until one is timed alone")
+                break
     timing.waited_s, timing.retimed = waited, attempt
     return result, timing
 
