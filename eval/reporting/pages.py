@@ -113,6 +113,7 @@ def quality_table(record: Measurement, link: str) -> list[str]:
     lines = [provenance(record, link) + (f"; {hours:.1f} CPU hours" if hours else "")]
     for t, benches in record.figures["temperatures"].items():
         cost = next((m["cost_metric"] for b in benches.values() for m in b.values() if m.get("cost_metric")), "cost")
+        cost = cost.removesuffix("_per_token")  # kl_per_token: the column says "/ token" already
         lines += ["", f"**T = {t}**", "",
                   f"| bench | method | n | speed vs fastest plain, paired (n) | τ | score | recovery vs strict [95%] "
                   f"(nonzero) | log-lik / token | {cost} / token |", "|---|---|---|---|---|---|---|---|---|"]
