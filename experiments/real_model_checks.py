@@ -135,7 +135,8 @@ def chi2(pair: JobPair, model, head, tree: TreeShape, samples: int, seed: int = 
         accepted += max(out.accept_lengths[:1], default=0)
     p = chi_square_pvalue(counts, exact, MIN_EXPECTED)
     cells = sorted(exact, key=exact.get, reverse=True)
-    return {"drafting": "none: vanilla" if plain else tree.drafting, "tree": None if plain else tree.label,
+    return {"method": "vanilla" if plain else "strict", "drafting": None if plain else tree.drafting,
+            "tree": None if plain else tree.label,
             "samples": samples, "cells_before_pooling": len(exact),
             "p_value": p, "passes": p > 0.01, "first_cycle_accepted_mean": accepted / samples, "prompt": prompt,
             "top_cells": {" ".join(map(str, c)): {"exact": exact[c], "observed": counts.get(c, 0) / samples}

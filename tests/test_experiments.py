@@ -95,7 +95,8 @@ def test_real_model_checks_find_strict_greedy_identical_and_test_sampling(tmp_pa
                monkeypatch=monkeypatch)
     report = json.loads(out.read_text())
     assert report["identity"]["identical"] == 1 and report["identity"]["prompts"] == 1
-    assert [c["drafting"] for c in report["chi2"]] == ["topk", "sample"]
+    assert [(c["method"], c["drafting"]) for c in report["chi2"]] == [
+        ("strict", "topk"), ("strict", "sample"), ("vanilla", None)]
     assert all(c["samples"] == 60 and c["cells_before_pooling"] > 1 and 0 <= c["p_value"] <= 1 for c in report["chi2"])
 
 
