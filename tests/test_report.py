@@ -10,6 +10,7 @@ import csv
 import json
 import random
 import struct
+import warnings
 from pathlib import Path
 
 import pytest
@@ -283,6 +284,21 @@ def test_plots_exist_and_are_linked(report, capsys):
     assert (out / "keep.txt").read_text() == "not ours"
     assert MACHINE in md and "Legend" in md and "model.generate in the run's precision, temperature 0:" in md
     assert "Speedup over the fastest plain decoding timed in the run, paired per question" in md
+
+
+def test_a_theta_panel_with_nothing_to_plot_has_no_empty_legend(tmp_path):
+    """A benchmark without references (MT-bench): the θ sweep's recovery panel says "not available" and draws no
+    legend, where matplotlib would warn of one with no labelled artists."""
+    summary = fake_summary("model-a", "humaneval", 0.0, METHODS)
+    summary["quality_metric"] = None
+    for fig in summary["methods"].values():
+        for key in ("quality", "quality_recovery", "quality_recovery_vs_vanilla"):
+            fig.pop(key, None)  # strict has no recovery against itself, vanilla none against itself
+    write_run(tmp_path / "runs" / "unscored", summary)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")
+        assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "theta_model-a_humaneval_T0.png").exists()
 
 
 def test_duplicate_runs_are_an_error(tmp_path):

@@ -124,7 +124,8 @@ def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) 
             if not points:
                 ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes)
             ax.set(xlabel="θ (MARS margin threshold)", ylabel=label, title=label)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # a panel with nothing to plot (MT-bench's recovery) has no legend
+                ax.legend(fontsize=8)
         fig.suptitle(f"MARS θ sweep — {where}")
         fig.tight_layout()
         _save(fig, out, f"theta_{tag}.png", written)
