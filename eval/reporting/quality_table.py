@@ -17,7 +17,7 @@ speed (`budget_of`). `answered_on` (where answers came from several machines):
 which machine answered which questions, as given; every method's answer to one question comes from one machine,
 so the paired figures pair like with like.
 
-The phases, and a phase's benchmarks, may run on different days (a temperature takes 2-3 CPU hours on 2 cores):
+The phases, and a phase's benchmarks, may run on different days (a temperature took 6-7 hours on 2 cores):
 `--quality-from RECORD` starts from an earlier record of this kind; the benchmarks OUT_DIR/quality holds replace
 its quality figures, those OUT_DIR/speed holds its speed figures, and the rest is kept: its budgets (a new budget
 run of the same benchmark, metric and budget replaces one) and its `answered_on` lines (new ones are added).
