@@ -124,11 +124,16 @@ def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) 
             if not points:
                 ax.text(0.5, 0.5, "not available", ha="center", va="center", transform=ax.transAxes)
             ax.set(xlabel="θ (MARS margin threshold)", ylabel=label, title=label)
-            if ax.get_legend_handles_labels()[0]:  # a panel with nothing to plot (MT-bench's recovery) has no legend
-                ax.legend(fontsize=8)
+            _legend(ax, fontsize=8)  # MT-bench's recovery panel has nothing to plot
         fig.suptitle(f"MARS θ sweep — {where}")
         fig.tight_layout()
         _save(fig, out, f"theta_{tag}.png", written)
+
+
+def _legend(ax, **kwargs) -> None:
+    """A legend on a panel that drew something labelled; an empty panel gets none (matplotlib warns of one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -200,7 +205,7 @@ def plot_batches(entries: list[Entry], out: Path, written: list[str], colors: di
             ax.set(xlabel="batch size (requests decoded together)", ylabel=label, title=label)
             if figure == "speedup_vs_fastest":
                 ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-            ax.legend(fontsize=8)
+            _legend(ax, fontsize=8)
         fig.suptitle(f"Batching — {model}, {bench}, temperature {t:g}")
         fig.tight_layout()
         _save(fig, out, f"batch_{_slug(model, bench)}_T{t:g}.png", written)
