@@ -10,8 +10,8 @@
 #   speed:   each set's first 24 questions with the tree calibrated for each method (the speed a user gets) and
 #            model.generate in every precision, in run directories of their own, timed interleaved per question.
 # Every finished answer is kept: a rerun (or a run stopped and started again) answers nothing twice. About 370k
-# generated tokens in the quality phase and 170k in the speed phase: 13-14 hours on 2 cores as measured (12.7 for all
-# but CNN/DM's T = 1 speed phase, calibrations of 2-22 min per run included; docs/real-models.md). QUALITY_PROMPTS,
+# generated tokens in the quality phase and 170k in the speed phase: 13.5 hours on 2 cores as measured (calibrations
+# of 2-22 min per run included; docs/real-models.md). QUALITY_PROMPTS,
 # SPEED_PROMPTS, MAX_NEW_TOKENS, TREE, BENCHES and TEMPERATURES change the sizes (a smoke test's).
 #   scripts/quality_table_smollm2.sh OUT_DIR [eval.run overrides...]   # PHASES=quality or =speed: one of them
 set -euo pipefail
