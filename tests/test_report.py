@@ -301,6 +301,17 @@ def test_a_theta_panel_with_nothing_to_plot_has_no_empty_legend(tmp_path):
     assert (tmp_path / "report" / "theta_model-a_humaneval_T0.png").exists()
 
 
+def test_a_bar_panel_with_nothing_to_plot_has_no_empty_legend(tmp_path):
+    """A temperature whose run has no vanilla (method=mars baselines=[strict]): its panel of the speedup over
+    vanilla draws no bars and no legend, where matplotlib would warn of one with no labelled artists."""
+    write_run(tmp_path / "runs" / "t0", fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict", "mars@0.9"]))
+    write_run(tmp_path / "runs" / "t1", fake_summary("model-a", "humaneval", 1.0, ["strict", "mars@0.9"]))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")
+        assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "speedup_by_bench.png").exists()
+
+
 def test_duplicate_runs_are_an_error(tmp_path):
     summary = fake_summary("model-a", "humaneval", 0.0, ["vanilla", "strict"])
     write_run(tmp_path / "first", summary)

@@ -49,6 +49,12 @@ def _methods(entries: Iterable[Entry]) -> list[Entry]:
     return sorted(entries, key=lambda e: method_order(e.method, e.theta))
 
 
+def _legend(ax, **kwargs) -> None:
+    """A legend on a panel that drew something labelled; an empty panel gets none (matplotlib warns of one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def plot_by_bench(entries: list[Entry], figure: str, title: str, ylabel: str, out: Path, name: str,
                   written: list[str], colors: dict) -> None:
     """Grouped bars, benchmark on x, one bar per method; one panel per model × temperature."""
@@ -70,7 +76,7 @@ def plot_by_bench(entries: list[Entry], figure: str, title: str, ylabel: str, ou
         ax.set_ylabel(ylabel)
         ax.set_title(f"{model}, temperature {t:g}")
         ax.margins(y=0.12)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), title="method")
+        _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), title="method")  # a panel may be empty
     fig.suptitle(title)
     fig.tight_layout()
     _save(fig, out, name, written)
@@ -128,12 +134,6 @@ def plot_group(group: list[Entry], out: Path, written: list[str], colors: dict) 
         fig.suptitle(f"MARS θ sweep — {where}")
         fig.tight_layout()
         _save(fig, out, f"theta_{tag}.png", written)
-
-
-def _legend(ax, **kwargs) -> None:
-    """A legend on a panel that drew something labelled; an empty panel gets none (matplotlib warns of one)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(**kwargs)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
