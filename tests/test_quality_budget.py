@@ -157,10 +157,17 @@ def test_a_run_with_a_quality_budget_is_named_by_the_value_it_chose(tmp_path, mo
 
 def test_the_python_api_chooses_theta_by_a_budget_too(tmp_path, monkeypatch):
     """`tuned(..., rule="mars", quality_budget=...)` on the stand-in pair, costs scripted: the generator's
-    `quality_choice` names the theta the budget allows, measured at strict's kernels and tree, and the log says so."""
+    `quality_choice` names the theta the budget allows, measured at strict's kernels and tree, and the log says so.
+    The calibrations, the choice and the generator returned share one copy of the target (it was loaded four times)."""
+    from transformers import AutoModelForCausalLM
+
     from mars import TreeShape, tuned
 
     standin = save_standin_pair(tmp_path / "standin")
+    loads = []
+    real = AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda *args, **kwargs: loads.append(kwargs.get("dtype")) or real(*args, **kwargs))
     seen = []
     monkeypatch.setattr(qb, "measure_grid", lambda gen, prompts, sampling_at, grid, tokens:
                         seen.append((gen.tree.label, gen.tree_kernels.dtype, len(prompts), tokens)) or SCRIPTED)
@@ -175,3 +182,4 @@ def test_the_python_api_chooses_theta_by_a_budget_too(tmp_path, monkeypatch):
         out = gen.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=8, rule="mars", **gen.quality_choice.params)
         assert 0 < len(out.tokens) <= 8
     assert any("theta = 0.7" in line for line in lines)
+    assert loads == [torch.float32]

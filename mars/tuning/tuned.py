@@ -104,9 +104,7 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     chosen, not given: the value that accepts the most while its exact cost per token on the prompts stays within
     the budget (`mars.tuning.quality_budget`), at strict's measured kernels and tree; `gen.quality_choice` holds
     it and every value measured, and the call is `gen.generate(ids, rule=rule, **gen.quality_choice.params)`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from eagle.checkpoint import load_draft
+    from transformers import AutoTokenizer
 
     target, draft = str(target), str(draft)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -117,10 +115,7 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     parameters = _parameters(target) if torch.device(device).type == "cpu" else None
     options = kernel_candidates(device, dtype, parameters=parameters)
 
-    def load(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, name)).to(device).eval()
-        return model, load_draft(draft, model)
-
+    load = _Models(target, draft, device)
     if prompts is None:
         prompts = calibration_prompts(AutoTokenizer.from_pretrained(target))
     prompts = [p.to(device) for p in prompts]
@@ -147,7 +142,34 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
     return gen
 
 
-def _budgeted(load, options: list, prompts: list[torch.Tensor], request: Request, *, rule: str, params: dict,
+class _Models:
+    """The target and its head in each precision, loaded once per `tuned` call: the calibration, the budget's
+    choice and the generator returned all decode on the same copies (each generator hands its model back as it
+    was given, `SpeculativeGenerator.close`), where each used to load its own (a cached call loaded the target
+    twice, one with a quality budget up to five times: minutes each for a model of billions of parameters)."""
+
+    def __init__(self, target: str, draft: str, device: str):
+        self.target, self.draft, self.device = target, draft, device
+        self.loaded: dict[str, tuple[torch.nn.Module, torch.nn.Module]] = {}
+
+    def __call__(self, dtype: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+        if dtype not in self.loaded:
+            from transformers import AutoModelForCausalLM
+
+            from eagle.checkpoint import load_draft
+
+            model = AutoModelForCausalLM.from_pretrained(self.target, dtype=getattr(torch, dtype))
+            model = model.to(self.device).eval()
+            self.loaded[dtype] = (model, load_draft(self.draft, model))
+        return self.loaded[dtype]
+
+    def keep(self, *dtypes: str) -> None:
+        """Let go of the copies in other precisions (before loading these: a calibration may have held a copy
+        the generator does not use, and two copies of a large model may not fit together)."""
+        self.loaded = {d: pair for d, pair in self.loaded.items() if d in dtypes}
+
+
+def _budgeted(load: _Models, options: list, prompts: list[torch.Tensor], request: Request, *, rule: str, params: dict,
               budget: QualityBudget, target: str) -> Choice:
     """`rule`'s main parameter chosen by `budget` (`mars.tuning.quality_budget`) at strict's measured kernels and
     tree: strict's calibration first (then cached for the rule's), a generator with it, the grid decoded there."""
@@ -160,13 +182,14 @@ def _budgeted(load, options: list, prompts: list[torch.Tensor], request: Request
         strict.close()
 
 
-def _generator(found: Measured, rule: str, load, target: str, log) -> SpeculativeGenerator:
+def _generator(found: Measured, rule: str, load: _Models, target: str, log) -> SpeculativeGenerator:
     """The generator `found` describes for `rule`, with the models `load` gives, and its plain decoding where its
     speculation is off."""
     kernels, shape = found.kernels, found.method_trees.get(rule, found.tree)
     records, speculation = found.records, found.speculation
-    model, head = load(kernels.dtype)
     plain = found.plain_kernels or kernels
+    load.keep(kernels.dtype, plain.dtype)
+    model, head = load(kernels.dtype)
     copy = load(plain.dtype)[0] if plain.dtype != kernels.dtype else None  # plain decoding in another precision
     gen = SpeculativeGenerator(model, head, shape, exact_attention=kernels.exact_attention, prepack=kernels.prepack,
                                onednn=kernels.onednn, plain_kernels=plain, plain_model=copy)
