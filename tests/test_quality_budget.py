@@ -158,7 +158,8 @@ def test_a_run_with_a_quality_budget_is_named_by_the_value_it_chose(tmp_path, mo
 def test_the_python_api_chooses_theta_by_a_budget_too(tmp_path, monkeypatch):
     """`tuned(..., rule="mars", quality_budget=...)` on the stand-in pair, costs scripted: the generator's
     `quality_choice` names the theta the budget allows, measured at strict's kernels and tree, and the log says so.
-    The calibrations, the choice and the generator returned share one copy of the target (it was loaded four times)."""
+    The calibrations, the choice and the generator returned share one copy of the target (four
+    loads where each step loads its own)."""
     from transformers import AutoModelForCausalLM
 
     from mars import TreeShape, tuned

@@ -145,8 +145,8 @@ def tuned(target: str | Path, draft: str | Path, *, temperature: float = 0.0, ru
 class _Models:
     """The target and its head in each precision, loaded once per `tuned` call: the calibration, the budget's
     choice and the generator returned all decode on the same copies (each generator hands its model back as it
-    was given, `SpeculativeGenerator.close`), where each used to load its own (a cached call loaded the target
-    twice, one with a quality budget up to five times: minutes each for a model of billions of parameters)."""
+    was given, `SpeculativeGenerator.close`), since a load of a model of billions of parameters takes minutes
+    and a call with a quality budget goes through four steps that each need the target."""
 
     def __init__(self, target: str, draft: str, device: str):
         self.target, self.draft, self.device = target, draft, device
