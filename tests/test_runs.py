@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 LIMITED = ["generate@bfloat16+avx2"] if torch.backends.cpu.get_cpu_capability() != "AVX2" else []
 PLAIN_METHODS = ["generate", "generate@bfloat16", *LIMITED, "vanilla"]
 METHODS = [*PLAIN_METHODS, "strict", "mars@0.9"]
-# Where the plain baselines are not what a test is about (sharding, resuming, launchers), our vanilla alone:
+# Where the plain baselines are not what a test is about (sharding, resuming, launchers), vanilla and strict alone:
 # model.generate's runs, one of them in a worker process of its own, cost the suite seconds each and test nothing new
 FEW = "baselines=[vanilla,strict]"
 FEW_METHODS = ["vanilla", "strict", "mars@0.9"]
